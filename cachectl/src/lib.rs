@@ -1,0 +1,1 @@
+//! cachectl (see the object-cache issue; not built yet).

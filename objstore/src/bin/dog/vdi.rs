@@ -1,0 +1,314 @@
+//! `dog vdi ...`.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use bytes::{Bytes, BytesMut};
+use clap::Subcommand;
+use futures::stream::{FuturesUnordered, StreamExt};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use objstore::size::format_size;
+use objstore::vdi::{self, VdiInfo, PARALLEL};
+use objstore::Vdi;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{size_arg, Ctx};
+
+#[derive(Subcommand)]
+pub enum VdiCmd {
+    /// Create a thin VDI (no space is used until it is written).
+    Create {
+        name: String,
+        /// Size, e.g. 10G.
+        #[arg(value_parser = size_arg)]
+        size: u64,
+    },
+    /// List every VDI.
+    List,
+    /// Show one VDI.
+    Info { name: String },
+    /// Delete a VDI and all its objects.
+    Delete { name: String },
+    /// Grow a VDI (shrinking is refused).
+    Resize {
+        name: String,
+        #[arg(value_parser = size_arg)]
+        size: u64,
+    },
+    /// Copy VDI contents to stdout (default: the whole VDI).
+    Read {
+        name: String,
+        #[arg(value_parser = size_arg)]
+        offset: Option<u64>,
+        #[arg(value_parser = size_arg)]
+        len: Option<u64>,
+    },
+    /// Copy stdin into a VDI at OFFSET (default 0), up to LEN bytes or the end of stdin.
+    Write {
+        name: String,
+        #[arg(value_parser = size_arg)]
+        offset: Option<u64>,
+        #[arg(value_parser = size_arg)]
+        len: Option<u64>,
+    },
+    /// Show which nodes hold object INDEX of a VDI.
+    Object { name: String, index: u64 },
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn table(list: &[VdiInfo]) -> String {
+    let mut s = format!(
+        "{:<24} {:>8} {:>11} {:>11} {:>6} {:>11}\n",
+        "Name", "Id", "Size", "Used", "Copies", "Object"
+    );
+    for v in list {
+        s += &format!(
+            "{:<24} {:>8x} {:>11} {:>11} {:>6} {:>11}\n",
+            v.name,
+            v.vid,
+            format_size(v.size),
+            format_size(v.used),
+            v.copies,
+            format_size(v.object_size as u64)
+        );
+    }
+    s
+}
+
+#[derive(Serialize)]
+struct Holder {
+    addr: std::net::SocketAddr,
+    stamp: u32,
+}
+
+#[derive(Serialize)]
+struct ObjectOut {
+    vdi: String,
+    index: u64,
+    oid: Option<String>,
+    placement: Vec<std::net::SocketAddr>,
+    holders: Vec<Holder>,
+}
+
+pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
+    let client = &ctx.client;
+    match cmd {
+        VdiCmd::Create { name, size } => {
+            let info = vdi::create(client, &name, size).await?;
+            ctx.print(&info, || {
+                format!(
+                    "created VDI '{name}' ({}, id {:x})\n",
+                    format_size(size),
+                    info.vid
+                )
+            });
+        }
+        VdiCmd::List => {
+            let list = vdi::list(client).await?;
+            ctx.print(&list, || table(&list));
+        }
+        VdiCmd::Info { name } => {
+            let info = Vdi::open(client.clone(), &name).await?.info();
+            ctx.print(&info, || {
+                table(std::slice::from_ref(&info))
+                    + &format!("{} of {} objects allocated\n", info.allocated_objects, {
+                        info.size.div_ceil(info.object_size as u64)
+                    })
+            });
+        }
+        VdiCmd::Delete { name } => {
+            vdi::delete(client, &name).await?;
+            ctx.print(&serde_json::json!({"deleted": name}), || {
+                format!("deleted VDI '{name}'\n")
+            });
+        }
+        VdiCmd::Resize { name, size } => {
+            let info = vdi::resize(client, &name, size).await?;
+            ctx.print(&info, || {
+                format!("resized VDI '{name}' to {}\n", format_size(info.size))
+            });
+        }
+        VdiCmd::Read { name, offset, len } => {
+            let v = Arc::new(Vdi::open(client.clone(), &name).await?);
+            let offset = offset.unwrap_or(0);
+            let len = match len {
+                Some(l) => l,
+                None => v.size().checked_sub(offset).with_context(|| {
+                    format!(
+                        "offset {offset} is past the end of VDI '{name}' ({} bytes)",
+                        v.size()
+                    )
+                })?,
+            };
+            read(v, offset, len).await?;
+        }
+        VdiCmd::Write { name, offset, len } => {
+            let v = Arc::new(Vdi::open(client.clone(), &name).await?);
+            let offset = offset.unwrap_or(0);
+            let written = write(v.clone(), offset, len).await?;
+            v.flush().await?;
+            if let Some(l) = len {
+                if written < l {
+                    bail!("stdin ended after {written} of {l} bytes (those were written)");
+                }
+            }
+        }
+        VdiCmd::Object { name, index } => {
+            let v = Vdi::open(client.clone(), &name).await?;
+            let view = client.refresh().await?;
+            let oid = v.object(index);
+            let mut out = ObjectOut {
+                vdi: name.clone(),
+                index,
+                oid: oid.map(|o| o.to_string()),
+                placement: Vec::new(),
+                holders: Vec::new(),
+            };
+            if let Some(oid) = oid {
+                out.placement = view.replicas(oid)?;
+                let stats = futures::future::join_all(
+                    view.info
+                        .view
+                        .nodes
+                        .iter()
+                        .map(|n| client.stat_obj(n.addr, oid)),
+                )
+                .await;
+                for (n, s) in view.info.view.nodes.iter().zip(stats) {
+                    if let Some(stamp) = s? {
+                        out.holders.push(Holder {
+                            addr: n.addr,
+                            stamp,
+                        });
+                    }
+                }
+            } else if index >= v.size().div_ceil(v.object_size() as u64) {
+                bail!("index {index} is past the end of VDI '{name}'");
+            }
+            ctx.print(&out, || match &out.oid {
+                None => format!("index {index} of VDI '{name}' is a hole: no object\n"),
+                Some(oid) => {
+                    let mut s = format!("object {oid} (index {index} of VDI '{name}')\n");
+                    for h in &out.holders {
+                        let placed = if out.placement.contains(&h.addr) {
+                            ""
+                        } else {
+                            " (not an owner: will be dropped after recovery)"
+                        };
+                        s += &format!("  {}  stamp {}{placed}\n", h.addr, h.stamp);
+                    }
+                    for p in &out.placement {
+                        if !out.holders.iter().any(|h| h.addr == *p) {
+                            s += &format!("  {p}  missing (to be recovered)\n");
+                        }
+                    }
+                    s
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Object-aligned chunks covering `[offset, offset+len)`.
+fn chunks(offset: u64, len: u64, object_size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let end = offset + len;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let n = (object_size - pos % object_size).min(end - pos);
+        let c = (pos, n);
+        pos += n;
+        Some(c)
+    })
+}
+
+async fn read(v: Arc<Vdi>, offset: u64, len: u64) -> anyhow::Result<()> {
+    let pb = progress(len, "reading");
+    let mut out = tokio::io::stdout();
+    let mut stream = futures::stream::iter(chunks(offset, len, v.object_size() as u64))
+        .map(|(off, n)| {
+            let v = v.clone();
+            async move { v.read_at(off, n).await }
+        })
+        .buffered(PARALLEL);
+    while let Some(data) = stream.next().await {
+        let data = data?;
+        out.write_all(&data).await.context("writing to stdout")?;
+        pb.inc(data.len() as u64);
+    }
+    out.flush().await.context("writing to stdout")?;
+    pb.finish_and_clear();
+    Ok(())
+}
+
+/// Reads up to `n` bytes from stdin; fewer only at its end.
+async fn fill(stdin: &mut tokio::io::Stdin, n: usize) -> anyhow::Result<Bytes> {
+    let mut buf = BytesMut::zeroed(n);
+    let mut got = 0;
+    while got < n {
+        let r = stdin.read(&mut buf[got..]).await.context("reading stdin")?;
+        if r == 0 {
+            break;
+        }
+        got += r;
+    }
+    buf.truncate(got);
+    Ok(buf.freeze())
+}
+
+async fn write(v: Arc<Vdi>, offset: u64, len: Option<u64>) -> anyhow::Result<u64> {
+    let limit = match len {
+        Some(l) => l,
+        None => v.size().saturating_sub(offset).max(1),
+    };
+    let pb = progress(len.unwrap_or(v.size().saturating_sub(offset)), "writing");
+    let mut stdin = tokio::io::stdin();
+    let mut inflight = FuturesUnordered::new();
+    let mut written = 0u64;
+    let os = v.object_size() as u64;
+    let mut pos = offset;
+    loop {
+        if written >= limit && len.is_some() {
+            break;
+        }
+        let want = (os - pos % os).min(limit.saturating_sub(written).max(1));
+        let data = fill(&mut stdin, want as usize).await?;
+        if data.is_empty() {
+            break;
+        }
+        let n = data.len() as u64;
+        let v2 = v.clone();
+        let at = pos;
+        inflight.push(async move { v2.write_at(at, data).await.map(|_| n) });
+        pos += n;
+        written += n;
+        while inflight.len() >= PARALLEL {
+            let n = inflight.next().await.expect("non-empty")?;
+            pb.inc(n);
+        }
+        if n < want {
+            break;
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        pb.inc(r?);
+    }
+    pb.finish_and_clear();
+    Ok(written)
+}

@@ -1,0 +1,84 @@
+//! Object ids: the 64-bit name of every object in the cluster.
+//!
+//! ```text
+//!  63  62..56   55..32          31..0
+//! [ I | 0000000 | vid (24 bits) | index (32 bits) ]
+//! ```
+//! `I` marks a VDI's inode object (its index bits are zero); otherwise the id names data object
+//! `index` of VDI `vid`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Bit 63: the object is a VDI inode.
+pub const INODE_BIT: u64 = 1 << 63;
+/// Largest VDI id (24 bits).
+pub const MAX_VID: u32 = (1 << 24) - 1;
+const VID_SHIFT: u32 = 32;
+/// Bytes of an inode object before its allocation map.
+pub const INODE_HEADER_LEN: usize = 4096;
+/// Most data objects one VDI can have (its allocation map has one u32 per index).
+pub const MAX_INDEXES: u64 = 1 << 24;
+/// Largest inode object: the header and a full allocation map.
+pub const MAX_INODE_LEN: u64 = INODE_HEADER_LEN as u64 + 4 * MAX_INDEXES;
+
+/// A 64-bit object id (see the module doc for its layout).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectId(pub u64);
+
+impl ObjectId {
+    /// Data object `index` of VDI `vid`.
+    pub fn data(vid: u32, index: u32) -> Self {
+        debug_assert!(vid <= MAX_VID);
+        ObjectId(((vid as u64) << VID_SHIFT) | index as u64)
+    }
+
+    /// The inode object of VDI `vid`.
+    pub fn inode(vid: u32) -> Self {
+        debug_assert!(vid <= MAX_VID);
+        ObjectId(INODE_BIT | ((vid as u64) << VID_SHIFT))
+    }
+
+    pub fn is_inode(self) -> bool {
+        self.0 & INODE_BIT != 0
+    }
+
+    pub fn vid(self) -> u32 {
+        ((self.0 >> VID_SHIFT) as u32) & MAX_VID
+    }
+
+    pub fn index(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({:016x})", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let d = ObjectId::data(0xabcdef, 7);
+        assert_eq!(d.0, 0x00ab_cdef_0000_0007);
+        assert!(!d.is_inode());
+        assert_eq!((d.vid(), d.index()), (0xabcdef, 7));
+        let i = ObjectId::inode(0xabcdef);
+        assert_eq!(i.0, 0x80ab_cdef_0000_0000);
+        assert!(i.is_inode());
+        assert_eq!(i.vid(), 0xabcdef);
+        assert_eq!(i.to_string(), "80abcdef00000000");
+    }
+}

@@ -1,0 +1,566 @@
+//! VDIs: virtual disks cut into objects.
+//!
+//! The VDI table (`vdi/<name>` → vid) lives in the membership store; vids come from a counter
+//! there and are never reused. Each VDI has an inode object (`ObjectId::inode(vid)`):
+//!
+//! ```text
+//! 0     8    12           16    24       32      36        40      41    46        48
+//! [magic][vid][object_size][size][created][parent][snapshot][copies][rsv][name_len][name ...]
+//! 4096: allocation map, one big-endian u32 per object index: 0 = hole, else the vid owning it
+//! ```
+//! Holes read as zeros and cost no object and no request. The first write to an index writes the
+//! data object on every replica, then records it in the map.
+
+use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::client::{Client, ClientError};
+use crate::oid::{ObjectId, INODE_HEADER_LEN, MAX_INDEXES, MAX_VID};
+use crate::size::format_size;
+
+const INODE_MAGIC: &[u8; 8] = b"SHINODE1";
+const NEXT_VID_KEY: &str = "vdi-next-vid";
+/// Most object requests one VDI operation keeps in flight.
+pub const PARALLEL: usize = 16;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum VdiError {
+    #[error("invalid VDI name {name:?}: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error("VDI '{0}' already exists")]
+    Exists(String),
+    #[error("no VDI named '{0}'")]
+    NotFound(String),
+    #[error("invalid size for VDI '{name}': {reason}")]
+    InvalidSize { name: String, reason: String },
+    #[error("range {offset}+{len} is past the end of VDI '{name}' ({size} bytes)")]
+    OutOfRange {
+        name: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    #[error("VDI '{name}' is damaged: {reason}")]
+    Corrupt { name: String, reason: String },
+    #[error("no VDI id left (all {MAX_VID} are used)")]
+    NoVid,
+    #[error(transparent)]
+    Cluster(#[from] ClientError),
+}
+
+/// Checks a VDI name: 1 to 255 bytes, no `/`, NUL or `@`, not `.` or `..`.
+pub fn validate_name(name: &str) -> Result<(), VdiError> {
+    let bad = |reason| {
+        Err(VdiError::InvalidName {
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return bad("the name is empty");
+    }
+    if name.len() > 255 {
+        return bad("the name is longer than 255 bytes");
+    }
+    if name.contains('/') {
+        return bad("the name contains '/'");
+    }
+    if name.contains('\0') {
+        return bad("the name contains a NUL byte");
+    }
+    if name.contains('@') {
+        return bad("the name contains '@' (reserved for snapshots)");
+    }
+    if name == "." || name == ".." {
+        return bad("'.' and '..' are not names");
+    }
+    Ok(())
+}
+
+/// The largest VDI the cluster can hold with objects of `object_size` bytes.
+pub fn max_size(object_size: u32) -> u64 {
+    object_size as u64 * MAX_INDEXES
+}
+
+fn check_size(name: &str, size: u64, object_size: u32) -> Result<(), VdiError> {
+    if size > max_size(object_size) {
+        return Err(VdiError::InvalidSize {
+            name: name.to_string(),
+            reason: format!(
+                "{} is over the limit of {} with {} objects",
+                format_size(size),
+                format_size(max_size(object_size)),
+                format_size(object_size as u64)
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct TableEntry {
+    vid: u32,
+}
+
+/// The fixed part of an inode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeHeader {
+    pub name: String,
+    pub vid: u32,
+    pub object_size: u32,
+    pub size: u64,
+    /// Unix seconds.
+    pub created: u64,
+    pub parent: u32,
+    pub snapshot: u32,
+    pub copies: u8,
+}
+
+impl InodeHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; INODE_HEADER_LEN];
+        b[0..8].copy_from_slice(INODE_MAGIC);
+        b[8..12].copy_from_slice(&self.vid.to_be_bytes());
+        b[12..16].copy_from_slice(&self.object_size.to_be_bytes());
+        b[16..24].copy_from_slice(&self.size.to_be_bytes());
+        b[24..32].copy_from_slice(&self.created.to_be_bytes());
+        b[32..36].copy_from_slice(&self.parent.to_be_bytes());
+        b[36..40].copy_from_slice(&self.snapshot.to_be_bytes());
+        b[40] = self.copies;
+        let name = self.name.as_bytes();
+        b[46..48].copy_from_slice(&(name.len() as u16).to_be_bytes());
+        b[48..48 + name.len()].copy_from_slice(name);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<InodeHeader, String> {
+        if b.len() < INODE_HEADER_LEN {
+            return Err(format!(
+                "inode is {} bytes, shorter than its header",
+                b.len()
+            ));
+        }
+        if &b[0..8] != INODE_MAGIC {
+            return Err("inode has a bad magic number".into());
+        }
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap());
+        let name_len = u16::from_be_bytes([b[46], b[47]]) as usize;
+        if name_len == 0 || name_len > 255 {
+            return Err(format!("inode name length {name_len} is out of range"));
+        }
+        let object_size = u32_at(12);
+        if !object_size.is_power_of_two() {
+            return Err(format!(
+                "inode object size {object_size} is not a power of two"
+            ));
+        }
+        Ok(InodeHeader {
+            vid: u32_at(8),
+            object_size,
+            size: u64_at(16),
+            created: u64_at(24),
+            parent: u32_at(32),
+            snapshot: u32_at(36),
+            copies: b[40],
+            name: String::from_utf8(b[48..48 + name_len].to_vec())
+                .map_err(|_| "inode name is not UTF-8".to_string())?,
+        })
+    }
+
+    /// Number of object indexes the VDI spans.
+    pub fn indexes(&self) -> u64 {
+        self.size.div_ceil(self.object_size as u64)
+    }
+}
+
+/// What `dog vdi list` and `dog vdi info` show.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VdiInfo {
+    pub name: String,
+    pub vid: u32,
+    pub size: u64,
+    /// Bytes of allocated objects.
+    pub used: u64,
+    pub allocated_objects: u64,
+    pub object_size: u32,
+    pub copies: u8,
+    pub created: u64,
+}
+
+async fn lookup(client: &Client, name: &str) -> Result<u32, VdiError> {
+    validate_name(name)?;
+    let raw = client
+        .kv_get(&format!("vdi/{name}"))
+        .await?
+        .ok_or_else(|| VdiError::NotFound(name.to_string()))?;
+    let e: TableEntry = serde_json::from_str(&raw).map_err(|e| VdiError::Corrupt {
+        name: name.to_string(),
+        reason: format!("bad VDI table entry: {e}"),
+    })?;
+    Ok(e.vid)
+}
+
+async fn alloc_vid(client: &Client) -> Result<u32, VdiError> {
+    loop {
+        let cur = client.kv_get(NEXT_VID_KEY).await?;
+        let next: u32 = cur.as_deref().and_then(|s| s.parse().ok()).unwrap_or(1);
+        if next > MAX_VID {
+            return Err(VdiError::NoVid);
+        }
+        let new = (next + 1).to_string();
+        if client
+            .kv_cas(NEXT_VID_KEY, cur.as_deref(), Some(&new))
+            .await?
+        {
+            return Ok(next);
+        }
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Creates a thin VDI: no data object exists until it is written.
+pub async fn create(client: &Client, name: &str, size: u64) -> Result<VdiInfo, VdiError> {
+    validate_name(name)?;
+    let cfg = client.view().config()?;
+    check_size(name, size, cfg.object_size)?;
+    let key = format!("vdi/{name}");
+    if client.kv_get(&key).await?.is_some() {
+        return Err(VdiError::Exists(name.to_string()));
+    }
+    let vid = alloc_vid(client).await?;
+    let entry = serde_json::to_string(&TableEntry { vid }).expect("serializable");
+    if !client.kv_cas(&key, None, Some(&entry)).await? {
+        return Err(VdiError::Exists(name.to_string()));
+    }
+    let header = InodeHeader {
+        name: name.to_string(),
+        vid,
+        object_size: cfg.object_size,
+        size,
+        created: now_secs(),
+        parent: 0,
+        snapshot: 0,
+        copies: cfg.copies as u8,
+    };
+    if let Err(e) = client
+        .write_obj(ObjectId::inode(vid), 0, Bytes::from(header.encode()))
+        .await
+    {
+        let _ = client.kv_cas(&key, Some(&entry), None).await;
+        return Err(e.into());
+    }
+    Ok(Vdi::summary(&header, &[]))
+}
+
+/// Every VDI, sorted by name.
+pub async fn list(client: &Arc<Client>) -> Result<Vec<VdiInfo>, VdiError> {
+    use futures::StreamExt;
+    let entries = client.kv_list("vdi/").await?;
+    let names: Vec<String> = entries
+        .into_iter()
+        .filter_map(|(k, _)| k.strip_prefix("vdi/").map(str::to_string))
+        .collect();
+    let infos: Vec<Result<VdiInfo, VdiError>> = futures::stream::iter(names)
+        .map(|n| {
+            let client = client.clone();
+            async move { Ok(Vdi::open(client, &n).await?.info()) }
+        })
+        .buffered(PARALLEL)
+        .collect()
+        .await;
+    let mut out = Vec::new();
+    for i in infos {
+        match i {
+            Ok(i) => out.push(i),
+            // Deleted while we listed.
+            Err(VdiError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes a VDI and every object it owns.
+pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
+    use futures::StreamExt;
+    let vdi = Vdi::open(client.clone(), name).await?;
+    let vid = vdi.header().vid;
+    let owned: Vec<ObjectId> = vdi
+        .map
+        .read()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, &v)| v == vid)
+        .map(|(i, _)| ObjectId::data(vid, i as u32))
+        .collect();
+    let results: Vec<Result<(), ClientError>> = futures::stream::iter(owned)
+        .map(|oid| client.remove_obj(oid))
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    client.remove_obj(ObjectId::inode(vid)).await?;
+    let key = format!("vdi/{name}");
+    let entry = serde_json::to_string(&TableEntry { vid }).expect("serializable");
+    client.kv_cas(&key, Some(&entry), None).await?;
+    Ok(())
+}
+
+/// Grows a VDI; shrinking is refused.
+pub async fn resize(client: &Arc<Client>, name: &str, new_size: u64) -> Result<VdiInfo, VdiError> {
+    let vdi = Vdi::open(client.clone(), name).await?;
+    let mut h = vdi.header();
+    if new_size < h.size {
+        return Err(VdiError::InvalidSize {
+            name: name.to_string(),
+            reason: format!(
+                "shrinking from {} to {} is not supported",
+                format_size(h.size),
+                format_size(new_size)
+            ),
+        });
+    }
+    check_size(name, new_size, h.object_size)?;
+    h.size = new_size;
+    client
+        .write_obj(ObjectId::inode(h.vid), 0, Bytes::from(h.encode()))
+        .await?;
+    let info = Vdi::summary(&h, &vdi.map.read().unwrap());
+    Ok(info)
+}
+
+/// An open VDI: its inode header and allocation map, cached.
+pub struct Vdi {
+    client: Arc<Client>,
+    header: RwLock<InodeHeader>,
+    map: RwLock<Vec<u32>>,
+}
+
+impl Vdi {
+    pub async fn open(client: Arc<Client>, name: &str) -> Result<Vdi, VdiError> {
+        let vid = lookup(&client, name).await?;
+        let inode = ObjectId::inode(vid);
+        let corrupt = |reason: String| VdiError::Corrupt {
+            name: name.to_string(),
+            reason,
+        };
+        let head = client
+            .read_obj(inode, 0, INODE_HEADER_LEN as u32)
+            .await
+            .map_err(|e| match e {
+                ClientError::NotFound(_) => corrupt("its inode object is missing".into()),
+                e => e.into(),
+            })?;
+        let header = InodeHeader::decode(&head).map_err(corrupt)?;
+        let n = header.indexes();
+        if n > MAX_INDEXES {
+            return Err(corrupt(format!("{n} objects is over the limit")));
+        }
+        let raw = if n == 0 {
+            Bytes::new()
+        } else {
+            client
+                .read_obj(inode, INODE_HEADER_LEN as u64, (n * 4) as u32)
+                .await?
+        };
+        let map = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
+            .collect();
+        Ok(Vdi {
+            client,
+            header: RwLock::new(header),
+            map: RwLock::new(map),
+        })
+    }
+
+    pub fn header(&self) -> InodeHeader {
+        self.header.read().unwrap().clone()
+    }
+
+    pub fn size(&self) -> u64 {
+        self.header.read().unwrap().size
+    }
+
+    pub fn object_size(&self) -> u32 {
+        self.header.read().unwrap().object_size
+    }
+
+    fn summary(h: &InodeHeader, map: &[u32]) -> VdiInfo {
+        let allocated = map.iter().filter(|&&v| v != 0).count() as u64;
+        VdiInfo {
+            name: h.name.clone(),
+            vid: h.vid,
+            size: h.size,
+            used: allocated * h.object_size as u64,
+            allocated_objects: allocated,
+            object_size: h.object_size,
+            copies: h.copies,
+            created: h.created,
+        }
+    }
+
+    pub fn info(&self) -> VdiInfo {
+        Vdi::summary(&self.header.read().unwrap(), &self.map.read().unwrap())
+    }
+
+    /// The object holding `index`, or None for a hole.
+    pub fn object(&self, index: u64) -> Option<ObjectId> {
+        let map = self.map.read().unwrap();
+        match map.get(index as usize) {
+            Some(&v) if v != 0 => Some(ObjectId::data(v, index as u32)),
+            _ => None,
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        let h = self.header.read().unwrap();
+        match offset.checked_add(len) {
+            Some(end) if end <= h.size => Ok(()),
+            _ => Err(VdiError::OutOfRange {
+                name: h.name.clone(),
+                offset,
+                len,
+                size: h.size,
+            }),
+        }
+    }
+
+    /// Splits `[offset, offset+len)` into (index, offset in object, length, offset in buffer).
+    fn pieces(&self, offset: u64, len: u64) -> Vec<(u64, u64, u64, usize)> {
+        let os = self.object_size() as u64;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let idx = pos / os;
+            let in_obj = pos % os;
+            let n = (os - in_obj).min(offset + len - pos);
+            out.push((idx, in_obj, n, (pos - offset) as usize));
+            pos += n;
+        }
+        out
+    }
+
+    /// Reads `len` bytes at `offset`. Holes read as zeros without a request.
+    pub async fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>, VdiError> {
+        self.check_range(offset, len)?;
+        let mut buf = vec![0u8; len as usize];
+        let reads = self
+            .pieces(offset, len)
+            .into_iter()
+            .filter_map(|(idx, off, n, at)| {
+                let oid = self.object(idx)?;
+                Some(async move {
+                    let data = self.client.read_obj(oid, off, n as u32).await?;
+                    Ok::<_, VdiError>((at, data))
+                })
+            });
+        for r in futures::future::join_all(reads).await {
+            let (at, data) = r?;
+            buf[at..at + data.len()].copy_from_slice(&data);
+        }
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset`, allocating objects as needed.
+    pub async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        self.check_range(offset, data.len() as u64)?;
+        let vid = self.header.read().unwrap().vid;
+        let writes = self
+            .pieces(offset, data.len() as u64)
+            .into_iter()
+            .map(|(idx, off, n, at)| {
+                let piece = data.slice(at..at + n as usize);
+                async move {
+                    let oid = self
+                        .object(idx)
+                        .unwrap_or_else(|| ObjectId::data(vid, idx as u32));
+                    self.client.write_obj(oid, off, piece).await?;
+                    if self.object(idx).is_none() {
+                        self.record(idx, vid).await?;
+                    }
+                    Ok::<_, VdiError>(())
+                }
+            });
+        for r in futures::future::join_all(writes).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Records in the inode that `index` is now held by object `vid`.
+    async fn record(&self, index: u64, vid: u32) -> Result<(), VdiError> {
+        let inode = ObjectId::inode(self.header.read().unwrap().vid);
+        let at = INODE_HEADER_LEN as u64 + 4 * index;
+        self.client
+            .write_obj(inode, at, Bytes::copy_from_slice(&vid.to_be_bytes()))
+            .await?;
+        let mut map = self.map.write().unwrap();
+        if map.len() <= index as usize {
+            map.resize(index as usize + 1, 0);
+        }
+        map[index as usize] = vid;
+        Ok(())
+    }
+
+    /// Makes every earlier write durable on every replica.
+    pub async fn flush(&self) -> Result<(), VdiError> {
+        Ok(self.client.flush().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name("demo-1.img").is_ok());
+        for bad in ["", "a/b", "a\0b", "snap@1", ".", ".."] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_name(&"x".repeat(255)).is_ok());
+        assert!(validate_name(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn inode_header_round_trip() {
+        let h = InodeHeader {
+            name: "disk".into(),
+            vid: 42,
+            object_size: 4 << 20,
+            size: 10 << 30,
+            created: 1_700_000_000,
+            parent: 0,
+            snapshot: 0,
+            copies: 3,
+        };
+        let b = h.encode();
+        assert_eq!(b.len(), INODE_HEADER_LEN);
+        assert_eq!(&b[0..8], b"SHINODE1");
+        assert_eq!(InodeHeader::decode(&b).unwrap(), h);
+        assert_eq!(h.indexes(), 2560);
+        let mut bad = b.clone();
+        bad[0] = b'X';
+        assert!(InodeHeader::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn four_tib_fits() {
+        assert!(check_size("x", 4 << 40, 4 << 20).is_ok());
+        assert!(check_size("x", 64 << 40, 4 << 20).is_ok());
+        assert!(check_size("x", (64 << 40) + 1, 4 << 20).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Process harness for end-to-end tests.
