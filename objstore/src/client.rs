@@ -348,6 +348,9 @@ impl Client {
                 Ok(t) => t,
                 Err(e) => return Step::Fatal(e),
             };
+            if targets.is_empty() {
+                return Step::Retry("the cluster has no nodes".into());
+            }
             let mut h = h;
             h.epoch = v.epoch();
             let mut retry = None;

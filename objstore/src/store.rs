@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
@@ -166,19 +166,14 @@ impl ObjectStore {
     pub fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let _g = self.lock(oid).read().unwrap();
         let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
-        let f =
+        let mut f =
             File::open(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "open", e))?;
-        let mut buf = vec![0u8; len];
-        let mut got = 0;
-        while got < len {
-            let n = f
-                .read_at(&mut buf[got..], offset + got as u64)
-                .map_err(|e| StoreError::io(oid, "read", e))?;
-            if n == 0 {
-                break; // past the end: zeros
-            }
-            got += n;
-        }
+        // read_to_end fills uninitialised capacity; bytes past the end of the file are zeros.
+        let mut buf = Vec::with_capacity(len);
+        f.seek(SeekFrom::Start(offset))
+            .and_then(|_| (&mut f).take(len as u64).read_to_end(&mut buf))
+            .map_err(|e| StoreError::io(oid, "read", e))?;
+        buf.resize(len, 0);
         Ok(buf)
     }
 

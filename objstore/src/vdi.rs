@@ -454,24 +454,29 @@ impl Vdi {
     }
 
     /// Reads `len` bytes at `offset`. Holes read as zeros without a request.
-    pub async fn read_at(&self, offset: u64, len: u64) -> Result<Vec<u8>, VdiError> {
+    pub async fn read_at(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
         self.check_range(offset, len)?;
+        let pieces = self.pieces(offset, len);
+        if let [(idx, off, n, _)] = pieces[..] {
+            // One object: hand its bytes on without a copy.
+            return match self.object(idx) {
+                None => Ok(Bytes::from(vec![0u8; n as usize])),
+                Some(oid) => Ok(self.client.read_obj(oid, off, n as u32).await?),
+            };
+        }
         let mut buf = vec![0u8; len as usize];
-        let reads = self
-            .pieces(offset, len)
-            .into_iter()
-            .filter_map(|(idx, off, n, at)| {
-                let oid = self.object(idx)?;
-                Some(async move {
-                    let data = self.client.read_obj(oid, off, n as u32).await?;
-                    Ok::<_, VdiError>((at, data))
-                })
-            });
+        let reads = pieces.into_iter().filter_map(|(idx, off, n, at)| {
+            let oid = self.object(idx)?;
+            Some(async move {
+                let data = self.client.read_obj(oid, off, n as u32).await?;
+                Ok::<_, VdiError>((at, data))
+            })
+        });
         for r in futures::future::join_all(reads).await {
             let (at, data) = r?;
             buf[at..at + data.len()].copy_from_slice(&data);
         }
-        Ok(buf)
+        Ok(Bytes::from(buf))
     }
 
     /// Writes `data` at `offset`, allocating objects as needed.

@@ -268,6 +268,11 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::KvCas => {
             let req: KvCasRequest = json(&payload)?;
+            if req.key == CONFIG_KEY {
+                return Err(Failure::invalid(
+                    "the cluster format is set only by the Format operation",
+                ));
+            }
             let d = node.driver.clone();
             let ok = tokio::task::spawn_blocking(move || {
                 d.kv_cas(

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use clap::Subcommand;
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -11,7 +11,7 @@ use objstore::size::format_size;
 use objstore::vdi::{self, VdiInfo, PARALLEL};
 use objstore::Vdi;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::io::{Read, Write};
 
 use crate::{size_arg, Ctx};
 
@@ -240,7 +240,15 @@ fn chunks(offset: u64, len: u64, object_size: u64) -> impl Iterator<Item = (u64,
 
 async fn read(v: Arc<Vdi>, offset: u64, len: u64) -> anyhow::Result<()> {
     let pb = progress(len, "reading");
-    let mut out = tokio::io::stdout();
+    // stdout is written by its own thread so a slow consumer never stalls the runtime.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        while let Some(b) = rx.blocking_recv() {
+            out.write_all(&b)?;
+        }
+        out.flush()
+    });
     let mut stream = futures::stream::iter(chunks(offset, len, v.object_size() as u64))
         .map(|(off, n)| {
             let v = v.clone();
@@ -249,65 +257,79 @@ async fn read(v: Arc<Vdi>, offset: u64, len: u64) -> anyhow::Result<()> {
         .buffered(PARALLEL);
     while let Some(data) = stream.next().await {
         let data = data?;
-        out.write_all(&data).await.context("writing to stdout")?;
-        pb.inc(data.len() as u64);
+        let n = data.len() as u64;
+        if tx.send(data).await.is_err() {
+            break; // the writer failed; its error is reported below
+        }
+        pb.inc(n);
     }
-    out.flush().await.context("writing to stdout")?;
+    drop(tx);
+    writer
+        .join()
+        .expect("stdout writer")
+        .context("writing to stdout")?;
     pb.finish_and_clear();
     Ok(())
 }
 
-/// Reads up to `n` bytes from stdin; fewer only at its end.
-async fn fill(stdin: &mut tokio::io::Stdin, n: usize) -> anyhow::Result<Bytes> {
-    let mut buf = BytesMut::zeroed(n);
-    let mut got = 0;
-    while got < n {
-        let r = stdin.read(&mut buf[got..]).await.context("reading stdin")?;
-        if r == 0 {
-            break;
-        }
-        got += r;
-    }
-    buf.truncate(got);
-    Ok(buf.freeze())
+/// Reads up to `n` bytes; fewer only at the end of the input.
+fn fill(input: &mut impl Read, n: usize) -> std::io::Result<Bytes> {
+    let mut buf = Vec::with_capacity(n);
+    input.take(n as u64).read_to_end(&mut buf)?;
+    Ok(Bytes::from(buf))
 }
 
+/// Copies stdin to the VDI at `offset`, object by object, many objects in flight. Without `len`
+/// it reads to the end of stdin; input beyond the end of the VDI is an error.
 async fn write(v: Arc<Vdi>, offset: u64, len: Option<u64>) -> anyhow::Result<u64> {
-    let limit = match len {
-        Some(l) => l,
-        None => v.size().saturating_sub(offset).max(1),
-    };
-    let pb = progress(len.unwrap_or(v.size().saturating_sub(offset)), "writing");
-    let mut stdin = tokio::io::stdin();
+    let os = v.object_size() as u64;
+    let end = offset + len.unwrap_or(v.size().saturating_sub(offset));
+    let pb = progress(end - offset, "writing");
+    // stdin is read by its own thread, in object-aligned chunks.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<(u64, Bytes)>>(4);
+    let bounded = len.is_some();
+    std::thread::spawn(move || {
+        let mut input = std::io::stdin().lock();
+        let mut pos = offset;
+        loop {
+            let want = if pos < end {
+                (os - pos % os).min(end - pos)
+            } else if bounded {
+                break;
+            } else {
+                1 // anything more is past the end of the VDI
+            };
+            let chunk = fill(&mut input, want as usize);
+            let n = chunk.as_ref().map(|c| c.len() as u64).unwrap_or(0);
+            let stop = chunk.is_err() || n < want;
+            if n > 0 || chunk.is_err() {
+                if tx.blocking_send(chunk.map(|c| (pos, c))).is_err() {
+                    break;
+                }
+            }
+            if stop {
+                break;
+            }
+            pos += n;
+        }
+    });
     let mut inflight = FuturesUnordered::new();
     let mut written = 0u64;
-    let os = v.object_size() as u64;
-    let mut pos = offset;
-    loop {
-        if written >= limit && len.is_some() {
-            break;
-        }
-        let want = (os - pos % os).min(limit.saturating_sub(written).max(1));
-        let data = fill(&mut stdin, want as usize).await?;
-        if data.is_empty() {
-            break;
-        }
+    while let Some(chunk) = rx.recv().await {
+        let (at, data) = chunk.context("reading stdin")?;
         let n = data.len() as u64;
         let v2 = v.clone();
-        let at = pos;
         inflight.push(async move { v2.write_at(at, data).await.map(|_| n) });
-        pos += n;
-        written += n;
         while inflight.len() >= PARALLEL {
             let n = inflight.next().await.expect("non-empty")?;
+            written += n;
             pb.inc(n);
-        }
-        if n < want {
-            break;
         }
     }
     while let Some(r) = inflight.next().await {
-        pb.inc(r?);
+        let n = r?;
+        written += n;
+        pb.inc(n);
     }
     pb.finish_and_clear();
     Ok(written)

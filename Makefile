@@ -1,0 +1,41 @@
+# The two commands: `make run` (a local 3-node cluster) and `make test` (every test).
+CARGO ?= cargo
+RELEASE := target/release
+
+.PHONY: all build run test deps check bench bench-quick clean
+
+all: build
+
+build:
+	$(CARGO) build --release --workspace --bins
+
+## run: build, start 3 sheep on 127.0.0.1:7000-7002 under ./run, format, create VDI demo.
+run: build
+	./scripts/run-cluster.sh
+
+## deps: install the system packages the tests need (apt-get when root).
+deps:
+	./scripts/install-deps.sh
+
+## test: install what is missing, then run unit and end-to-end tests.
+test: deps
+	$(CARGO) test --workspace --all-targets
+
+## check: formatting, clippy with warnings denied, quick (unit) tests.
+check:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) test --workspace --lib --bins
+
+## bench: dog vs cp side by side, placement cost (see docs/benchmarks.md).
+bench: build
+	./scripts/bench.sh
+	$(CARGO) bench -p objstore --bench placement
+
+## bench-quick: the same with small sizes.
+bench-quick: build
+	BENCH_SIZE_MIB=128 BENCH_ROUNDS=1 ./scripts/bench.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf run

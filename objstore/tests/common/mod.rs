@@ -1,0 +1,210 @@
+//! A local cluster of real `sheep` processes for end-to-end tests, driven through real `dog`.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use testkit::{free_port, wait_until, Proc};
+
+pub const SHEEP: &str = env!("CARGO_BIN_EXE_sheep");
+pub const DOG: &str = env!("CARGO_BIN_EXE_dog");
+
+/// Fields drop in order: processes are killed before their directory goes.
+pub struct Cluster {
+    pub nodes: Vec<Option<Proc>>,
+    pub ports: Vec<u16>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` nodes sharing one local membership store and waits until all are members.
+    pub fn start(n: usize) -> Cluster {
+        let mut c = Cluster {
+            nodes: (0..n).map(|_| None).collect(),
+            ports: (0..n).map(|_| free_port()).collect(),
+            dir: tempfile::tempdir().expect("temp dir"),
+        };
+        for i in 0..n {
+            c.start_node(i);
+        }
+        c.wait_members(n);
+        c
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn node_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("node{i}"))
+    }
+
+    pub fn addr(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.ports[i])
+    }
+
+    /// Starts (or restarts) node `i` on its own data directory.
+    pub fn start_node(&mut self, i: usize) {
+        let mut cmd = Command::new(SHEEP);
+        cmd.arg("--dir")
+            .arg(self.node_dir(i))
+            .arg("--listen")
+            .arg(self.addr(i))
+            .arg("--cluster")
+            .arg(format!("local:{}", self.state_dir().display()))
+            .env("RUST_LOG", "info");
+        let log = self.dir.path().join(format!("node{i}.log"));
+        self.nodes[i] = Some(Proc::spawn(&format!("sheep{i}"), cmd, &log));
+        let addr = self.addr(i);
+        wait_until(
+            &format!("sheep{i} to answer on {addr}"),
+            Duration::from_secs(20),
+            || self.dog_at(&addr, &["node", "list"]).status.success(),
+        );
+    }
+
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(p) = self.nodes[i].as_mut() {
+            p.kill9();
+        }
+        self.nodes[i] = None;
+    }
+
+    pub fn log(&self, i: usize) -> String {
+        testkit::log_tail(&self.dir.path().join(format!("node{i}.log")), 1 << 20)
+    }
+
+    fn live_addr(&self) -> String {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n.is_some())
+            .expect("a live node");
+        self.addr(i)
+    }
+
+    pub fn dog_at(&self, addr: &str, args: &[&str]) -> Output {
+        Command::new(DOG)
+            .arg("--address")
+            .arg(addr)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run dog")
+    }
+
+    /// Runs dog against a live node.
+    pub fn dog(&self, args: &[&str]) -> Output {
+        self.dog_at(&self.live_addr(), args)
+    }
+
+    /// Runs dog and returns its stdout; panics with its stderr if it failed.
+    pub fn dog_ok(&self, args: &[&str]) -> Vec<u8> {
+        let out = self.dog(args);
+        assert!(
+            out.status.success(),
+            "dog {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// Runs dog expecting failure; returns its one-line reason.
+    pub fn dog_err(&self, args: &[&str]) -> String {
+        let out = self.dog(args);
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        assert!(!out.status.success(), "dog {args:?} should have failed");
+        assert!(
+            err.starts_with("dog: ") || err.starts_with("error: "),
+            "dog {args:?}: unexpected stderr {err:?}"
+        );
+        err
+    }
+
+    pub fn dog_json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_slice(&self.dog_ok(&a)).expect("dog printed JSON")
+    }
+
+    /// Feeds `data` to dog's stdin.
+    pub fn dog_stdin(&self, args: &[&str], data: &[u8]) -> Output {
+        let mut child = Command::new(DOG)
+            .arg("--address")
+            .arg(self.live_addr())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run dog");
+        let mut stdin = child.stdin.take().unwrap();
+        let data = data.to_vec();
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(&data);
+        });
+        let out = child.wait_with_output().expect("dog output");
+        feeder.join().unwrap();
+        out
+    }
+
+    pub fn write_vdi(&self, name: &str, offset: u64, data: &[u8]) {
+        let out = self.dog_stdin(&["vdi", "write", name, &offset.to_string()], data);
+        assert!(
+            out.status.success(),
+            "dog vdi write failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn read_vdi(&self, name: &str, offset: u64, len: u64) -> Vec<u8> {
+        self.dog_ok(&["vdi", "read", name, &offset.to_string(), &len.to_string()])
+    }
+
+    /// Waits until the cluster lists exactly `n` nodes.
+    pub fn wait_members(&self, n: usize) {
+        wait_until(&format!("{n} members"), Duration::from_secs(20), || {
+            let out = self.dog(&["cluster", "info", "--json"]);
+            out.status.success()
+                && serde_json::from_slice::<Value>(&out.stdout)
+                    .map(|v| v["nodes"] == n)
+                    .unwrap_or(false)
+        });
+    }
+
+    /// Waits until every node has finished recovery (and collection) for one common epoch.
+    pub fn wait_recovered(&self) {
+        wait_until("recovery to finish", Duration::from_secs(60), || {
+            let out = self.dog(&["node", "recovery", "--json"]);
+            if !out.status.success() {
+                return false;
+            }
+            let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let rows = rows.as_array().unwrap();
+            let epochs: Vec<&Value> = rows.iter().map(|r| &r["status"]["epoch"]).collect();
+            !rows.is_empty()
+                && epochs.iter().all(|e| *e == epochs[0])
+                && rows.iter().all(|r| {
+                    r["status"]["recovery"]["state"] == "done"
+                        && r["status"]["recovery"]["epoch"] == *epochs[0]
+                })
+        });
+    }
+
+    /// Addresses of the nodes holding object `index` of VDI `name`.
+    pub fn holders(&self, name: &str, index: u64) -> Vec<String> {
+        let v = self.dog_json(&["vdi", "object", name, &index.to_string()]);
+        let mut h: Vec<String> = v["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["addr"].as_str().unwrap().to_string())
+            .collect();
+        h.sort();
+        h
+    }
+}
