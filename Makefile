@@ -19,7 +19,7 @@ deps:
 
 ## test: install what is missing, then run unit and end-to-end tests.
 test: deps
-	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --lib --bins --tests
 
 ## check: formatting, clippy with warnings denied, quick (unit) tests.
 check:

@@ -302,10 +302,8 @@ async fn write(v: Arc<Vdi>, offset: u64, len: Option<u64>) -> anyhow::Result<u64
             let chunk = fill(&mut input, want as usize);
             let n = chunk.as_ref().map(|c| c.len() as u64).unwrap_or(0);
             let stop = chunk.is_err() || n < want;
-            if n > 0 || chunk.is_err() {
-                if tx.blocking_send(chunk.map(|c| (pos, c))).is_err() {
-                    break;
-                }
+            if (n > 0 || chunk.is_err()) && tx.blocking_send(chunk.map(|c| (pos, c))).is_err() {
+                break;
             }
             if stop {
                 break;
