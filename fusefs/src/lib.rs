@@ -1,1 +1,17 @@
-//! The sheepfs mount and its object cache (see issue "sheepfs"; not built yet).
+//! `sheepfs`: the cluster's VDIs as plain files at a FUSE mount point.
+//!
+//! ```text
+//!  kernel FUSE ── fuser session threads (clone_fd) ── SheepFs::<op>() returns at once
+//!                                                       │ reply moved into a tokio task
+//!                                                       ▼
+//!                                   objstore::Vdi (cached inode) ── objstore::Client ── sheep × N
+//! ```
+//! - [`fs`]: the `fuser::Filesystem` implementation.
+//! - [`errno`]: the one mapping from library errors to errno values.
+//! - [`mount`]: mount options and the checks made before mounting.
+
+pub mod errno;
+pub mod fs;
+pub mod mount;
+
+pub use fs::SheepFs;

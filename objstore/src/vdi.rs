@@ -321,24 +321,22 @@ pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
 /// Grows a VDI; shrinking is refused.
 pub async fn resize(client: &Arc<Client>, name: &str, new_size: u64) -> Result<VdiInfo, VdiError> {
     let vdi = Vdi::open(client.clone(), name).await?;
-    let mut h = vdi.header();
-    if new_size < h.size {
-        return Err(VdiError::InvalidSize {
-            name: name.to_string(),
-            reason: format!(
-                "shrinking from {} to {} is not supported",
-                format_size(h.size),
-                format_size(new_size)
-            ),
-        });
+    vdi.grow(new_size).await?;
+    Ok(vdi.info())
+}
+
+/// Every VDI's name and id, sorted by name (one request, no inode reads).
+pub async fn list_names(client: &Client) -> Result<Vec<(String, u32)>, VdiError> {
+    let mut out = Vec::new();
+    for (key, raw) in client.kv_list("vdi/").await? {
+        let Some(name) = key.strip_prefix("vdi/") else {
+            continue;
+        };
+        if let Ok(e) = serde_json::from_str::<TableEntry>(&raw) {
+            out.push((name.to_string(), e.vid));
+        }
     }
-    check_size(name, new_size, h.object_size)?;
-    h.size = new_size;
-    client
-        .write_obj(ObjectId::inode(h.vid), 0, Bytes::from(h.encode()))
-        .await?;
-    let info = Vdi::summary(&h, &vdi.map.read().unwrap());
-    Ok(info)
+    Ok(out)
 }
 
 /// An open VDI: its inode header and allocation map, cached.
@@ -505,7 +503,7 @@ impl Vdi {
         Ok(())
     }
 
-    /// Records in the inode that `index` is now held by object `vid`.
+    /// Records in the inode that `index` is now held by object `vid` (0: a hole).
     async fn record(&self, index: u64, vid: u32) -> Result<(), VdiError> {
         let inode = ObjectId::inode(self.header.read().unwrap().vid);
         let at = INODE_HEADER_LEN as u64 + 4 * index;
@@ -517,6 +515,64 @@ impl Vdi {
             map.resize(index as usize + 1, 0);
         }
         map[index as usize] = vid;
+        Ok(())
+    }
+
+    /// Grows the VDI to `new_size` bytes; shrinking is refused, the same size is a no-op.
+    pub async fn grow(&self, new_size: u64) -> Result<(), VdiError> {
+        let mut h = self.header();
+        if new_size < h.size {
+            return Err(VdiError::InvalidSize {
+                name: h.name.clone(),
+                reason: format!(
+                    "shrinking from {} to {} is not supported",
+                    format_size(h.size),
+                    format_size(new_size)
+                ),
+            });
+        }
+        if new_size == h.size {
+            return Ok(());
+        }
+        check_size(&h.name, new_size, h.object_size)?;
+        h.size = new_size;
+        self.client
+            .write_obj(ObjectId::inode(h.vid), 0, Bytes::from(h.encode()))
+            .await?;
+        *self.header.write().unwrap() = h;
+        Ok(())
+    }
+
+    /// Discards `[offset, offset+len)`: objects wholly inside are removed (the range becomes a
+    /// hole), partly covered objects have that part zeroed. Reads return zeros afterwards.
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.check_range(offset, len)?;
+        let (vid, size, os) = {
+            let h = self.header.read().unwrap();
+            (h.vid, h.size, h.object_size as u64)
+        };
+        let work = self
+            .pieces(offset, len)
+            .into_iter()
+            .map(|(idx, off, n, _)| async move {
+                let Some(oid) = self.object(idx) else {
+                    return Ok(()); // already a hole
+                };
+                let object_end = os.min(size - idx * os);
+                if off == 0 && n >= object_end && oid.vid() == vid {
+                    // Unmap first: a crash in between leaves an orphan object, never a map entry
+                    // pointing at nothing.
+                    self.record(idx, 0).await?;
+                    self.client.remove_obj(oid).await?;
+                } else {
+                    let zeros = Bytes::from(vec![0u8; n as usize]);
+                    self.client.write_obj(oid, off, zeros).await?;
+                }
+                Ok::<_, VdiError>(())
+            });
+        for r in futures::future::join_all(work).await {
+            r?;
+        }
         Ok(())
     }
 

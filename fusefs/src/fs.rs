@@ -1,0 +1,661 @@
+//! The `fuser::Filesystem` of `sheepfs`.
+//!
+//! Every operation moves its reply into a tokio task and returns, so the FUSE threads never
+//! wait on the network and many requests are in flight at once. A reply dropped unanswered (a
+//! panicking task) answers EIO.
+//!
+//! Inode numbers: the root is 1; the VDI with id `vid` is `vid + 1`. Open files bypass the
+//! page cache (`FOPEN_DIRECT_IO`), so a read never returns pages that went stale when the VDI
+//! was written through another path (`dog`, another host); direct writes to one file run in
+//! parallel (`FOPEN_PARALLEL_DIRECT_WRITES`).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use objstore::size::format_size;
+use objstore::vdi::{self, VdiInfo};
+use objstore::{Client, Vdi, VdiError};
+
+use crate::errno;
+
+const TTL: Duration = Duration::from_secs(1);
+const MAX_WRITE: u32 = 1 << 20;
+const MAX_READAHEAD: u32 = 128 << 10;
+/// Requests the kernel keeps in flight (fuser's default is 16; aio depth beyond it queues).
+const MAX_BACKGROUND: u16 = 128;
+
+const FALLOC_KEEP_SIZE: i32 = 0x01;
+const FALLOC_PUNCH_HOLE: i32 = 0x02;
+const FALLOC_ZERO_RANGE: i32 = 0x10;
+
+fn ino_of(vid: u32) -> u64 {
+    vid as u64 + 1
+}
+
+struct OpenVdi {
+    vdi: Arc<Vdi>,
+    handles: usize,
+}
+
+/// State shared by the FUSE threads and the tasks answering them.
+struct Shared {
+    client: Arc<Client>,
+    /// ino → VDI name, learnt from lookup, readdir and create.
+    names: Mutex<HashMap<u64, String>>,
+    open: Mutex<HashMap<u64, OpenVdi>>,
+    next_fh: AtomicU64,
+    uid: u32,
+    gid: u32,
+    mounted_at: SystemTime,
+}
+
+pub struct SheepFs {
+    rt: tokio::runtime::Handle,
+    sh: Arc<Shared>,
+}
+
+fn secs(t: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(t)
+}
+
+impl Shared {
+    fn file_attr(&self, info: &VdiInfo) -> FileAttr {
+        let t = secs(info.created);
+        FileAttr {
+            ino: INodeNo(ino_of(info.vid)),
+            size: info.size,
+            blocks: info.used.min(info.size.next_multiple_of(512)) / 512,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: FileType::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn dir_attr(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo::ROOT,
+            size: 0,
+            blocks: 0,
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind: FileType::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn name_of(&self, ino: u64) -> Result<String, Errno> {
+        self.names
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .cloned()
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn opened(&self, ino: u64) -> Option<Arc<Vdi>> {
+        self.open.lock().unwrap().get(&ino).map(|o| o.vdi.clone())
+    }
+
+    fn is_open(&self, name: &str) -> bool {
+        self.open
+            .lock()
+            .unwrap()
+            .values()
+            .any(|o| o.vdi.header().name == name)
+    }
+
+    /// The VDI's attributes, from the open handle if there is one.
+    async fn stat(&self, name: &str) -> Result<VdiInfo, VdiError> {
+        let open = self
+            .open
+            .lock()
+            .unwrap()
+            .values()
+            .find(|o| o.vdi.header().name == name)
+            .map(|o| o.vdi.clone());
+        let info = match open {
+            Some(v) => v.info(),
+            None => Vdi::open(self.client.clone(), name).await?.info(),
+        };
+        self.names
+            .lock()
+            .unwrap()
+            .insert(ino_of(info.vid), name.to_string());
+        Ok(info)
+    }
+
+    /// Opens (or shares) the handle of `name`; returns its inode number.
+    async fn open_vdi(&self, name: &str) -> Result<(u64, Arc<Vdi>), VdiError> {
+        let fresh = Arc::new(Vdi::open(self.client.clone(), name).await?);
+        let ino = ino_of(fresh.header().vid);
+        let mut open = self.open.lock().unwrap();
+        let entry = open.entry(ino).or_insert(OpenVdi {
+            vdi: fresh,
+            handles: 0,
+        });
+        entry.handles += 1;
+        self.names.lock().unwrap().insert(ino, name.to_string());
+        Ok((ino, entry.vdi.clone()))
+    }
+
+    fn release(&self, ino: u64) {
+        let mut open = self.open.lock().unwrap();
+        if let Some(o) = open.get_mut(&ino) {
+            o.handles -= 1;
+            if o.handles == 0 {
+                open.remove(&ino);
+            }
+        }
+    }
+
+    fn new_fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+fn open_flags() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+}
+
+fn utf8(name: &OsStr) -> Result<String, Errno> {
+    name.to_str().map(str::to_string).ok_or(Errno::EINVAL)
+}
+
+/// Logs a failed operation once, with its cause, and returns the errno for the caller.
+fn fail(op: &str, what: &str, e: &VdiError) -> Errno {
+    let errno = errno::from_vdi(e);
+    if errno == Errno::ENOENT {
+        tracing::debug!("{op} {what}: {e}");
+    } else {
+        tracing::warn!("{op} {what}: {e}");
+    }
+    errno
+}
+
+impl SheepFs {
+    pub fn new(client: Arc<Client>, rt: tokio::runtime::Handle) -> SheepFs {
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        SheepFs {
+            rt,
+            sh: Arc::new(Shared {
+                client,
+                names: Mutex::default(),
+                open: Mutex::default(),
+                next_fh: AtomicU64::new(1),
+                uid,
+                gid,
+                mounted_at: SystemTime::now(),
+            }),
+        }
+    }
+
+    /// Runs `f` on the runtime; the FUSE thread returns at once.
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.rt.spawn(f(self.sh.clone()));
+    }
+}
+
+impl Filesystem for SheepFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_WRITE) {
+            tracing::warn!("kernel caps max_write at {max}");
+        }
+        let _ = config.set_max_readahead(MAX_READAHEAD);
+        let want = InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_ASYNC_READ;
+        if let Err(missing) = config.add_capabilities(want) {
+            tracing::warn!("kernel lacks {missing:?}: O_DIRECT aio will run one request at a time");
+        }
+        if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
+            tracing::warn!("kernel caps max_background at {max}");
+        }
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if parent != INodeNo::ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        let name = match utf8(name) {
+            Ok(n) => n,
+            Err(_) => return reply.error(Errno::ENOENT),
+        };
+        if vdi::validate_name(&name).is_err() {
+            return reply.error(Errno::ENOENT);
+        }
+        self.spawn(move |sh| async move {
+            match sh.stat(&name).await {
+                Ok(info) => reply.entry(&TTL, &sh.file_attr(&info), Generation(0)),
+                Err(e) => reply.error(fail("lookup", &name, &e)),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        if ino == INodeNo::ROOT {
+            return reply.attr(&TTL, &self.sh.dir_attr());
+        }
+        if let Some(v) = self.sh.opened(ino.0) {
+            return reply.attr(&TTL, &self.sh.file_attr(&v.info()));
+        }
+        self.spawn(move |sh| async move {
+            let name = match sh.name_of(ino.0) {
+                Ok(n) => n,
+                Err(e) => return reply.error(e),
+            };
+            match sh.stat(&name).await {
+                Ok(info) if ino_of(info.vid) == ino.0 => reply.attr(&TTL, &sh.file_attr(&info)),
+                // Deleted and created again under the same name: a new file.
+                Ok(_) => reply.error(Errno::ENOENT),
+                Err(e) => reply.error(fail("getattr", &name, &e)),
+            }
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        if ino == INodeNo::ROOT {
+            return reply.attr(&TTL, &self.sh.dir_attr());
+        }
+        self.spawn(move |sh| async move {
+            let name = match sh.name_of(ino.0) {
+                Ok(n) => n,
+                Err(e) => return reply.error(e),
+            };
+            let vdi = match sh.opened(ino.0) {
+                Some(v) => v,
+                None => match Vdi::open(sh.client.clone(), &name).await {
+                    Ok(v) => Arc::new(v),
+                    Err(e) => return reply.error(fail("setattr", &name, &e)),
+                },
+            };
+            if let Some(size) = size {
+                let cur = vdi.size();
+                if size < cur {
+                    tracing::error!(
+                        "refusing to shrink VDI '{name}' from {} to {}: VDIs only grow \
+                         (qemu-img create on an existing VDI truncates it first; delete it instead)",
+                        format_size(cur),
+                        format_size(size)
+                    );
+                    return reply.error(Errno::EINVAL);
+                }
+                if let Err(e) = vdi.grow(size).await {
+                    return reply.error(fail("resize", &name, &e));
+                }
+            }
+            reply.attr(&TTL, &sh.file_attr(&vdi.info()));
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if parent != INodeNo::ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        let name = match utf8(name) {
+            Ok(n) => n,
+            Err(_) => return reply.error(Errno::ENOENT),
+        };
+        if self.sh.is_open(&name) {
+            tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
+            return reply.error(Errno::EBUSY);
+        }
+        self.spawn(move |sh| async move {
+            match vdi::delete(&sh.client, &name).await {
+                Ok(()) => {
+                    sh.names.lock().unwrap().retain(|_, n| *n != name);
+                    tracing::info!("deleted VDI '{name}'");
+                    reply.ok()
+                }
+                Err(e) => reply.error(fail("unlink", &name, &e)),
+            }
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        if ino == INodeNo::ROOT {
+            return reply.error(Errno::EISDIR);
+        }
+        self.spawn(move |sh| async move {
+            let name = match sh.name_of(ino.0) {
+                Ok(n) => n,
+                Err(e) => return reply.error(e),
+            };
+            match sh.open_vdi(&name).await {
+                Ok((got, _)) if got == ino.0 => reply.opened(sh.new_fh(), open_flags()),
+                Ok((got, _)) => {
+                    sh.release(got);
+                    reply.error(Errno::ENOENT)
+                }
+                Err(e) => reply.error(fail("open", &name, &e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if parent != INodeNo::ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        let name = match utf8(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |sh| async move {
+            if let Err(e) = vdi::create(&sh.client, &name, 0).await {
+                return reply.error(fail("create", &name, &e));
+            }
+            tracing::info!("created VDI '{name}'");
+            match sh.open_vdi(&name).await {
+                Ok((_, v)) => reply.created(
+                    &TTL,
+                    &sh.file_attr(&v.info()),
+                    Generation(0),
+                    sh.new_fh(),
+                    open_flags(),
+                ),
+                Err(e) => reply.error(fail("create", &name, &e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(vdi) = self.sh.opened(ino.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.rt.spawn(async move {
+            let end = vdi.size();
+            if offset >= end {
+                return reply.data(&[]);
+            }
+            let len = (size as u64).min(end - offset);
+            match vdi.read_at(offset, len).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(fail("read", &vdi.header().name, &e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(vdi) = self.sh.opened(ino.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let data = Bytes::copy_from_slice(data);
+        self.rt.spawn(async move {
+            let end = vdi.size();
+            if offset >= end {
+                return reply.error(Errno::ENOSPC);
+            }
+            // Like a block device: the part inside the disk is written, the rest refused.
+            let n = (data.len() as u64).min(end - offset) as usize;
+            match vdi.write_at(offset, data.slice(..n)).await {
+                Ok(()) => reply.written(n as u32),
+                Err(e) => reply.error(fail("write", &vdi.header().name, &e)),
+            }
+        });
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Without a cache every acknowledged write is already on every replica; close(2)
+        // does not promise durability (fsync does).
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(vdi) = self.sh.opened(ino.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.rt.spawn(async move {
+            match vdi.flush().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("fsync", &vdi.header().name, &e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.sh.release(ino.0);
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        if ino != INodeNo::ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        self.spawn(move |sh| async move {
+            let list = match vdi::list_names(&sh.client).await {
+                Ok(l) => l,
+                Err(e) => return reply.error(fail("readdir", "/", &e)),
+            };
+            let mut entries = vec![
+                (1u64, FileType::Directory, ".".to_string()),
+                (1u64, FileType::Directory, "..".to_string()),
+            ];
+            {
+                let mut names = sh.names.lock().unwrap();
+                for (name, vid) in list {
+                    names.insert(ino_of(vid), name.clone());
+                    entries.push((ino_of(vid), FileType::RegularFile, name));
+                }
+            }
+            for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+                if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
+                    break;
+                }
+            }
+            reply.ok();
+        });
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(move |sh| async move {
+            let view = match sh.client.refresh().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!("statfs: {e}");
+                    return reply.error(errno::from_client(&e));
+                }
+            };
+            let statuses = futures::future::join_all(
+                view.info
+                    .view
+                    .nodes
+                    .iter()
+                    .map(|n| sh.client.node_status(n.addr)),
+            )
+            .await;
+            let (mut total, mut free) = (0u64, 0u64);
+            for s in statuses.into_iter().flatten() {
+                total += s.disk_total;
+                free += s.disk_free;
+            }
+            // Raw capacity divided by the copy count: what VDIs can still take.
+            let copies = view.info.config.map(|c| c.copies.max(1)).unwrap_or(1) as u64;
+            let vdis = vdi::list_names(&sh.client)
+                .await
+                .map(|l| l.len())
+                .unwrap_or(0);
+            const BS: u64 = 4096;
+            reply.statfs(
+                total / copies / BS,
+                free / copies / BS,
+                free / copies / BS,
+                vdis as u64,
+                (objstore::oid::MAX_VID as u64).saturating_sub(vdis as u64),
+                BS as u32,
+                255,
+                BS as u32,
+            );
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Not a block device: no BLK* ioctls (qemu probes a few and falls back).
+        reply.error(Errno::ENOTTY);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let Some(vdi) = self.sh.opened(ino.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.rt.spawn(async move {
+            let size = vdi.size();
+            let name = vdi.header().name;
+            let res = if mode & (FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
+                // Discard as qemu sends it (discard=unmap): whole objects dropped, parts zeroed.
+                let end = offset.saturating_add(length).min(size);
+                if offset >= end {
+                    Ok(())
+                } else {
+                    vdi.discard(offset, end - offset).await
+                }
+            } else if mode & !FALLOC_KEEP_SIZE == 0 {
+                // Preallocation: space is taken on write; grow the VDI unless KEEP_SIZE.
+                let end = offset.saturating_add(length);
+                if mode & FALLOC_KEEP_SIZE == 0 && end > size {
+                    vdi.grow(end).await
+                } else {
+                    Ok(())
+                }
+            } else {
+                return reply.error(Errno::EOPNOTSUPP);
+            };
+            match res {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(fail("fallocate", &name, &e)),
+            }
+        });
+    }
+}
