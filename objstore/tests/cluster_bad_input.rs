@@ -1,13 +1,15 @@
 //! Bad input against real nodes: malformed frames, bad names and sizes, out-of-range I/O,
 //! formatting twice, an unformatted cluster. Each gets a clear error; nodes keep serving.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::Cluster;
+use testkit::cluster::{Bins, Cluster};
+
+fn bins() -> Bins {
+    Bins::new(env!("CARGO_BIN_EXE_sheep"), env!("CARGO_BIN_EXE_dog"))
+}
 use objstore::proto::{Header, Opcode, HEADER_LEN, MAX_PAYLOAD};
 
 fn valid_header() -> [u8; HEADER_LEN] {
@@ -32,7 +34,7 @@ fn send_bad(addr: &str, bytes: &[u8], shutdown: bool) {
 
 #[test]
 fn malformed_frames_close_only_their_connection() {
-    let c = Cluster::start(1);
+    let c = Cluster::start(&bins(), 1);
     c.dog_ok(&["cluster", "format", "--copies", "1"]);
     c.dog_ok(&["vdi", "create", "v", "4M"]);
     c.write_vdi("v", 0, b"still here");
@@ -114,7 +116,7 @@ fn malformed_frames_close_only_their_connection() {
 
 #[test]
 fn bad_names_sizes_ranges_and_formats() {
-    let c = Cluster::start(2);
+    let c = Cluster::start(&bins(), 2);
 
     // Unformatted cluster.
     let e = c.dog_err(&["vdi", "create", "x", "1G"]);
@@ -199,12 +201,12 @@ fn bad_names_sizes_ranges_and_formats() {
 
 #[test]
 fn foreign_data_dir_is_refused() {
-    let a = Cluster::start(1);
-    let b = Cluster::start(1);
+    let a = Cluster::start(&bins(), 1);
+    let b = Cluster::start(&bins(), 1);
     // Start a node of cluster B on node 0's directory of cluster A... after stopping A's node.
     let mut a = a;
     a.kill9(0);
-    let out = std::process::Command::new(common::SHEEP)
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sheep"))
         .arg("--dir")
         .arg(a.node_dir(0))
         .arg("--listen")

@@ -1,13 +1,15 @@
 //! Data through real nodes with real `dog`: what goes in comes out, on exactly `copies` nodes.
 
-mod common;
+use testkit::cluster::{Bins, Cluster};
 
-use common::Cluster;
+fn bins() -> Bins {
+    Bins::new(env!("CARGO_BIN_EXE_sheep"), env!("CARGO_BIN_EXE_dog"))
+}
 use testkit::pseudo_random;
 
 #[test]
 fn write_read_256m_three_copies() {
-    let c = Cluster::start(3);
+    let c = Cluster::start(&bins(), 3);
     c.dog_ok(&["cluster", "format", "--copies", "3"]);
     c.dog_ok(&["vdi", "create", "big", "1G"]);
     let data = pseudo_random(256 << 20, 0x5eed);
@@ -36,7 +38,7 @@ fn write_read_256m_three_copies() {
 
 #[test]
 fn unaligned_writes_across_objects_and_resize_delete() {
-    let c = Cluster::start(3);
+    let c = Cluster::start(&bins(), 3);
     c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
     c.dog_ok(&["vdi", "create", "d", "8M"]);
     let base = pseudo_random(8 << 20, 1);

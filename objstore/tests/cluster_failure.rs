@@ -1,9 +1,11 @@
 //! Node death and return with real processes: kill -9, recovery to full copies, and a node that
 //! comes back with stale copies never serving them.
 
-mod common;
+use testkit::cluster::{Bins, Cluster};
 
-use common::Cluster;
+fn bins() -> Bins {
+    Bins::new(env!("CARGO_BIN_EXE_sheep"), env!("CARGO_BIN_EXE_dog"))
+}
 use testkit::pseudo_random;
 
 const MIB: u64 = 1 << 20;
@@ -16,7 +18,7 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 
 #[test]
 fn kill9_recovery_and_stale_rejoin() {
-    let mut c = Cluster::start(4);
+    let mut c = Cluster::start(&bins(), 4);
     c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
     c.dog_ok(&["vdi", "create", "v", "64M"]);
     let mut data = pseudo_random((OBJECTS * MIB) as usize, 7);
@@ -87,7 +89,7 @@ fn kill9_recovery_and_stale_rejoin() {
 
 #[test]
 fn fewer_nodes_than_copies_is_degraded_but_writable() {
-    let c = Cluster::start(2);
+    let c = Cluster::start(&bins(), 2);
     c.dog_ok(&["cluster", "format", "--copies", "3"]);
     let info = c.dog_json(&["cluster", "info"]);
     assert_eq!(info["status"], "degraded");

@@ -5,6 +5,11 @@
 //!   file whose tail is printed if the test is panicking.
 //! - [`wait_until`]: polls a condition with a deadline.
 //! - [`free_port`]: a loopback port nobody listens on.
+//! - [`cluster::Cluster`]: a local cluster of real `sheep` processes driven through real `dog`.
+//! - [`mount::Mount`]: a real `sheepfs` mount, unmounted and killed on drop.
+
+pub mod cluster;
+pub mod mount;
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};

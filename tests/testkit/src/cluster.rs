@@ -1,30 +1,68 @@
 //! A local cluster of real `sheep` processes for end-to-end tests, driven through real `dog`.
 
-#![allow(dead_code)]
-
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use testkit::{free_port, wait_until, Proc};
 
-pub const SHEEP: &str = env!("CARGO_BIN_EXE_sheep");
-pub const DOG: &str = env!("CARGO_BIN_EXE_dog");
+use crate::{free_port, wait_until, Proc};
+
+/// Where the binaries under test are.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    pub sheep: PathBuf,
+    pub dog: PathBuf,
+}
+
+impl Bins {
+    /// From `CARGO_BIN_EXE_*` paths.
+    pub fn new(sheep: &str, dog: &str) -> Bins {
+        Bins {
+            sheep: sheep.into(),
+            dog: dog.into(),
+        }
+    }
+
+    /// Beside the running test executable (`target/<profile>/deps/..`), for tests in crates
+    /// other than the one that builds them; `cargo build --bins` must have run.
+    pub fn beside_test() -> Bins {
+        let exe = std::env::current_exe().expect("test executable path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target directory")
+            .to_path_buf();
+        let bins = Bins {
+            sheep: dir.join("sheep"),
+            dog: dir.join("dog"),
+        };
+        for b in [&bins.sheep, &bins.dog] {
+            assert!(
+                b.exists(),
+                "{} is missing: build the binaries first (cargo build --workspace --bins)",
+                b.display()
+            );
+        }
+        bins
+    }
+}
 
 /// Fields drop in order: processes are killed before their directory goes.
 pub struct Cluster {
     pub nodes: Vec<Option<Proc>>,
+    pub bins: Bins,
     pub ports: Vec<u16>,
     pub dir: tempfile::TempDir,
 }
 
 impl Cluster {
     /// Starts `n` nodes sharing one local membership store and waits until all are members.
-    pub fn start(n: usize) -> Cluster {
+    pub fn start(bins: &Bins, n: usize) -> Cluster {
         let mut c = Cluster {
             nodes: (0..n).map(|_| None).collect(),
+            bins: bins.clone(),
             ports: (0..n).map(|_| free_port()).collect(),
             dir: tempfile::tempdir().expect("temp dir"),
         };
@@ -49,7 +87,7 @@ impl Cluster {
 
     /// Starts (or restarts) node `i` on its own data directory.
     pub fn start_node(&mut self, i: usize) {
-        let mut cmd = Command::new(SHEEP);
+        let mut cmd = Command::new(&self.bins.sheep);
         cmd.arg("--dir")
             .arg(self.node_dir(i))
             .arg("--listen")
@@ -75,7 +113,7 @@ impl Cluster {
     }
 
     pub fn log(&self, i: usize) -> String {
-        testkit::log_tail(&self.dir.path().join(format!("node{i}.log")), 1 << 20)
+        crate::log_tail(&self.dir.path().join(format!("node{i}.log")), 1 << 20)
     }
 
     fn live_addr(&self) -> String {
@@ -88,7 +126,7 @@ impl Cluster {
     }
 
     pub fn dog_at(&self, addr: &str, args: &[&str]) -> Output {
-        Command::new(DOG)
+        Command::new(&self.bins.dog)
             .arg("--address")
             .arg(addr)
             .args(args)
@@ -133,7 +171,7 @@ impl Cluster {
 
     /// Feeds `data` to dog's stdin.
     pub fn dog_stdin(&self, args: &[&str], data: &[u8]) -> Output {
-        let mut child = Command::new(DOG)
+        let mut child = Command::new(&self.bins.dog)
             .arg("--address")
             .arg(self.live_addr())
             .args(args)

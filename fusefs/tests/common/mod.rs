@@ -1,0 +1,74 @@
+//! A cluster and a real sheepfs mount on it, for end-to-end tests; both cleaned up on drop
+//! (mount first).
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use testkit::cluster::{Bins, Cluster};
+use testkit::mount::Mount;
+
+pub const SHEEPFS: &str = env!("CARGO_BIN_EXE_sheepfs");
+
+/// Fields drop in order: the mount goes before the cluster.
+pub struct Rig {
+    pub mount: Mount,
+    pub cluster: Cluster,
+}
+
+impl Rig {
+    /// `nodes` sheep, formatted with `copies` and `object_size`, mounted with `extra` options.
+    pub fn start(nodes: usize, copies: u32, object_size: &str, extra: &[&str]) -> Rig {
+        let cluster = Cluster::start(&Bins::beside_test(), nodes);
+        cluster.dog_ok(&[
+            "cluster",
+            "format",
+            "--copies",
+            &copies.to_string(),
+            "--object-size",
+            object_size,
+        ]);
+        let mount = Mount::start(
+            Path::new(SHEEPFS),
+            &cluster.addr(0),
+            &cluster.dir.path().join("mnt"),
+            &cluster.dir.path().join("sheepfs.log"),
+            extra,
+        );
+        Rig { mount, cluster }
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.mount.path(name).to_string_lossy().into_owned()
+    }
+
+    pub fn scratch(&self, name: &str) -> String {
+        self.cluster
+            .dir
+            .path()
+            .join(name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Runs a tool; panics with its output if it failed.
+pub fn run(prog: &str, args: &[&str]) -> Output {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {prog} (make test installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "{prog} {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -1,0 +1,180 @@
+//! Failures around the mount: a node killed under fio, an unreachable cluster, bad mounts.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Rig, SHEEPFS};
+use testkit::cluster::{Bins, Cluster};
+use testkit::wait_until;
+
+#[test]
+fn kill9_a_node_during_fio_verify() {
+    let mut rig = Rig::start(4, 3, "1M", &[]);
+    rig.cluster.dog_ok(&["vdi", "create", "f", "64M"]);
+    let f = rig.path("f");
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=verify",
+            &format!("--filename={f}"),
+            "--size=64M",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--ioengine=libaio",
+            "--direct=1",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--number_ios=12000",
+            "--output-format=json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run fio (make test installs it)");
+    // Kill once the run is well under way.
+    wait_until("fio to allocate objects", Duration::from_secs(60), || {
+        rig.cluster.dog_json(&["vdi", "info", "f"])["allocated_objects"]
+            .as_u64()
+            .unwrap()
+            >= 16
+    });
+    rig.cluster.kill9(2);
+    let out = fio.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio failed after a node died:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0);
+    assert!(v["jobs"][0]["read"]["total_ios"].as_u64().unwrap() >= 12000);
+}
+
+#[test]
+fn unreachable_cluster_gives_eio_in_bounded_time() {
+    let mut rig = Rig::start(1, 1, "1M", &["--timeout", "3"]);
+    rig.cluster.dog_ok(&["vdi", "create", "u", "4M"]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("u"))
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"data", 0).unwrap();
+    rig.cluster.kill9(0);
+    let t = Instant::now();
+    let e = f.write_all_at(b"more", 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t.elapsed()
+    );
+    let mut buf = [0u8; 4];
+    let e = f.read_exact_at(&mut buf, 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+}
+
+#[test]
+fn bad_mounts_fail_clearly_and_nothing_hangs() {
+    let rig = Rig::start(1, 1, "1M", &[]);
+    let sheepfs = |args: &[&str]| {
+        let out = Command::new(SHEEPFS).args(args).output().unwrap();
+        assert!(!out.status.success(), "sheepfs {args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let addr = rig.cluster.addr(0);
+    let mnt = rig.mount.dir.to_string_lossy().into_owned();
+
+    // Already mounted there.
+    let e = sheepfs(&["--cluster", &addr, &mnt]);
+    assert!(e.contains("already a mount point"), "{e}");
+    // Not empty, missing, not a directory.
+    let full = rig.scratch("full");
+    std::fs::create_dir_all(&full).unwrap();
+    std::fs::write(Path::new(&full).join("x"), b"x").unwrap();
+    let e = sheepfs(&["--cluster", &addr, &full]);
+    assert!(e.contains("not empty"), "{e}");
+    let e = sheepfs(&["--cluster", &addr, &rig.scratch("missing")]);
+    assert!(e.contains("does not exist"), "{e}");
+    // No cluster there: a clear error, promptly.
+    let empty = rig.scratch("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let t = Instant::now();
+    let e = sheepfs(&["--cluster", "127.0.0.1:1", &empty]);
+    assert!(e.contains("cannot reach the cluster at 127.0.0.1:1"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(15));
+    assert!(!testkit::mount::is_mounted(Path::new(&empty)));
+    // Unformatted cluster.
+    let bare = Cluster::start(&Bins::beside_test(), 1);
+    let e = sheepfs(&["--cluster", &bare.addr(0), &empty]);
+    assert!(e.contains("not formatted"), "{e}");
+
+    // Unmounting with a file open: umount says busy, nothing hangs; after close it works.
+    rig.cluster.dog_ok(&["vdi", "create", "o", "1M"]);
+    let f = std::fs::File::open(rig.path("o")).unwrap();
+    let (ok, err) = rig.mount.umount();
+    assert!(
+        !ok && err.contains("busy"),
+        "umount with a file open: {err}"
+    );
+    drop(f);
+    let mut rig = rig;
+    rig.mount.unmount_and_wait();
+}
+
+#[test]
+fn background_mode_returns_when_ready_and_sigterm_unmounts() {
+    let cluster = Cluster::start(&Bins::beside_test(), 1);
+    cluster.dog_ok(&["cluster", "format", "--copies", "1"]);
+    cluster.dog_ok(&["vdi", "create", "bg", "1M"]);
+    let mnt = cluster.dir.path().join("bgmnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mnt = mnt.canonicalize().unwrap();
+    let log = cluster.dir.path().join("bg.log");
+    let status = Command::new(SHEEPFS)
+        .arg("--cluster")
+        .arg(cluster.addr(0))
+        .arg(&mnt)
+        .arg("--log-file")
+        .arg(&log)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // Ready on return: no polling needed.
+    assert!(testkit::mount::is_mounted(&mnt));
+    struct Detach<'a>(&'a Path);
+    impl Drop for Detach<'_> {
+        fn drop(&mut self) {
+            testkit::mount::detach(self.0);
+        }
+    }
+    let _guard = Detach(&mnt);
+    assert!(mnt.join("bg").exists());
+    let pid = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(pid.contains(&*mnt.to_string_lossy()));
+    // Find the daemon by its command line and SIGTERM it.
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("sheepfs.*{}", mnt.display())])
+        .output()
+        .unwrap();
+    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 1, "one sheepfs daemon: {pids:?}");
+    // SAFETY: signalling the daemon this test started.
+    unsafe { libc::kill(pids[0], libc::SIGTERM) };
+    wait_until("SIGTERM to unmount", Duration::from_secs(10), || {
+        !testkit::mount::is_mounted(&mnt)
+    });
+    wait_until("the daemon to exit", Duration::from_secs(10), || {
+        // SAFETY: probing a pid.
+        unsafe { libc::kill(pids[0], 0) != 0 }
+    });
+}
