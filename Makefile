@@ -30,11 +30,13 @@ check:
 ## bench: dog vs cp side by side, placement cost (see docs/benchmarks.md).
 bench: build
 	./scripts/bench.sh
+	./scripts/bench-sheepfs.sh
 	$(CARGO) bench -p objstore --bench placement
 
 ## bench-quick: the same with small sizes.
 bench-quick: build
 	BENCH_SIZE_MIB=128 BENCH_ROUNDS=1 ./scripts/bench.sh
+	BENCH_FILE_MIB=256 BENCH_RUNTIME=3 ./scripts/bench-sheepfs.sh
 
 clean:
 	$(CARGO) clean

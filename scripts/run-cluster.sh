@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `make run`: a 3-node cluster on 127.0.0.1:7000-7002 with the local membership driver, state
-# under ./run. Reuses what a previous run left (data, format, VDIs); FRESH=1 starts empty.
-# Ctrl-C stops every node cleanly.
+# under ./run, and sheepfs mounted at ./mnt. Reuses what a previous run left (data, format,
+# VDIs); FRESH=1 starts empty. Ctrl-C unmounts and stops every node cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/release
 RUN=${RUN_DIR:-run}
 PORTS=(7000 7001 7002)
+MNT=${MNT_DIR:-mnt}
 DOG="$BIN/dog --address 127.0.0.1:${PORTS[0]}"
 
 stop_leftovers() {
@@ -23,6 +24,13 @@ stop_leftovers() {
     done
 }
 
+is_mounted() { grep -q " $(realpath -m "$MNT") " /proc/self/mountinfo; }
+
+# A mount left by a previous run (live or dead) goes first, then its nodes.
+if [ -d "$MNT" ] && is_mounted; then
+    echo "unmounting $MNT left by a previous run"
+    umount "$MNT" 2>/dev/null || umount -l "$MNT"
+fi
 stop_leftovers
 [ "${FRESH:-0}" = 1 ] && rm -rf "$RUN"
 mkdir -p "$RUN"
@@ -39,6 +47,9 @@ stop() {
     trap - INT TERM EXIT
     echo
     echo "stopping the cluster..."
+    if is_mounted; then
+        umount "$MNT" 2>/dev/null || { echo "$MNT is busy: detaching it"; umount -l "$MNT"; }
+    fi
     for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -f "$RUN"/*.pid
@@ -69,13 +80,29 @@ if $DOG cluster info --json | grep -q '"status": "unformatted"'; then
 fi
 $DOG vdi info demo >/dev/null 2>&1 || $DOG vdi create demo 1G
 
+mkdir -p "$MNT"
+"$BIN/sheepfs" --cluster "127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}" "$MNT" \
+    --foreground --log-file "$RUN/sheepfs.log" &
+pids=("$!" "${pids[@]}")
+echo $! >"$RUN/sheepfs.pid"
+for _ in $(seq 100); do is_mounted && break; sleep 0.1; done
+is_mounted || { echo "run: sheepfs did not mount; see $RUN/sheepfs.log" >&2; tail -5 "$RUN/sheepfs.log" >&2; exit 1; }
+
 $DOG cluster info
 echo
 $DOG vdi list
+echo
+ls -l "$MNT"
 cat <<MSG
 
-The cluster is up: 3 sheep on 127.0.0.1:7000-7002, logs in $RUN/node*.log.
+The cluster is up: 3 sheep on 127.0.0.1:7000-7002 (logs in $RUN/node*.log), and sheepfs
+shows every VDI as a file in $MNT (log in $RUN/sheepfs.log).
 Try, in another terminal:
+  qemu-img info $MNT/demo
+  qemu-io -f raw -t none --native-aio -c "write -P 0xab 0 1M" -c "read -P 0xab 0 1M" $MNT/demo
+  qemu-img create -f raw $MNT/disk2 10G && $BIN/dog vdi list
+  fio --name=t --filename=$MNT/demo --rw=randread --bs=4k --iodepth=16 --ioengine=libaio --direct=1 --runtime=10 --time_based
+  qemu-system-x86_64 -m 1G -drive file=$PWD/$MNT/demo,format=raw,if=virtio,cache=none,aio=io_uring,discard=unmap ...
   $BIN/dog node list
   echo hello | $BIN/dog vdi write demo 0
   $BIN/dog vdi read demo 0 5

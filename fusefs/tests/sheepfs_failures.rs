@@ -15,7 +15,7 @@ fn kill9_a_node_during_fio_verify() {
     let mut rig = Rig::start(4, 3, "1M", &[]);
     rig.cluster.dog_ok(&["vdi", "create", "f", "64M"]);
     let f = rig.path("f");
-    let mut fio = Command::new("fio")
+    let fio = Command::new("fio")
         .args([
             "--name=verify",
             &format!("--filename={f}"),
