@@ -151,18 +151,28 @@ impl Shared {
         Ok(info)
     }
 
-    /// Opens (or shares) the handle of `name`; returns its inode number.
+    /// Opens (or shares) the handle of `name`; returns its inode number. Every open reads the
+    /// inode afresh, so it sees what other clients allocated or resized before it.
     async fn open_vdi(&self, name: &str) -> Result<(u64, Arc<Vdi>), VdiError> {
         let fresh = Arc::new(Vdi::open(self.client.clone(), name).await?);
         let ino = ino_of(fresh.header().vid);
-        let mut open = self.open.lock().unwrap();
-        let entry = open.entry(ino).or_insert(OpenVdi {
-            vdi: fresh,
-            handles: 0,
-        });
-        entry.handles += 1;
+        let shared = {
+            let mut open = self.open.lock().unwrap();
+            let entry = open.entry(ino).or_insert(OpenVdi {
+                vdi: fresh.clone(),
+                handles: 0,
+            });
+            entry.handles += 1;
+            entry.vdi.clone()
+        };
+        if !Arc::ptr_eq(&shared, &fresh) {
+            if let Err(e) = shared.refresh().await {
+                self.release(ino);
+                return Err(e);
+            }
+        }
         self.names.lock().unwrap().insert(ino, name.to_string());
-        Ok((ino, entry.vdi.clone()))
+        Ok((ino, shared))
     }
 
     fn release(&self, ino: u64) {
@@ -595,6 +605,25 @@ impl Filesystem for SheepFs {
                 BS as u32,
             );
         });
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::ENODATA);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]

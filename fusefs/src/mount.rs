@@ -13,7 +13,7 @@ pub enum MountError {
     Missing(PathBuf),
     #[error("mount point {0} is not a directory")]
     NotDir(PathBuf),
-    #[error("mount point {0} is already a mount point (is sheepfs already mounted there? umount it first)")]
+    #[error("mount point {0} is already a mount point (is sheepfs already mounted there, or a dead mount left by a crash? umount it, or umount -l)")]
     Busy(PathBuf),
     #[error("mount point {0} is not empty")]
     NotEmpty(PathBuf),
@@ -59,7 +59,11 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
         }
         Err(e) => return Err(io(e)),
     };
-    let meta = std::fs::metadata(&canon).map_err(io)?;
+    let meta = match std::fs::metadata(&canon) {
+        Ok(m) => m,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Err(MountError::Busy(canon)),
+        Err(e) => return Err(io(e)),
+    };
     if !meta.is_dir() {
         return Err(MountError::NotDir(canon));
     }
@@ -86,6 +90,10 @@ pub fn config(allow_other: bool, threads: usize) -> Config {
         MountOption::NoDev,
         MountOption::NoAtime,
     ];
+    if allow_other {
+        // Other users get what the file modes (0644, owned by the mounting user) allow.
+        c.mount_options.push(MountOption::DefaultPermissions);
+    }
     c.acl = if allow_other {
         SessionACL::All
     } else {

@@ -169,4 +169,14 @@ fn mount_and_dog_see_the_same_bytes() {
     f.seek(SeekFrom::Start(5 << 20)).unwrap();
     f.read_exact(&mut got).unwrap();
     assert!(got == other, "the mount sees dog's write (no stale pages)");
+
+    // While a file stays open, dog allocates a new object; the next open on the mount picks
+    // it up for every descriptor.
+    let newer = pseudo_random(1 << 20, 9);
+    rig.cluster.write_vdi("x", 7 << 20, &newer);
+    let _again = std::fs::File::open(rig.path("x")).unwrap();
+    let mut got = vec![0u8; newer.len()];
+    f.seek(SeekFrom::Start(7 << 20)).unwrap();
+    f.read_exact(&mut got).unwrap();
+    assert!(got == newer, "a new open refreshes the shared handle");
 }

@@ -126,6 +126,27 @@ fn bad_mounts_fail_clearly_and_nothing_hangs() {
     drop(f);
     let mut rig = rig;
     rig.mount.unmount_and_wait();
+
+    // A crashed sheepfs leaves a dead mount: users get ENOTCONN at once, never a hang, and a
+    // new sheepfs there is refused until it is cleared.
+    let mut again = testkit::mount::Mount::start(
+        Path::new(SHEEPFS),
+        &addr,
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join("again.log"),
+        &[],
+    );
+    // SAFETY: SIGKILL to the sheepfs this test started, leaving its mount behind.
+    unsafe { libc::kill(again.pid() as i32, libc::SIGKILL) };
+    wait_until("the mount to die", Duration::from_secs(10), || {
+        std::fs::metadata(&rig.mount.dir)
+            .err()
+            .is_some_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+    });
+    let e = sheepfs(&["--cluster", &addr, &mnt]);
+    assert!(e.contains("already a mount point"), "{e}");
+    again.kill9();
+    assert!(!testkit::mount::is_mounted(&rig.mount.dir));
 }
 
 #[test]

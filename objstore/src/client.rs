@@ -444,14 +444,26 @@ impl Client {
         }
     }
 
+    /// A key-value request to any node, retried (all nodes unreachable, busy) until the
+    /// client's timeout.
     async fn kv_call(&self, op: Opcode, body: Bytes) -> Result<Option<Frame>, ClientError> {
-        let (addr, f) = self.any_node(op, body).await?;
-        match answer(addr, Ok(f)) {
-            Answer::Ok(f) => Ok(Some(f)),
-            Answer::NotFound => Ok(None),
-            Answer::Fatal(e) => Err(e),
-            Answer::Retry(why) => Err(unreachable(addr, why)),
-        }
+        self.retry(|_| {
+            let body = body.clone();
+            async move {
+                let (addr, f) = match self.any_node(op, body).await {
+                    Ok(r) => r,
+                    Err(e @ ClientError::Unreachable { .. }) => return Step::Retry(e.to_string()),
+                    Err(e) => return Step::Fatal(e),
+                };
+                match answer(addr, Ok(f)) {
+                    Answer::Ok(f) => Step::Done(Some(f)),
+                    Answer::NotFound => Step::Done(None),
+                    Answer::Fatal(e) => Step::Fatal(e),
+                    Answer::Retry(why) => Step::Retry(why),
+                }
+            }
+        })
+        .await
     }
 
     pub async fn kv_get(&self, key: &str) -> Result<Option<String>, ClientError> {

@@ -339,6 +339,43 @@ pub async fn list_names(client: &Client) -> Result<Vec<(String, u32)>, VdiError>
     Ok(out)
 }
 
+/// Reads a VDI's inode: its header and allocation map.
+async fn read_inode(
+    client: &Client,
+    name: &str,
+    vid: u32,
+) -> Result<(InodeHeader, Vec<u32>), VdiError> {
+    let inode = ObjectId::inode(vid);
+    let corrupt = |reason: String| VdiError::Corrupt {
+        name: name.to_string(),
+        reason,
+    };
+    let head = client
+        .read_obj(inode, 0, INODE_HEADER_LEN as u32)
+        .await
+        .map_err(|e| match e {
+            ClientError::NotFound(_) => corrupt("its inode object is missing".into()),
+            e => e.into(),
+        })?;
+    let header = InodeHeader::decode(&head).map_err(corrupt)?;
+    let n = header.indexes();
+    if n > MAX_INDEXES {
+        return Err(corrupt(format!("{n} objects is over the limit")));
+    }
+    let raw = if n == 0 {
+        Bytes::new()
+    } else {
+        client
+            .read_obj(inode, INODE_HEADER_LEN as u64, (n * 4) as u32)
+            .await?
+    };
+    let map = raw
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
+        .collect();
+    Ok((header, map))
+}
+
 /// An open VDI: its inode header and allocation map, cached.
 pub struct Vdi {
     client: Arc<Client>,
@@ -349,39 +386,28 @@ pub struct Vdi {
 impl Vdi {
     pub async fn open(client: Arc<Client>, name: &str) -> Result<Vdi, VdiError> {
         let vid = lookup(&client, name).await?;
-        let inode = ObjectId::inode(vid);
-        let corrupt = |reason: String| VdiError::Corrupt {
-            name: name.to_string(),
-            reason,
-        };
-        let head = client
-            .read_obj(inode, 0, INODE_HEADER_LEN as u32)
-            .await
-            .map_err(|e| match e {
-                ClientError::NotFound(_) => corrupt("its inode object is missing".into()),
-                e => e.into(),
-            })?;
-        let header = InodeHeader::decode(&head).map_err(corrupt)?;
-        let n = header.indexes();
-        if n > MAX_INDEXES {
-            return Err(corrupt(format!("{n} objects is over the limit")));
-        }
-        let raw = if n == 0 {
-            Bytes::new()
-        } else {
-            client
-                .read_obj(inode, INODE_HEADER_LEN as u64, (n * 4) as u32)
-                .await?
-        };
-        let map = raw
-            .chunks_exact(4)
-            .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
-            .collect();
+        let (header, map) = read_inode(&client, name, vid).await?;
         Ok(Vdi {
             client,
             header: RwLock::new(header),
             map: RwLock::new(map),
         })
+    }
+
+    /// Reads the inode again, picking up objects allocated and size changes made through
+    /// another client. Fails with NotFound if the VDI was deleted or replaced meanwhile.
+    pub async fn refresh(&self) -> Result<(), VdiError> {
+        let (name, vid) = {
+            let h = self.header.read().unwrap();
+            (h.name.clone(), h.vid)
+        };
+        if lookup(&self.client, &name).await? != vid {
+            return Err(VdiError::NotFound(name));
+        }
+        let (header, map) = read_inode(&self.client, &name, vid).await?;
+        *self.header.write().unwrap() = header;
+        *self.map.write().unwrap() = map;
+        Ok(())
     }
 
     pub fn header(&self) -> InodeHeader {

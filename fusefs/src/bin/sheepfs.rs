@@ -165,7 +165,9 @@ fn serve(args: Args) -> anyhow::Result<()> {
     notify_ready();
 
     rt.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
         tokio::select! {
             r = done_rx => {
                 if let Ok(Err(e)) = r {
@@ -176,6 +178,7 @@ fn serve(args: Args) -> anyhow::Result<()> {
                 return Ok(());
             }
             _ = term.recv() => tracing::info!("SIGTERM: unmounting {}", mountpoint.display()),
+            _ = hup.recv() => tracing::info!("SIGHUP: unmounting {}", mountpoint.display()),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: unmounting {}", mountpoint.display()),
         }
         if let Err(e) = unmounter.unmount() {
