@@ -71,7 +71,7 @@ fn qemu_img_create_info_convert_compare() {
 }
 
 #[test]
-fn qemu_io_native_aio_unaligned_patterns_and_discard() {
+fn qemu_io_native_and_io_uring_unaligned_patterns_and_discard() {
     let rig = Rig::start(3, 2, "1M", &[]);
     rig.cluster.dog_ok(&["vdi", "create", "d", "16M"]);
     let d = rig.path("d");
@@ -92,16 +92,26 @@ fn qemu_io_native_aio_unaligned_patterns_and_discard() {
         "read -P 0 5242880 100000",
         "read -P 0x33 5342880 948577",
     ];
-    let mut args = vec!["-f", "raw", "-t", "none", "--native-aio"];
-    for c in &cmds {
-        args.push("-c");
-        args.push(c);
+    for aio in ["native", "io_uring"] {
+        let mut args = vec!["-f", "raw", "-t", "none", "-i", aio];
+        for c in &cmds {
+            args.push("-c");
+            args.push(c);
+        }
+        args.push(&d);
+        let out = run("qemu-io", &args);
+        let text = stdout(&out);
+        assert!(
+            !text.contains("Pattern verification failed"),
+            "{aio}: {text}"
+        );
+        assert!(!text.to_lowercase().contains("error"), "{aio}: {text}");
+        assert_eq!(
+            text.matches("read ").count(),
+            9,
+            "{aio}: every read ran: {text}"
+        );
     }
-    args.push(&d);
-    let out = run("qemu-io", &args);
-    let text = stdout(&out);
-    assert!(!text.contains("Pattern verification failed"), "{text}");
-    assert!(!text.to_lowercase().contains("error"), "{text}");
     // The whole-object discard left a hole: object 2 is gone.
     let obj = rig.cluster.dog_json(&["vdi", "object", "d", "2"]);
     assert!(
