@@ -1,6 +1,8 @@
 # The two commands: `make run` (a local 3-node cluster) and `make test` (every test).
 CARGO ?= cargo
 RELEASE := target/release
+# End-to-end tests start whole clusters and mounts: on 2 cores, a few at a time.
+TEST_THREADS ?= 2
 
 .PHONY: all build run test deps check bench bench-quick clean
 
@@ -19,7 +21,8 @@ deps:
 
 ## test: install what is missing, then run unit and end-to-end tests.
 test: deps
-	$(CARGO) test --workspace --lib --bins --tests
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace --lib --bins --tests -- --test-threads=$(TEST_THREADS)
 
 ## check: formatting, clippy with warnings denied, quick (unit) tests.
 check:

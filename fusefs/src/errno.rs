@@ -8,6 +8,7 @@ pub fn from_vdi(e: &VdiError) -> Errno {
     match e {
         VdiError::NotFound(_) => Errno::ENOENT,
         VdiError::Exists(_) => Errno::EEXIST,
+        VdiError::Attached { .. } => Errno::EBUSY,
         VdiError::InvalidName { name, .. } if name.len() > 255 => Errno::ENAMETOOLONG,
         VdiError::InvalidName { .. } => Errno::EINVAL,
         VdiError::InvalidSize { reason, .. } if reason.contains("over the limit") => Errno::EFBIG,

@@ -24,9 +24,70 @@ use fuser::{
 };
 use objstore::size::format_size;
 use objstore::vdi::{self, VdiInfo};
-use objstore::{Client, Vdi, VdiError};
+use objstore::{lock::LockError, Client, Vdi, VdiError};
 
+use crate::cache::{Cache, CacheError, CachedVdi};
 use crate::errno;
+
+/// An open VDI: straight to the cluster, or through the cache.
+#[derive(Clone)]
+pub enum Disk {
+    Plain(Arc<Vdi>),
+    Cached(Arc<CachedVdi>),
+}
+
+impl Disk {
+    pub fn vdi(&self) -> &Arc<Vdi> {
+        match self {
+            Disk::Plain(v) => v,
+            Disk::Cached(c) => c.vdi(),
+        }
+    }
+
+    async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
+        match self {
+            Disk::Plain(v) => v.read_at(offset, len).await,
+            Disk::Cached(c) => c.read(offset, len).await,
+        }
+    }
+
+    async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        match self {
+            Disk::Plain(v) => v.write_at(offset, data).await,
+            Disk::Cached(c) => c.write(offset, data).await,
+        }
+    }
+
+    async fn flush(&self) -> Result<(), VdiError> {
+        match self {
+            Disk::Plain(v) => v.flush().await,
+            Disk::Cached(c) => c.flush().await,
+        }
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        match self {
+            Disk::Plain(v) => v.discard(offset, len).await,
+            Disk::Cached(c) => c.discard(offset, len).await,
+        }
+    }
+}
+
+/// The errno for a failed attach through the cache, logged with its reason.
+fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
+    match e {
+        CacheError::Vdi(v) => fail(op, what, v),
+        CacheError::Lock(LockError::Vdi(v)) => fail(op, what, v),
+        CacheError::Lock(LockError::Held { .. }) | CacheError::Conflict { .. } => {
+            tracing::error!("{op} {what}: {e}");
+            Errno::EBUSY
+        }
+        _ => {
+            tracing::warn!("{op} {what}: {e}");
+            Errno::EIO
+        }
+    }
+}
 
 const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
@@ -43,13 +104,14 @@ fn ino_of(vid: u32) -> u64 {
 }
 
 struct OpenVdi {
-    vdi: Arc<Vdi>,
+    disk: Disk,
     handles: usize,
 }
 
 /// State shared by the FUSE threads and the tasks answering them.
 struct Shared {
     client: Arc<Client>,
+    cache: Option<Cache>,
     /// ino → VDI name, learnt from lookup, readdir and create.
     names: Mutex<HashMap<u64, String>>,
     open: Mutex<HashMap<u64, OpenVdi>>,
@@ -119,8 +181,8 @@ impl Shared {
             .ok_or(Errno::ENOENT)
     }
 
-    fn opened(&self, ino: u64) -> Option<Arc<Vdi>> {
-        self.open.lock().unwrap().get(&ino).map(|o| o.vdi.clone())
+    fn opened(&self, ino: u64) -> Option<Disk> {
+        self.open.lock().unwrap().get(&ino).map(|o| o.disk.clone())
     }
 
     fn is_open(&self, name: &str) -> bool {
@@ -128,7 +190,7 @@ impl Shared {
             .lock()
             .unwrap()
             .values()
-            .any(|o| o.vdi.header().name == name)
+            .any(|o| o.disk.vdi().header().name == name)
     }
 
     /// The VDI's attributes, from the open handle if there is one.
@@ -138,8 +200,8 @@ impl Shared {
             .lock()
             .unwrap()
             .values()
-            .find(|o| o.vdi.header().name == name)
-            .map(|o| o.vdi.clone());
+            .find(|o| o.disk.vdi().header().name == name)
+            .map(|o| o.disk.vdi().clone());
         let info = match open {
             Some(v) => v.info(),
             None => Vdi::open(self.client.clone(), name).await?.info(),
@@ -151,24 +213,44 @@ impl Shared {
         Ok(info)
     }
 
+    /// A new handle on `name`: through the cache when there is one (a read-write open attaches
+    /// the VDI), else straight to the cluster.
+    async fn make_disk(&self, name: &str, rw: bool) -> Result<Disk, Errno> {
+        if let Some(cache) = &self.cache {
+            match cache.open_vdi(name, rw).await {
+                Ok(Some(c)) => return Ok(Disk::Cached(Arc::new(c))),
+                Ok(None) => {}
+                Err(e) => return Err(cache_fail("open", name, &e)),
+            }
+        }
+        match Vdi::open(self.client.clone(), name).await {
+            Ok(v) => Ok(Disk::Plain(Arc::new(v))),
+            Err(e) => Err(fail("open", name, &e)),
+        }
+    }
+
     /// Opens (or shares) the handle of `name`; returns its inode number. Every open reads the
     /// inode afresh, so it sees what other clients allocated or resized before it.
-    async fn open_vdi(&self, name: &str) -> Result<(u64, Arc<Vdi>), VdiError> {
-        let fresh = Arc::new(Vdi::open(self.client.clone(), name).await?);
-        let ino = ino_of(fresh.header().vid);
+    async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, Disk), Errno> {
+        let fresh = self.make_disk(name, rw).await?;
+        let ino = ino_of(fresh.vdi().header().vid);
         let shared = {
             let mut open = self.open.lock().unwrap();
             let entry = open.entry(ino).or_insert(OpenVdi {
-                vdi: fresh.clone(),
+                disk: fresh.clone(),
                 handles: 0,
             });
+            // A read-write open upgrades a shared plain handle to the cached one.
+            if matches!(entry.disk, Disk::Plain(_)) && matches!(fresh, Disk::Cached(_)) {
+                entry.disk = fresh.clone();
+            }
             entry.handles += 1;
-            entry.vdi.clone()
+            entry.disk.clone()
         };
-        if !Arc::ptr_eq(&shared, &fresh) {
-            if let Err(e) = shared.refresh().await {
+        if !Arc::ptr_eq(shared.vdi(), fresh.vdi()) {
+            if let Err(e) = shared.vdi().refresh().await {
                 self.release(ino);
-                return Err(e);
+                return Err(fail("open", name, &e));
             }
         }
         self.names.lock().unwrap().insert(ino, name.to_string());
@@ -210,13 +292,14 @@ fn fail(op: &str, what: &str, e: &VdiError) -> Errno {
 }
 
 impl SheepFs {
-    pub fn new(client: Arc<Client>, rt: tokio::runtime::Handle) -> SheepFs {
+    pub fn new(client: Arc<Client>, cache: Option<Cache>, rt: tokio::runtime::Handle) -> SheepFs {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         SheepFs {
             rt,
             sh: Arc::new(Shared {
                 client,
+                cache,
                 names: Mutex::default(),
                 open: Mutex::default(),
                 next_fh: AtomicU64::new(1),
@@ -277,8 +360,8 @@ impl Filesystem for SheepFs {
         if ino == INodeNo::ROOT {
             return reply.attr(&TTL, &self.sh.dir_attr());
         }
-        if let Some(v) = self.sh.opened(ino.0) {
-            return reply.attr(&TTL, &self.sh.file_attr(&v.info()));
+        if let Some(d) = self.sh.opened(ino.0) {
+            return reply.attr(&TTL, &self.sh.file_attr(&d.vdi().info()));
         }
         self.spawn(move |sh| async move {
             let name = match sh.name_of(ino.0) {
@@ -322,7 +405,7 @@ impl Filesystem for SheepFs {
                 Err(e) => return reply.error(e),
             };
             let vdi = match sh.opened(ino.0) {
-                Some(v) => v,
+                Some(d) => d.vdi().clone(),
                 None => match Vdi::open(sh.client.clone(), &name).await {
                     Ok(v) => Arc::new(v),
                     Err(e) => return reply.error(fail("setattr", &name, &e)),
@@ -360,6 +443,10 @@ impl Filesystem for SheepFs {
             return reply.error(Errno::EBUSY);
         }
         self.spawn(move |sh| async move {
+            if let Some(cache) = &sh.cache {
+                // Deleting: what this mount cached of it (dirty too) goes, and so does its lock.
+                cache.forget_vdi(&name).await;
+            }
             match vdi::delete(&sh.client, &name).await {
                 Ok(()) => {
                     sh.names.lock().unwrap().retain(|_, n| *n != name);
@@ -371,22 +458,23 @@ impl Filesystem for SheepFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if ino == INodeNo::ROOT {
             return reply.error(Errno::EISDIR);
         }
+        let rw = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         self.spawn(move |sh| async move {
             let name = match sh.name_of(ino.0) {
                 Ok(n) => n,
                 Err(e) => return reply.error(e),
             };
-            match sh.open_vdi(&name).await {
+            match sh.open_vdi(&name, rw).await {
                 Ok((got, _)) if got == ino.0 => reply.opened(sh.new_fh(), open_flags()),
                 Ok((got, _)) => {
                     sh.release(got);
                     reply.error(Errno::ENOENT)
                 }
-                Err(e) => reply.error(fail("open", &name, &e)),
+                Err(e) => reply.error(e),
             }
         });
     }
@@ -413,15 +501,15 @@ impl Filesystem for SheepFs {
                 return reply.error(fail("create", &name, &e));
             }
             tracing::info!("created VDI '{name}'");
-            match sh.open_vdi(&name).await {
-                Ok((_, v)) => reply.created(
+            match sh.open_vdi(&name, true).await {
+                Ok((_, d)) => reply.created(
                     &TTL,
-                    &sh.file_attr(&v.info()),
+                    &sh.file_attr(&d.vdi().info()),
                     Generation(0),
                     sh.new_fh(),
                     open_flags(),
                 ),
-                Err(e) => reply.error(fail("create", &name, &e)),
+                Err(e) => reply.error(e),
             }
         });
     }
@@ -437,18 +525,18 @@ impl Filesystem for SheepFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(vdi) = self.sh.opened(ino.0) else {
+        let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
         self.rt.spawn(async move {
-            let end = vdi.size();
+            let end = disk.vdi().size();
             if offset >= end {
                 return reply.data(&[]);
             }
             let len = (size as u64).min(end - offset);
-            match vdi.read_at(offset, len).await {
+            match disk.read(offset, len).await {
                 Ok(data) => reply.data(&data),
-                Err(e) => reply.error(fail("read", &vdi.header().name, &e)),
+                Err(e) => reply.error(fail("read", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -465,20 +553,20 @@ impl Filesystem for SheepFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let Some(vdi) = self.sh.opened(ino.0) else {
+        let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
         let data = Bytes::copy_from_slice(data);
         self.rt.spawn(async move {
-            let end = vdi.size();
+            let end = disk.vdi().size();
             if offset >= end {
                 return reply.error(Errno::ENOSPC);
             }
             // Like a block device: the part inside the disk is written, the rest refused.
             let n = (data.len() as u64).min(end - offset) as usize;
-            match vdi.write_at(offset, data.slice(..n)).await {
+            match disk.write(offset, data.slice(..n)).await {
                 Ok(()) => reply.written(n as u32),
-                Err(e) => reply.error(fail("write", &vdi.header().name, &e)),
+                Err(e) => reply.error(fail("write", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -491,8 +579,9 @@ impl Filesystem for SheepFs {
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Without a cache every acknowledged write is already on every replica; close(2)
-        // does not promise durability (fsync does).
+        // close(2) does not promise durability (fsync does): without a cache every
+        // acknowledged write is already on every replica; with one, dirty data is pushed by
+        // the flusher, fsync, cachectl flush or unmount.
         reply.ok();
     }
 
@@ -504,13 +593,13 @@ impl Filesystem for SheepFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(vdi) = self.sh.opened(ino.0) else {
+        let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
         self.rt.spawn(async move {
-            match vdi.flush().await {
+            match disk.flush().await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fsync", &vdi.header().name, &e)),
+                Err(e) => reply.error(fail("fsync", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -656,10 +745,11 @@ impl Filesystem for SheepFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let Some(vdi) = self.sh.opened(ino.0) else {
+        let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
         self.rt.spawn(async move {
+            let vdi = disk.vdi().clone();
             let size = vdi.size();
             let name = vdi.header().name;
             let res = if mode & (FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
@@ -668,7 +758,7 @@ impl Filesystem for SheepFs {
                 if offset >= end {
                     Ok(())
                 } else {
-                    vdi.discard(offset, end - offset).await
+                    disk.discard(offset, end - offset).await
                 }
             } else if mode & !FALLOC_KEEP_SIZE == 0 {
                 // Preallocation: space is taken on write; grow the VDI unless KEEP_SIZE.

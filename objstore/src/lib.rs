@@ -11,6 +11,7 @@
 pub mod api;
 pub mod client;
 pub mod conn;
+pub mod lock;
 pub mod membership;
 pub mod node;
 pub mod oid;

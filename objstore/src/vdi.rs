@@ -48,6 +48,8 @@ pub enum VdiError {
     Corrupt { name: String, reason: String },
     #[error("no VDI id left (all {MAX_VID} are used)")]
     NoVid,
+    #[error("VDI '{name}' is attached read-write by {host}: detach it (unmount) or 'dog vdi lock break {name}' first")]
+    Attached { name: String, host: String },
     #[error(transparent)]
     Cluster(#[from] ClientError),
 }
@@ -104,6 +106,13 @@ fn check_size(name: &str, size: u64, object_size: u32) -> Result<(), VdiError> {
 #[derive(Serialize, Deserialize)]
 struct TableEntry {
     vid: u32,
+}
+
+/// The part of a `lock/<name>` record (`lock::LockInfo`) that delete needs; read here so this
+/// module does not depend on the lock module above it.
+#[derive(Deserialize)]
+struct LockHolder {
+    host: String,
 }
 
 /// The fixed part of an inode.
@@ -294,6 +303,18 @@ pub async fn list(client: &Arc<Client>) -> Result<Vec<VdiInfo>, VdiError> {
 /// Deletes a VDI and every object it owns.
 pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
     use futures::StreamExt;
+    validate_name(name)?;
+    let lock_key = format!("lock/{name}");
+    if let Some(raw) = client.kv_get(&lock_key).await? {
+        let holder: LockHolder = serde_json::from_str(&raw).map_err(|e| VdiError::Corrupt {
+            name: name.to_string(),
+            reason: format!("bad lock record: {e} (free it with 'dog vdi lock break {name}')"),
+        })?;
+        return Err(VdiError::Attached {
+            name: name.to_string(),
+            host: holder.host,
+        });
+    }
     let vdi = Vdi::open(client.clone(), name).await?;
     let vid = vdi.header().vid;
     let owned: Vec<ObjectId> = vdi
@@ -315,6 +336,12 @@ pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
     let key = format!("vdi/{name}");
     let entry = serde_json::to_string(&TableEntry { vid }).expect("serializable");
     client.kv_cas(&key, Some(&entry), None).await?;
+    // Attachment records of the VDI go with it (a lock taken while we deleted is dropped).
+    for key in [lock_key, format!("vdi-gen/{name}")] {
+        if let Some(cur) = client.kv_get(&key).await? {
+            let _ = client.kv_cas(&key, Some(&cur), None).await?;
+        }
+    }
     Ok(())
 }
 

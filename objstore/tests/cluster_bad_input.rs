@@ -156,6 +156,12 @@ fn bad_names_sizes_ranges_and_formats() {
     }
     let e = c.dog_err(&["vdi", "create", "ok", "1G"]);
     assert!(e.contains("already exists"), "{e}");
+    let longest = "m".repeat(255);
+    c.dog_ok(&["vdi", "create", &longest, "1M"]);
+    assert_eq!(
+        c.dog_json(&["vdi", "info", &longest])["name"],
+        longest.as_str()
+    );
     let e = c.dog_err(&["vdi", "info", "missing"]);
     assert!(e.contains("no VDI named 'missing'"), "{e}");
 

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use fusefs::cache::{Cache, CacheConfig};
+use fusefs::control::CacheMode;
 use fusefs::mount::{check_mountpoint, config};
 use fusefs::SheepFs;
 use objstore::{Client, ClientOptions};
@@ -41,15 +43,27 @@ struct Args {
     /// Log file (default: stderr).
     #[arg(long)]
     log_file: Option<PathBuf>,
-    /// Object cache directory (the object cache is not available yet).
+    /// Object cache directory on fast local disk (created if missing). Without it there is
+    /// no cache.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// Object cache size, e.g. 10G (with --cache-dir).
-    #[arg(long)]
-    cache_size: Option<String>,
-    /// Object cache mode: writeback, writethrough or off (with --cache-dir).
-    #[arg(long)]
-    cache_mode: Option<String>,
+    /// Object cache size bound, e.g. 10G.
+    #[arg(long, value_parser = size_arg, default_value = "1G")]
+    cache_size: u64,
+    /// Default cache mode for VDIs: writeback, writethrough or off.
+    #[arg(long, default_value = "writeback")]
+    cache_mode: CacheMode,
+    /// Dirty bytes the background flusher keeps the cache under (default: a quarter of
+    /// --cache-size).
+    #[arg(long, value_parser = size_arg)]
+    cache_max_dirty: Option<u64>,
+    /// Seconds after which dirty data is pushed even below --cache-max-dirty.
+    #[arg(long, default_value_t = 10)]
+    cache_max_dirty_age: u64,
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    objstore::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn addresses(spec: &str) -> anyhow::Result<Vec<SocketAddr>> {
@@ -128,8 +142,14 @@ fn init_logs(file: Option<&PathBuf>) -> anyhow::Result<()> {
 
 fn serve(args: Args) -> anyhow::Result<()> {
     init_logs(args.log_file.as_ref())?;
-    if args.cache_dir.is_some() || args.cache_size.is_some() || args.cache_mode.is_some() {
-        bail!("the object cache (--cache-dir, --cache-size, --cache-mode) is not available yet: mount without it");
+    if args.cache_dir.is_none() && std::env::args().any(|a| a.starts_with("--cache-")) {
+        bail!("--cache-size, --cache-mode and --cache-max-dirty* need --cache-dir");
+    }
+    if args.cache_size < 16 << 20 {
+        bail!(
+            "--cache-size {} is too small: at least 16M",
+            args.cache_size
+        );
     }
     let mountpoint = check_mountpoint(&args.mountpoint)?;
     let addrs = addresses(&args.cluster)?;
@@ -150,7 +170,25 @@ fn serve(args: Args) -> anyhow::Result<()> {
             args.cluster
         );
     }
-    let fs = SheepFs::new(Arc::new(client), rt.handle().clone());
+    let client = Arc::new(client);
+    let cache = match &args.cache_dir {
+        None => None,
+        Some(dir) => {
+            let cfg = CacheConfig {
+                dir: dir.clone(),
+                size: args.cache_size,
+                mode: args.cache_mode,
+                max_dirty: args.cache_max_dirty.unwrap_or(args.cache_size / 4),
+                max_dirty_age: Duration::from_secs(args.cache_max_dirty_age),
+            };
+            let _guard = rt.enter();
+            let cache = Cache::open(cfg, client.clone())
+                .with_context(|| format!("cannot use cache directory {}", dir.display()))?;
+            cache.start(rt.handle())?;
+            Some(cache)
+        }
+    };
+    let fs = SheepFs::new(client, cache.clone(), rt.handle().clone());
     let mut session = fuser::Session::new(fs, &mountpoint, &config(args.allow_other, args.threads))
         .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
@@ -190,6 +228,19 @@ fn serve(args: Args) -> anyhow::Result<()> {
         }
         Ok::<(), anyhow::Error>(())
     })?;
+    if let Some(cache) = cache {
+        tracing::info!("pushing the cache's dirty data before exit");
+        let left = rt.block_on(cache.shutdown());
+        if left > 0 {
+            rt.shutdown_timeout(Duration::from_secs(2));
+            bail!(
+                "{} of unpushed writes stay in {} (the cluster did not take them); they are pushed at the next mount",
+                objstore::size::format_size(left),
+                cache.dir().display()
+            );
+        }
+        tracing::info!("cache clean: every write is in the cluster");
+    }
     rt.shutdown_timeout(Duration::from_secs(2));
     Ok(())
 }

@@ -5,7 +5,7 @@
 //! STATE_DIR/cluster_id              created on first use
 //! STATE_DIR/nodes/<id>.json         {info, pid, heartbeat_ms}: rewritten at every tick
 //! STATE_DIR/epochs/<epoch>.json     one View per epoch, written once (tmp, fsync, rename)
-//! STATE_DIR/kv/<hex(key)>           the key-value store
+//! STATE_DIR/kv/<blake3(key)>        the key-value store: [u32 BE key length][key][value]
 //! ```
 //! A node is alive while its process exists (checked with `kill(pid, 0)`, so SIGKILL is seen at
 //! the next tick of any node) and its heartbeat is younger than [`super::DEAD_AFTER`].
@@ -47,19 +47,20 @@ fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
+/// A key's file holds the key itself (any length, any bytes) followed by the value; the
+/// file is named by the key's hash so names stay short whatever the key.
+fn kv_encode(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + key.len() + value.len());
+    b.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    b.extend_from_slice(key.as_bytes());
+    b.extend_from_slice(value);
+    b
 }
 
-fn unhex(s: &str) -> Option<String> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> = (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect();
-    String::from_utf8(bytes?).ok()
+fn kv_decode(raw: &[u8]) -> Option<(String, Vec<u8>)> {
+    let len = u32::from_be_bytes(raw.get(..4)?.try_into().ok()?) as usize;
+    let key = std::str::from_utf8(raw.get(4..4 + len)?).ok()?.to_string();
+    Some((key, raw[4 + len..].to_vec()))
 }
 
 impl LocalDriver {
@@ -229,7 +230,9 @@ impl LocalDriver {
     }
 
     fn kv_path(&self, key: &str) -> PathBuf {
-        self.dir.join("kv").join(hex(key))
+        self.dir
+            .join("kv")
+            .join(blake3::hash(key.as_bytes()).to_hex().as_str())
     }
 }
 
@@ -274,8 +277,12 @@ impl Driver for LocalDriver {
     }
 
     fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, DriverError> {
-        match fs::read(self.kv_path(key)) {
-            Ok(b) => Ok(Some(b)),
+        let path = self.kv_path(key);
+        match fs::read(&path) {
+            Ok(b) => match kv_decode(&b) {
+                Some((k, v)) if k == key => Ok(Some(v)),
+                _ => Err(self.corrupt(&path, format!("does not hold key {key:?}"))),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.io("read key", e)),
         }
@@ -294,7 +301,7 @@ impl Driver for LocalDriver {
             }
             let path = self.kv_path(key);
             match new {
-                Some(v) => self.write_atomic(&path, v, true)?,
+                Some(v) => self.write_atomic(&path, &kv_encode(key, v), true)?,
                 None => {
                     if cur.is_some() {
                         fs::remove_file(&path).map_err(|e| self.io("delete key", e))?;
@@ -308,14 +315,19 @@ impl Driver for LocalDriver {
     fn kv_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, DriverError> {
         let mut out = Vec::new();
         for e in fs::read_dir(self.dir.join("kv")).map_err(|e| self.io("list keys", e))? {
-            let e = e.map_err(|e| self.io("list keys", e))?;
-            let Some(key) = e.file_name().to_str().and_then(unhex) else {
-                continue; // temporary files
+            let path = e.map_err(|e| self.io("list keys", e))?.path();
+            if path.extension().is_some() {
+                continue; // a temporary file
+            }
+            let raw = match fs::read(&path) {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(self.io("read key", e)),
             };
-            if key.starts_with(prefix) {
-                if let Some(v) = self.kv_get(&key)? {
-                    out.push((key, v));
-                }
+            match kv_decode(&raw) {
+                Some((k, v)) if k.starts_with(prefix) => out.push((k, v)),
+                Some(_) => {}
+                None => return Err(self.corrupt(&path, "unreadable key-value record")),
             }
         }
         out.sort();
@@ -388,5 +400,10 @@ mod tests {
         );
         assert!(a.kv_cas("vdi/x", Some(b"2"), None).unwrap());
         assert_eq!(a.kv_get("vdi/x").unwrap(), None);
+        // Keys of any length (a 255-byte VDI name and more).
+        let long = format!("lock/{}", "n".repeat(300));
+        assert!(a.kv_cas(&long, None, Some(b"v")).unwrap());
+        assert_eq!(a.kv_get(&long).unwrap(), Some(b"v".to_vec()));
+        assert_eq!(a.kv_list("lock/").unwrap(), vec![(long, b"v".to_vec())]);
     }
 }

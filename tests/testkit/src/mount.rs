@@ -107,7 +107,9 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if is_mounted(&self.dir) {
+        // Only a mount this value still owns: after unmount_and_wait or kill9 the same path
+        // may already hold a newer mount.
+        if self.proc.is_some() && is_mounted(&self.dir) {
             detach(&self.dir);
         }
         // Proc's own drop kills it (and prints its log if the test is failing).

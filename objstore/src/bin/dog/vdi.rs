@@ -7,6 +7,7 @@ use bytes::Bytes;
 use clap::Subcommand;
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use objstore::lock::{self, LockInfo};
 use objstore::size::format_size;
 use objstore::vdi::{self, VdiInfo, PARALLEL};
 use objstore::Vdi;
@@ -54,6 +55,34 @@ pub enum VdiCmd {
     },
     /// Show which nodes hold object INDEX of a VDI.
     Object { name: String, index: u64 },
+    /// Attachment locks: who has a VDI attached read-write.
+    #[command(subcommand)]
+    Lock(LockCmd),
+}
+
+#[derive(Subcommand)]
+pub enum LockCmd {
+    /// List every attachment lock.
+    List,
+    /// Free a VDI's lock whoever holds it (only when its host is dead or gone).
+    Break { name: String },
+    /// Take a VDI's lock for OWNER (for scripts and tests; sheepfs takes its own).
+    Acquire {
+        name: String,
+        /// Who takes the lock; the same owner may take it again.
+        #[arg(long)]
+        owner: String,
+        /// The host to record (default: this host's name).
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Release OWNER's lock of a VDI; a lock held by another owner is left alone (for scripts
+    /// and tests).
+    Release {
+        name: String,
+        #[arg(long)]
+        owner: String,
+    },
 }
 
 fn progress(total: u64, what: &str) -> ProgressBar {
@@ -88,6 +117,95 @@ fn table(list: &[VdiInfo]) -> String {
     s
 }
 
+fn lock_table(list: &[LockInfo]) -> String {
+    let mut s = format!(
+        "{:<24} {:<20} {:<24} {:<23} {:>6}\n",
+        "VDI", "Host", "Owner", "Since", "Gen"
+    );
+    for l in list {
+        s += &format!(
+            "{:<24} {:<20} {:<24} {:<23} {:>6}\n",
+            l.vdi,
+            l.host,
+            l.owner,
+            lock::format_utc(l.since),
+            l.gen
+        );
+    }
+    s
+}
+
+/// This host's name, for the lock record.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
+    // truncates, and we stop at the first NUL or the end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(h) if rc == 0 && !h.is_empty() => h.to_string(),
+        _ => "unknown-host".to_string(),
+    }
+}
+
+async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
+    let client = &ctx.client;
+    match cmd {
+        LockCmd::List => {
+            let list = lock::list(client).await?;
+            ctx.print(&list, || lock_table(&list));
+        }
+        LockCmd::Break { name } => {
+            let freed = lock::break_lock(client, &name).await?;
+            ctx.print(
+                &serde_json::json!({"vdi": name, "freed": freed}),
+                || match &freed {
+                    Some(l) => format!(
+                        "freed the lock of VDI '{name}' held by {} (owner {}) since {}, gen {}\n",
+                        l.host,
+                        l.owner,
+                        lock::format_utc(l.since),
+                        l.gen
+                    ),
+                    None => format!("VDI '{name}' had no lock\n"),
+                },
+            );
+        }
+        LockCmd::Acquire { name, owner, host } => {
+            let host = host.unwrap_or_else(hostname);
+            let info = lock::acquire(client, &name, &owner, &host).await?;
+            ctx.print(&info, || {
+                format!(
+                    "VDI '{name}' is locked by {} (owner {}) since {}, gen {}\n",
+                    info.host,
+                    info.owner,
+                    lock::format_utc(info.since),
+                    info.gen
+                )
+            });
+        }
+        LockCmd::Release { name, owner } => {
+            // Only to say what happened: release itself never frees another owner's lock.
+            let held = lock::list(client)
+                .await?
+                .into_iter()
+                .any(|l| l.vdi == name && l.owner == owner);
+            lock::release(client, &name, &owner).await?;
+            ctx.print(
+                &serde_json::json!({"vdi": name, "owner": owner, "released": held}),
+                || {
+                    if held {
+                        format!("released the lock of VDI '{name}' (owner {owner})\n")
+                    } else {
+                        format!("VDI '{name}' was not locked by owner {owner}: nothing released\n")
+                    }
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
 #[derive(Serialize)]
 struct Holder {
     addr: std::net::SocketAddr,
@@ -106,6 +224,7 @@ struct ObjectOut {
 pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
     let client = &ctx.client;
     match cmd {
+        VdiCmd::Lock(c) => return lock_cmd(ctx, c).await,
         VdiCmd::Create { name, size } => {
             let info = vdi::create(client, &name, size).await?;
             ctx.print(&info, || {

@@ -1,0 +1,280 @@
+//! The command line and what each command does.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{Parser, Subcommand};
+use fusefs::control::CacheMode;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use objstore::size::{format_size, parse_size};
+use serde_json::json;
+
+use crate::client::{dirty_of, Client, Target};
+use crate::render;
+
+/// Inspect, flush and evict the object cache of a running sheepfs, through the control socket
+/// in its cache directory.
+#[derive(Parser, Debug)]
+#[command(
+    name = "cachectl",
+    version,
+    about,
+    long_about = None,
+    override_usage = "cachectl [--cache-dir DIR | --socket PATH] [--json] <COMMAND>"
+)]
+pub struct Args {
+    /// The sheepfs cache directory (its control socket is DIR/control.sock).
+    #[arg(long, value_name = "DIR", global = true, conflicts_with = "socket")]
+    pub cache_dir: Option<PathBuf>,
+    /// The control socket itself, instead of --cache-dir.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Show the cache's size, usage, dirty data and hit ratio, and a line per VDI.
+    Stats {
+        /// Only this VDI.
+        vdi: Option<String>,
+        /// Print Prometheus text exposition instead.
+        #[arg(long, conflicts_with = "json")]
+        prometheus: bool,
+    },
+    /// Push dirty data (of one VDI, or all) to the cluster, and wait until it is there.
+    Flush {
+        /// Only this VDI.
+        vdi: Option<String>,
+    },
+    /// Drop cached data (of one VDI, or all); dirty data is flushed first.
+    Evict {
+        /// Only this VDI.
+        vdi: Option<String>,
+        /// Throw away dirty data instead of flushing it: writes not yet on the cluster are lost.
+        #[arg(long)]
+        discard_dirty: bool,
+        /// Confirm --discard-dirty.
+        #[arg(long, requires = "discard_dirty")]
+        yes: bool,
+    },
+    /// Change the cache's size bound, e.g. 20G.
+    Resize {
+        #[arg(value_parser = size_arg)]
+        size: u64,
+    },
+    /// Change a VDI's cache mode (leaving writeback flushes first).
+    Mode {
+        vdi: String,
+        #[arg(value_name = "writeback|writethrough|off")]
+        mode: CacheMode,
+    },
+}
+
+/// A size argument: `10G`, `512M`, `4096`.
+pub fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+impl Args {
+    /// Where the control socket is: from `--cache-dir` or `--socket`, one of which is required.
+    pub fn target(&self) -> anyhow::Result<Target> {
+        match (&self.cache_dir, &self.socket) {
+            (Some(dir), _) => Ok(Target::cache_dir(dir)),
+            (None, Some(sock)) => Ok(Target::socket(sock)),
+            (None, None) => bail!(
+                "which cache? pass --cache-dir DIR (the sheepfs cache directory) or --socket PATH"
+            ),
+        }
+    }
+}
+
+/// Prints `value` as JSON when asked to, else `human`.
+fn print(
+    out: &mut dyn Write,
+    json: bool,
+    value: serde_json::Value,
+    human: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    let text = if json {
+        serde_json::to_string_pretty(&value)? + "\n"
+    } else {
+        human()
+    };
+    emit(out, &text)
+}
+
+/// Writes `text`; a reader that went away (`| head`) is not an error.
+fn emit(out: &mut dyn Write, text: &str) -> anyhow::Result<()> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+fn of_vdi(vdi: &Option<String>) -> String {
+    vdi.as_ref()
+        .map(|v| format!(" of VDI '{v}'"))
+        .unwrap_or_default()
+}
+
+/// A bar of bytes pushed, drawn on stderr only when it is a terminal.
+fn flush_bar() -> Option<ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message("flushing");
+    Some(pb)
+}
+
+pub fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
+    let client = Client::new(args.target()?);
+    let json = args.json;
+    match args.cmd {
+        Cmd::Stats { vdi, prometheus } => {
+            let stats = client.stats(vdi)?;
+            if prometheus {
+                emit(out, &render::prometheus(&stats))?;
+            } else {
+                print(out, json, serde_json::to_value(&stats)?, || {
+                    render::human(&stats)
+                })?;
+            }
+        }
+        Cmd::Flush { vdi } => {
+            let bar = flush_bar();
+            let res = client.flush(vdi.clone(), &mut |pushed, total| {
+                if let Some(pb) = &bar {
+                    pb.set_length(total.max(pushed));
+                    pb.set_position(pushed);
+                }
+            });
+            if let Some(pb) = bar {
+                pb.finish_and_clear();
+            }
+            let bytes = res?;
+            print(out, json, json!({ "vdi": vdi, "flushed": bytes }), || {
+                format!("flushed {}{}\n", format_size(bytes), of_vdi(&vdi))
+            })?;
+        }
+        Cmd::Evict {
+            vdi,
+            discard_dirty,
+            yes,
+        } => {
+            if discard_dirty && !yes {
+                let stats = client.stats(vdi.clone())?;
+                let dirty = dirty_of(&stats, vdi.as_deref());
+                bail!(
+                    "refusing to evict with --discard-dirty: it throws away writes not yet on the \
+                     cluster; this would discard {} of dirty data{}; add --yes",
+                    format_size(dirty),
+                    of_vdi(&vdi)
+                );
+            }
+            let (bytes, discarded) = client.evict(vdi.clone(), discard_dirty)?;
+            print(
+                out,
+                json,
+                json!({ "vdi": vdi, "evicted": bytes, "discarded_dirty": discarded }),
+                || {
+                    let mut s = format!("evicted {}{}", format_size(bytes), of_vdi(&vdi));
+                    if discarded > 0 {
+                        s += &format!(
+                            "; discarded {} of dirty data (never pushed to the cluster)",
+                            format_size(discarded)
+                        );
+                    }
+                    s + "\n"
+                },
+            )?;
+        }
+        Cmd::Resize { size } => {
+            let size = client.resize(size)?;
+            print(out, json, json!({ "size": size }), || {
+                format!("cache size is now {}\n", format_size(size))
+            })?;
+        }
+        Cmd::Mode { vdi, mode } => {
+            let (vdi, mode) = client.mode(vdi, mode)?;
+            print(out, json, json!({ "vdi": vdi, "mode": mode }), || {
+                format!("VDI '{vdi}' is now {mode}\n")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("cachectl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn command_lines() {
+        let a = parse(&["--cache-dir", "/c", "stats", "disk0", "--json"]).unwrap();
+        assert!(a.json);
+        assert_eq!(a.target().unwrap(), Target::cache_dir("/c"));
+        assert!(
+            matches!(a.cmd, Cmd::Stats { vdi: Some(ref v), prometheus: false } if v == "disk0")
+        );
+
+        let a = parse(&["stats", "--socket", "/s.sock", "--prometheus"]).unwrap();
+        assert_eq!(a.target().unwrap(), Target::socket("/s.sock"));
+
+        let a = parse(&["--socket", "/s", "resize", "1.5G"]).unwrap();
+        assert!(matches!(a.cmd, Cmd::Resize { size } if size == 3 << 29));
+
+        let a = parse(&["--socket", "/s", "mode", "disk0", "writethrough"]).unwrap();
+        assert!(matches!(
+            a.cmd,
+            Cmd::Mode {
+                mode: CacheMode::Writethrough,
+                ..
+            }
+        ));
+
+        let a = parse(&["--socket", "/s", "evict", "--discard-dirty", "--yes"]).unwrap();
+        assert!(matches!(
+            a.cmd,
+            Cmd::Evict {
+                vdi: None,
+                discard_dirty: true,
+                yes: true
+            }
+        ));
+    }
+
+    #[test]
+    fn bad_command_lines() {
+        let e = parse(&["stats"]).unwrap().target().unwrap_err();
+        assert!(e.to_string().contains("--cache-dir DIR"), "{e}");
+        assert!(parse(&["--cache-dir", "/c", "--socket", "/s", "stats"]).is_err());
+        assert!(parse(&["--socket", "/s", "stats", "--json", "--prometheus"]).is_err());
+        assert!(parse(&["--socket", "/s", "evict", "--yes"]).is_err());
+        let e = parse(&["--socket", "/s", "resize", "10X"]).unwrap_err();
+        assert!(e.to_string().contains("is not a size"), "{e}");
+        let e = parse(&["--socket", "/s", "mode", "d", "fast"]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("expected writeback, writethrough or off"),
+            "{e}"
+        );
+    }
+}

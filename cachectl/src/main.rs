@@ -1,0 +1,16 @@
+//! `cachectl`: inspect, flush and evict the sheepfs object cache. See [`cachectl::cli`].
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cachectl::cli::Args::parse();
+    match cachectl::cli::run(args, &mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cachectl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

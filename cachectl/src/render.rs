@@ -1,0 +1,522 @@
+//! Text renderings of [`CacheStats`]: the human summary and table, and the Prometheus text
+//! exposition format (version 0.0.4).
+
+use std::fmt::Write;
+
+use fusefs::control::{CacheStats, VdiStats};
+use objstore::size::format_size;
+
+/// `hits / (hits + misses)` as a percentage, or `-` when there was nothing to count.
+pub fn ratio(hits: u64, misses: u64) -> String {
+    let all = hits as u128 + misses as u128;
+    if all == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.1}%", hits as f64 * 100.0 / all as f64)
+    }
+}
+
+/// The summary of the whole cache, then one line per VDI.
+pub fn human(s: &CacheStats) -> String {
+    let t = &s.total;
+    let mut o = String::new();
+    let mode = s
+        .default_mode
+        .map(|m| format!(" (default mode {m})"))
+        .unwrap_or_default();
+    let used_pct = if s.size > 0 {
+        format!(" ({:.1}%)", s.used as f64 * 100.0 / s.size as f64)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(o, "Cache:           {}{mode}", s.dir);
+    let _ = writeln!(o, "Size:            {}", format_size(s.size));
+    let _ = writeln!(o, "Used:            {}{used_pct}", format_size(s.used));
+    let _ = writeln!(o, "Dirty:           {}", format_size(s.dirty));
+    let _ = writeln!(o, "Flush backlog:   {}", format_size(s.flush_backlog));
+    let _ = writeln!(
+        o,
+        "Max dirty:       {}, flushed after {}s",
+        format_size(s.max_dirty),
+        s.max_dirty_age_secs
+    );
+    let _ = writeln!(
+        o,
+        "Hits:            {} requests, {}",
+        t.hits,
+        format_size(t.hit_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "Misses:          {} requests, {}",
+        t.misses,
+        format_size(t.miss_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "Hit ratio:       {} of requests, {} of bytes",
+        ratio(t.hits, t.misses),
+        ratio(t.hit_bytes, t.miss_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "Fills:           {} ({})",
+        t.fills,
+        format_size(t.fill_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "Evictions:       {} ({})",
+        t.evictions,
+        format_size(t.evicted_bytes)
+    );
+    let _ = writeln!(o, "Pushed:          {}", format_size(t.pushed_bytes));
+    let _ = writeln!(o, "Push errors:     {}", s.push_errors);
+    if let Some(e) = &s.last_push_error {
+        let _ = writeln!(o, "Last push error: {}", one_line(e));
+    }
+    o.push('\n');
+    o.push_str(&table(&s.vdis));
+    o
+}
+
+/// The per-VDI table.
+pub fn table(vdis: &[VdiStats]) -> String {
+    if vdis.is_empty() {
+        return "no VDIs in the cache\n".to_string();
+    }
+    let names: Vec<String> = vdis.iter().map(|v| printable(&v.name)).collect();
+    let w = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let mut o = format!(
+        "{:<w$}  {:<12}  {:>10}  {:>10}  {:>10}  {:>10}  {:>6}  {:>10}\n",
+        "Name", "Mode", "Used", "Dirty", "Hits", "Misses", "Hit %", "Pushed"
+    );
+    for (v, name) in vdis.iter().zip(&names) {
+        let mode = v.mode.map(|m| m.to_string()).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            o,
+            "{:<w$}  {:<12}  {:>10}  {:>10}  {:>10}  {:>10}  {:>6}  {:>10}",
+            name,
+            mode,
+            format_size(v.used),
+            format_size(v.dirty),
+            v.hits,
+            v.misses,
+            ratio(v.hits, v.misses),
+            format_size(v.pushed_bytes)
+        );
+    }
+    o
+}
+
+/// A name with its control characters escaped, so that it stays on its line.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let e: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            e
+        })
+        .collect()
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Escapes a label value: backslash, double quote and line feed.
+pub fn escape_label(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// One metric family: `# HELP`, `# TYPE`, then its samples (`labels` already rendered).
+fn family(o: &mut String, name: &str, kind: &str, help: &str, samples: &[(String, u64)]) {
+    let _ = writeln!(o, "# HELP {name} {help}");
+    let _ = writeln!(o, "# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(o, "{name} {v}");
+        } else {
+            let _ = writeln!(o, "{name}{{{labels}}} {v}");
+        }
+    }
+}
+
+/// A per-VDI family: name, type, help and how to get its value.
+type PerVdi = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&VdiStats) -> u64,
+);
+
+/// The stats as Prometheus text exposition. Whole-cache series carry no labels; per-VDI series
+/// are separate `sheepfs_cache_vdi_*` families labelled `vdi="name"`, so summing them never
+/// counts the totals twice.
+pub fn prometheus(s: &CacheStats) -> String {
+    let t = &s.total;
+    let mut o = String::new();
+    let one = |v: u64| vec![(String::new(), v)];
+    let cache: [(&str, &str, &str, u64); 16] = [
+        (
+            "sheepfs_cache_size_bytes",
+            "gauge",
+            "Size bound of the cache.",
+            s.size,
+        ),
+        (
+            "sheepfs_cache_used_bytes",
+            "gauge",
+            "Bytes of cached blocks, clean and dirty.",
+            s.used,
+        ),
+        (
+            "sheepfs_cache_dirty_bytes",
+            "gauge",
+            "Bytes written to the cache and not yet pushed to the cluster.",
+            s.dirty,
+        ),
+        (
+            "sheepfs_cache_flush_backlog_bytes",
+            "gauge",
+            "Dirty bytes waiting for the background flusher.",
+            s.flush_backlog,
+        ),
+        (
+            "sheepfs_cache_max_dirty_bytes",
+            "gauge",
+            "Dirty bytes above which writes wait for the flusher.",
+            s.max_dirty,
+        ),
+        (
+            "sheepfs_cache_max_dirty_age_seconds",
+            "gauge",
+            "Age after which dirty data is flushed.",
+            s.max_dirty_age_secs,
+        ),
+        (
+            "sheepfs_cache_hits_total",
+            "counter",
+            "Read requests served wholly from the cache.",
+            t.hits,
+        ),
+        (
+            "sheepfs_cache_hit_bytes_total",
+            "counter",
+            "Bytes of read requests served wholly from the cache.",
+            t.hit_bytes,
+        ),
+        (
+            "sheepfs_cache_misses_total",
+            "counter",
+            "Read requests that went to the cluster.",
+            t.misses,
+        ),
+        (
+            "sheepfs_cache_miss_bytes_total",
+            "counter",
+            "Bytes fetched from the cluster by read requests.",
+            t.miss_bytes,
+        ),
+        (
+            "sheepfs_cache_fills_total",
+            "counter",
+            "Fills of the cache, from the cluster and by writes.",
+            t.fills,
+        ),
+        (
+            "sheepfs_cache_fill_bytes_total",
+            "counter",
+            "Bytes written into the cache, from the cluster and by writes.",
+            t.fill_bytes,
+        ),
+        (
+            "sheepfs_cache_evictions_total",
+            "counter",
+            "Evictions from the cache.",
+            t.evictions,
+        ),
+        (
+            "sheepfs_cache_evicted_bytes_total",
+            "counter",
+            "Bytes evicted from the cache.",
+            t.evicted_bytes,
+        ),
+        (
+            "sheepfs_cache_pushed_bytes_total",
+            "counter",
+            "Bytes pushed to the cluster by flushes.",
+            t.pushed_bytes,
+        ),
+        (
+            "sheepfs_cache_push_errors_total",
+            "counter",
+            "Failed pushes to the cluster (the data stays dirty and is retried).",
+            s.push_errors,
+        ),
+    ];
+    for (name, kind, help, v) in cache {
+        family(&mut o, name, kind, help, &one(v));
+    }
+
+    let per_vdi: [PerVdi; 7] = [
+        (
+            "sheepfs_cache_vdi_used_bytes",
+            "gauge",
+            "Bytes of cached blocks of a VDI.",
+            |v| v.used,
+        ),
+        (
+            "sheepfs_cache_vdi_dirty_bytes",
+            "gauge",
+            "Dirty bytes of a VDI.",
+            |v| v.dirty,
+        ),
+        (
+            "sheepfs_cache_vdi_hits_total",
+            "counter",
+            "Read requests of a VDI served wholly from the cache.",
+            |v| v.hits,
+        ),
+        (
+            "sheepfs_cache_vdi_hit_bytes_total",
+            "counter",
+            "Bytes of read requests of a VDI served wholly from the cache.",
+            |v| v.hit_bytes,
+        ),
+        (
+            "sheepfs_cache_vdi_misses_total",
+            "counter",
+            "Read requests of a VDI that went to the cluster.",
+            |v| v.misses,
+        ),
+        (
+            "sheepfs_cache_vdi_miss_bytes_total",
+            "counter",
+            "Bytes fetched from the cluster by read requests of a VDI.",
+            |v| v.miss_bytes,
+        ),
+        (
+            "sheepfs_cache_vdi_pushed_bytes_total",
+            "counter",
+            "Bytes of a VDI pushed to the cluster by flushes.",
+            |v| v.pushed_bytes,
+        ),
+    ];
+    for (name, kind, help, get) in per_vdi {
+        let samples: Vec<_> = s
+            .vdis
+            .iter()
+            .map(|v| (format!("vdi=\"{}\"", escape_label(&v.name)), get(v)))
+            .collect();
+        family(&mut o, name, kind, help, &samples);
+    }
+    let modes: Vec<_> = s
+        .vdis
+        .iter()
+        .filter_map(|v| {
+            v.mode
+                .map(|m| (format!("vdi=\"{}\",mode=\"{m}\"", escape_label(&v.name)), 1))
+        })
+        .collect();
+    family(
+        &mut o,
+        "sheepfs_cache_vdi_mode",
+        "gauge",
+        "Cache mode of a VDI (always 1; the mode is the label).",
+        &modes,
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fusefs::control::CacheMode;
+
+    fn stats() -> CacheStats {
+        let disk0 = VdiStats {
+            name: "disk0".into(),
+            mode: Some(CacheMode::Writeback),
+            used: 300 << 20,
+            dirty: 48 << 20,
+            hits: 300,
+            hit_bytes: 150 << 20,
+            misses: 100,
+            miss_bytes: 50 << 20,
+            pushed_bytes: 1 << 30,
+            ..Default::default()
+        };
+        let odd = VdiStats {
+            name: "we\"ird\\na\nme".into(),
+            mode: None,
+            used: 4096,
+            ..Default::default()
+        };
+        CacheStats {
+            dir: "/var/cache/sheepfs".into(),
+            size: 1 << 30,
+            used: (300 << 20) + 4096,
+            dirty: 48 << 20,
+            flush_backlog: 16 << 20,
+            max_dirty: 256 << 20,
+            max_dirty_age_secs: 30,
+            default_mode: Some(CacheMode::Writeback),
+            push_errors: 2,
+            last_push_error: Some("connection refused\nby 127.0.0.1:7000".into()),
+            total: VdiStats {
+                name: String::new(),
+                hits: 300,
+                hit_bytes: 150 << 20,
+                misses: 100,
+                miss_bytes: 50 << 20,
+                fills: 100,
+                fill_bytes: 50 << 20,
+                evictions: 3,
+                evicted_bytes: 12 << 20,
+                pushed_bytes: 1 << 30,
+                ..Default::default()
+            },
+            vdis: vec![disk0, odd],
+        }
+    }
+
+    #[test]
+    fn ratios() {
+        assert_eq!(ratio(0, 0), "-");
+        assert_eq!(ratio(3, 1), "75.0%");
+        assert_eq!(ratio(1, 0), "100.0%");
+        assert_eq!(ratio(u64::MAX, u64::MAX), "50.0%");
+    }
+
+    #[test]
+    fn label_escaping() {
+        assert_eq!(escape_label("plain"), "plain");
+        assert_eq!(escape_label("a\"b"), "a\\\"b");
+        assert_eq!(escape_label("a\\b"), "a\\\\b");
+        assert_eq!(escape_label("a\nb"), "a\\nb");
+        assert_eq!(escape_label("é x"), "é x");
+    }
+
+    #[test]
+    fn prometheus_format() {
+        let p = prometheus(&stats());
+        assert!(p.ends_with('\n'));
+        for want in [
+            "# HELP sheepfs_cache_size_bytes Size bound of the cache.\n\
+             # TYPE sheepfs_cache_size_bytes gauge\n\
+             sheepfs_cache_size_bytes 1073741824\n",
+            "\nsheepfs_cache_used_bytes 314576896\n",
+            "\nsheepfs_cache_dirty_bytes 50331648\n",
+            "\nsheepfs_cache_flush_backlog_bytes 16777216\n",
+            "# TYPE sheepfs_cache_hits_total counter\nsheepfs_cache_hits_total 300\n",
+            "\nsheepfs_cache_hit_bytes_total 157286400\n",
+            "\nsheepfs_cache_misses_total 100\n",
+            "\nsheepfs_cache_miss_bytes_total 52428800\n",
+            "\nsheepfs_cache_fills_total 100\n",
+            "\nsheepfs_cache_evictions_total 3\n",
+            "\nsheepfs_cache_push_errors_total 2\n",
+            "# TYPE sheepfs_cache_vdi_used_bytes gauge\n\
+             sheepfs_cache_vdi_used_bytes{vdi=\"disk0\"} 314572800\n\
+             sheepfs_cache_vdi_used_bytes{vdi=\"we\\\"ird\\\\na\\nme\"} 4096\n",
+            "\nsheepfs_cache_vdi_dirty_bytes{vdi=\"disk0\"} 50331648\n",
+            "\nsheepfs_cache_vdi_hits_total{vdi=\"disk0\"} 300\n",
+            "\nsheepfs_cache_vdi_misses_total{vdi=\"disk0\"} 100\n",
+            "\nsheepfs_cache_vdi_mode{vdi=\"disk0\",mode=\"writeback\"} 1\n",
+        ] {
+            assert!(p.contains(want), "missing {want:?} in\n{p}");
+        }
+        // Well formed: every line is a comment or `name[{labels}] integer`, every family has
+        // exactly one HELP and one TYPE, and they come before its samples.
+        let mut typed = std::collections::HashSet::new();
+        for line in p.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(typed.insert(name.to_string()), "TYPE twice for {name}");
+                assert!(
+                    rest.ends_with(" gauge") || rest.ends_with(" counter"),
+                    "{line}"
+                );
+                if rest.ends_with(" counter") {
+                    assert!(name.ends_with("_total"), "{line}");
+                }
+                continue;
+            }
+            if line.starts_with("# HELP ") {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            value.parse::<u64>().unwrap();
+            let name = series.split('{').next().unwrap();
+            assert!(typed.contains(name), "sample before TYPE: {line}");
+            assert!(
+                name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{line}"
+            );
+            assert!(!line.contains('\n'));
+        }
+        assert_eq!(p.matches("# HELP ").count(), typed.len());
+    }
+
+    #[test]
+    fn prometheus_without_vdis() {
+        let p = prometheus(&CacheStats::default());
+        assert!(p.contains("# TYPE sheepfs_cache_vdi_used_bytes gauge\n"));
+        assert!(!p.contains("{vdi="));
+        assert!(p.contains("\nsheepfs_cache_size_bytes 0\n"));
+    }
+
+    #[test]
+    fn human_summary_and_table() {
+        let h = human(&stats());
+        let want = "\
+Cache:           /var/cache/sheepfs (default mode writeback)
+Size:            1.0 GiB
+Used:            300.0 MiB (29.3%)
+Dirty:           48.0 MiB
+Flush backlog:   16.0 MiB
+Max dirty:       256.0 MiB, flushed after 30s
+Hits:            300 requests, 150.0 MiB
+Misses:          100 requests, 50.0 MiB
+Hit ratio:       75.0% of requests, 75.0% of bytes
+Fills:           100 (50.0 MiB)
+Evictions:       3 (12.0 MiB)
+Pushed:          1.0 GiB
+Push errors:     2
+Last push error: connection refused by 127.0.0.1:7000
+
+Name           Mode                Used       Dirty        Hits      Misses   Hit %      Pushed
+disk0          writeback      300.0 MiB    48.0 MiB         300         100   75.0%     1.0 GiB
+we\"ird\\na\\nme  -                4.0 KiB         0 B           0           0       -         0 B
+";
+        assert_eq!(h, want, "\n{h}");
+    }
+
+    #[test]
+    fn table_columns_line_up() {
+        let mut s = stats();
+        s.vdis[1].name = "a-much-longer-name".into();
+        let t = table(&s.vdis);
+        let widths: Vec<_> = t.lines().map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|w| *w == widths[0]), "\n{t}");
+        assert!(t.starts_with("Name                "));
+        assert_eq!(table(&[]), "no VDIs in the cache\n");
+    }
+}

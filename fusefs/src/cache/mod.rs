@@ -1,0 +1,1000 @@
+//! The object cache: a directory on fast local disk, bounded in bytes, LRU, between sheepfs
+//! and the cluster.
+//!
+//! ```text
+//! DIR/state.json            {cache_id, boot_id, clean}: how the last mount ended
+//! DIR/control.sock          cachectl's socket (0600)
+//! DIR/index/                sled: last access per object (rebuilt from files when lost)
+//! DIR/vdis/<vid>.json       {name, vid, gen, mode}: the lock generation the cache matches
+//! DIR/obj/<vid>/<idx>.data  cached bytes (sparse)
+//! DIR/obj/<vid>/<idx>.meta  valid and dirty bitmaps, one bit per 4 KiB block
+//! ```
+//! Invariants:
+//! - A block is dirty only if it is valid; dirty blocks are never evicted or dropped except by
+//!   an explicit `evict --discard-dirty`.
+//! - After a kill -9 of sheepfs the files are trusted (the host's page cache holds them) and
+//!   the dirty blocks are pushed at the next mount. After the host went down while mounted
+//!   (another boot id, not marked clean) nothing is trusted: everything is dropped, losing
+//!   only writes never fsynced, as on any disk.
+//! - A VDI's cached data is used only while this cache holds its attachment lock and the lock's
+//!   generation equals the one recorded when the data was cached: if another host attached the
+//!   VDI since, the data is dropped on attach.
+
+mod bitmap;
+mod object;
+mod socket;
+mod vdi;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lru::LruCache;
+use objstore::{lock, Client, Vdi, VdiError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::control::{CacheMode, CacheStats, VdiStats};
+use object::{CachedObject, Key, BLOCK};
+
+pub use vdi::CachedVdi;
+
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub dir: PathBuf,
+    pub size: u64,
+    pub mode: CacheMode,
+    pub max_dirty: u64,
+    pub max_dirty_age: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    #[error("cache directory {dir}: {what}")]
+    Dir { dir: PathBuf, what: String },
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error(
+        "cached unpushed writes to VDI '{name}' conflict with writes another host made since (lock generation {ours} here, {theirs} in the cluster); drop them with 'cachectl evict {name} --discard-dirty --yes'"
+    )]
+    Conflict {
+        name: String,
+        ours: u64,
+        theirs: u64,
+    },
+    #[error(transparent)]
+    Vdi(#[from] VdiError),
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    hit_bytes: AtomicU64,
+    misses: AtomicU64,
+    miss_bytes: AtomicU64,
+    fills: AtomicU64,
+    fill_bytes: AtomicU64,
+    evictions: AtomicU64,
+    evicted_bytes: AtomicU64,
+    pushed_bytes: AtomicU64,
+}
+
+impl Counters {
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct VdiRecord {
+    name: String,
+    vid: u32,
+    /// The lock generation the cached data belongs to.
+    gen: u64,
+    /// This cache released that lock cleanly (all pushed): if the next lock generation is
+    /// ours again, nobody else attached in between.
+    #[serde(default)]
+    released: bool,
+    mode: Option<CacheMode>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DirState {
+    cache_id: String,
+    boot_id: String,
+    clean: bool,
+}
+
+pub(crate) struct Inner {
+    _dir_lock: std::fs::File,
+    cfg: CacheConfig,
+    size: AtomicU64,
+    obj_dir: PathBuf,
+    client: Arc<Client>,
+    owner: String,
+    host: String,
+    objects: Mutex<LruCache<Key, Arc<CachedObject>>>,
+    used: AtomicU64,
+    dirty: AtomicU64,
+    records: Mutex<HashMap<u32, VdiRecord>>,
+    /// VDIs attached read-write (lock held) by this mount.
+    attached: Mutex<HashMap<u32, Arc<Vdi>>>,
+    counters: Mutex<HashMap<u32, Arc<Counters>>>,
+    push_errors: AtomicU64,
+    last_push_error: Mutex<Option<String>>,
+    touched: Mutex<HashSet<Key>>,
+    index: Option<sled::Tree>,
+    wake_flusher: Notify,
+    push_lock: tokio::sync::Mutex<()>,
+}
+
+/// A handle on the cache, shared by the filesystem, the flusher and the control socket.
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn write_json_atomic<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let f = std::fs::File::create(&tmp)?;
+    serde_json::to_writer_pretty(&f, v).map_err(std::io::Error::other)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        std::fs::File::open(d)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn key_bytes(k: Key) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&k.0.to_be_bytes());
+    b[4..].copy_from_slice(&k.1.to_be_bytes());
+    b
+}
+
+/// Opens the sled index, recreating it if it is missing or unreadable: it only holds what the
+/// cache files can rebuild.
+fn open_index(dir: &Path) -> Option<sled::Tree> {
+    let path = dir.join("index");
+    let open = || {
+        sled::Config::new()
+            .path(&path)
+            .open()
+            .and_then(|db| db.open_tree("atime"))
+    };
+    match open() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(
+                "cache index {} is unreadable ({e}): rebuilding it",
+                path.display()
+            );
+            let _ = std::fs::remove_dir_all(&path);
+            match open() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(
+                        "cache index unavailable ({e}): LRU order falls back to file times"
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+impl Cache {
+    /// Opens the cache directory: checks how the last mount ended, loads or drops what is
+    /// there, and marks the directory in use.
+    pub fn open(cfg: CacheConfig, client: Arc<Client>) -> Result<Cache, CacheError> {
+        let dir = cfg.dir.clone();
+        let derr = |what: String| CacheError::Dir {
+            dir: dir.clone(),
+            what,
+        };
+        for sub in ["obj", "vdis"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(|e| derr(format!("create: {e}")))?;
+        }
+        let dir_lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("lock"))
+            .map_err(|e| derr(format!("open lock: {e}")))?;
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a valid descriptor, held for the life of the cache.
+        if unsafe { libc::flock(dir_lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(derr("in use by another sheepfs".into()));
+        }
+        let state_path = dir.join("state.json");
+        let boot = boot_id();
+        let prev: Option<DirState> = std::fs::read(&state_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let cache_id = prev
+            .as_ref()
+            .map(|p| p.cache_id.clone())
+            .unwrap_or_else(|| format!("{:016x}", rand_u64()));
+        let trusted = match &prev {
+            None => true,
+            Some(p) => p.clean || p.boot_id == boot,
+        };
+        let obj_dir = dir.join("obj");
+        let host = hostname();
+        let inner = Inner {
+            _dir_lock: dir_lock,
+            size: AtomicU64::new(cfg.size),
+            obj_dir: obj_dir.clone(),
+            client,
+            owner: format!("{host}/{cache_id}"),
+            host,
+            objects: Mutex::new(LruCache::unbounded()),
+            used: AtomicU64::new(0),
+            dirty: AtomicU64::new(0),
+            records: Mutex::default(),
+            attached: Mutex::default(),
+            counters: Mutex::default(),
+            push_errors: AtomicU64::new(0),
+            last_push_error: Mutex::new(None),
+            touched: Mutex::default(),
+            index: open_index(&dir),
+            wake_flusher: Notify::new(),
+            push_lock: tokio::sync::Mutex::new(()),
+            cfg,
+        };
+        let keys = object::scan(&obj_dir);
+        if !trusted {
+            tracing::warn!(
+                "cache {}: the host went down while it was mounted; its {} cached object(s) cannot be trusted and are dropped (writes never fsynced are lost, as on any disk)",
+                dir.display(),
+                keys.len()
+            );
+            for k in &keys {
+                object::remove_key(&obj_dir, *k);
+            }
+        } else {
+            inner.load_objects(keys);
+        }
+        for e in std::fs::read_dir(dir.join("vdis"))
+            .map_err(|e| derr(format!("list: {e}")))?
+            .flatten()
+        {
+            if let Some(r) = std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<VdiRecord>(&b).ok())
+            {
+                inner.records.lock().unwrap().insert(r.vid, r);
+            }
+        }
+        write_json_atomic(
+            &state_path,
+            &DirState {
+                cache_id,
+                boot_id: boot,
+                clean: false,
+            },
+        )
+        .map_err(|e| derr(format!("write state: {e}")))?;
+        tracing::info!(
+            "cache {}: {} of {} used, {} dirty",
+            dir.display(),
+            objstore::size::format_size(inner.used.load(Ordering::Relaxed)),
+            objstore::size::format_size(inner.cfg.size),
+            objstore::size::format_size(inner.dirty.load(Ordering::Relaxed)),
+        );
+        Ok(Cache {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.cfg.dir
+    }
+
+    /// Starts the flusher and the control socket, and attaches every VDI that still has
+    /// unpushed writes from an earlier mount so they are pushed.
+    pub fn start(&self, rt: &tokio::runtime::Handle) -> Result<(), CacheError> {
+        let sock = socket::bind(&self.inner.cfg.dir).map_err(|e| CacheError::Dir {
+            dir: self.inner.cfg.dir.clone(),
+            what: format!("control socket: {e}"),
+        })?;
+        rt.spawn(socket::serve(self.clone(), sock));
+        rt.spawn(flusher(self.inner.clone()));
+        let pending: Vec<u32> = self
+            .inner
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, o)| !o.state.lock().unwrap().dirty.is_empty())
+            .map(|(k, _)| k.0)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        for vid in pending {
+            let name = self
+                .inner
+                .records
+                .lock()
+                .unwrap()
+                .get(&vid)
+                .map(|r| r.name.clone());
+            let inner = self.inner.clone();
+            rt.spawn(async move {
+                let Some(name) = name else {
+                    tracing::error!("cache holds unpushed writes of VDI id {vid:x} but no record of its name; they stay in the cache");
+                    return;
+                };
+                match inner.attach(&name).await {
+                    Ok(_) => {
+                        tracing::info!("pushing unpushed writes of VDI '{name}' left by the last mount");
+                        match inner.flush(Some(vid), |_, _| {}).await {
+                            Ok(n) => tracing::info!(
+                                "pushed {} left by the last mount",
+                                objstore::size::format_size(n)
+                            ),
+                            Err(e) => tracing::warn!(
+                                "pushing what the last mount left: {e} (the flusher retries)"
+                            ),
+                        }
+                    }
+                    Err(e) => inner.push_failed(format!("attaching '{name}' to push its writes: {e}")),
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Opens VDI `name` through the cache. Read-write opens attach it (take its lock);
+    /// read-only opens of a VDI this mount has not attached bypass the cache.
+    pub async fn open_vdi(&self, name: &str, rw: bool) -> Result<Option<CachedVdi>, CacheError> {
+        let vdi = Arc::new(Vdi::open(self.inner.client.clone(), name).await?);
+        let vid = vdi.header().vid;
+        if self.inner.mode_of(vid) == CacheMode::Off {
+            return Ok(None);
+        }
+        let attached = self.inner.attached.lock().unwrap().get(&vid).cloned();
+        let vdi = match attached {
+            Some(v) => {
+                v.refresh().await?;
+                v
+            }
+            None if rw => self.inner.attach(name).await?,
+            None => return Ok(None),
+        };
+        Ok(Some(CachedVdi::new(self.inner.clone(), vdi)))
+    }
+
+    /// Pushes every dirty block of `vid` (all VDIs if None) and flushes the cluster.
+    pub async fn flush(
+        &self,
+        vid: Option<u32>,
+        progress: impl Fn(u64, u64),
+    ) -> Result<u64, String> {
+        self.inner.flush(vid, progress).await
+    }
+
+    /// Unmount: push everything, make the files durable, release locks, mark the directory
+    /// clean. Returns the dirty bytes left (0 unless the cluster could not take them).
+    pub async fn shutdown(&self) -> u64 {
+        let inner = &self.inner;
+        for attempt in 1..=3 {
+            match inner.flush(None, |_, _| {}).await {
+                Ok(_) => break,
+                Err(e) => {
+                    inner.push_failed(format!("unmount push (attempt {attempt} of 3): {e}"));
+                    tokio::time::sleep(Duration::from_secs(attempt)).await;
+                }
+            }
+        }
+        let left = inner.dirty.load(Ordering::SeqCst);
+        let objs: Vec<Arc<CachedObject>> = inner
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, o)| o.clone())
+            .collect();
+        for o in objs {
+            if let Err(e) = o.sync() {
+                tracing::warn!("syncing cached object {:?}: {e}", o.key);
+            }
+        }
+        inner.save_index();
+        let attached: Vec<(u32, Arc<Vdi>)> = inner.attached.lock().unwrap().drain().collect();
+        for (vid, v) in attached {
+            if inner.dirty_of(vid) > 0 {
+                tracing::error!(
+                    "VDI '{}' keeps unpushed writes in the cache: its lock stays held; they are pushed at the next mount",
+                    v.header().name
+                );
+                continue;
+            }
+            match lock::release(&inner.client, &v.header().name, &inner.owner).await {
+                Ok(()) => {
+                    let rec = inner.records.lock().unwrap().get(&vid).cloned();
+                    if let Some(mut r) = rec {
+                        r.released = true;
+                        inner.save_record(&r);
+                    }
+                }
+                Err(e) => tracing::warn!("releasing the lock of '{}': {e}", v.header().name),
+            }
+        }
+        let state_path = inner.cfg.dir.join("state.json");
+        if let Ok(mut st) = std::fs::read(&state_path)
+            .map_err(|_| ())
+            .and_then(|b| serde_json::from_slice::<DirState>(&b).map_err(|_| ()))
+        {
+            st.clean = true;
+            let _ = write_json_atomic(&state_path, &st);
+        }
+        let _ = std::fs::remove_file(inner.cfg.dir.join(crate::control::SOCKET_NAME));
+        left
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
+    /// Before a VDI is deleted: drops what is cached of it (dirty data too: it is being
+    /// deleted), detaches it and releases its lock.
+    pub async fn forget_vdi(&self, name: &str) {
+        let inner = &self.inner;
+        let Some(vid) = inner.vid_of(name) else {
+            return;
+        };
+        inner.drop_vdi(vid, true);
+        inner.attached.lock().unwrap().remove(&vid);
+        inner.records.lock().unwrap().remove(&vid);
+        let _ = std::fs::remove_file(inner.cfg.dir.join("vdis").join(format!("{vid:06x}.json")));
+        if let Err(e) = lock::release(&inner.client, name, &inner.owner).await {
+            tracing::warn!("releasing the lock of '{name}': {e}");
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_le_bytes(b) ^ now_ms()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+impl Inner {
+    fn load_objects(&self, keys: Vec<Key>) {
+        let mut loaded: Vec<(u64, Arc<CachedObject>)> = Vec::new();
+        for k in keys {
+            match CachedObject::load(&self.obj_dir, k) {
+                Ok(o) => {
+                    let st = o.state.lock().unwrap();
+                    self.used
+                        .fetch_add(o.bytes_of(st.valid.count()), Ordering::Relaxed);
+                    self.dirty
+                        .fetch_add(o.bytes_of(st.dirty.count()), Ordering::Relaxed);
+                    drop(st);
+                    let atime = self
+                        .index
+                        .as_ref()
+                        .and_then(|t| t.get(key_bytes(k)).ok().flatten())
+                        .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+                        .unwrap_or(0);
+                    loaded.push((atime, Arc::new(o)));
+                }
+                Err(why) => {
+                    tracing::warn!("dropping cached object {k:?}: {why}");
+                    object::remove_key(&self.obj_dir, k);
+                }
+            }
+        }
+        loaded.sort_by_key(|(t, _)| *t);
+        let mut objects = self.objects.lock().unwrap();
+        for (_, o) in loaded {
+            objects.put(o.key, o);
+        }
+    }
+
+    fn save_index(&self) {
+        let Some(t) = &self.index else { return };
+        let touched: Vec<Key> = self.touched.lock().unwrap().drain().collect();
+        let now = now_ms().to_be_bytes();
+        for k in touched {
+            let _ = t.insert(key_bytes(k), &now);
+        }
+        let _ = t.flush();
+    }
+
+    fn counters(&self, vid: u32) -> Arc<Counters> {
+        self.counters
+            .lock()
+            .unwrap()
+            .entry(vid)
+            .or_default()
+            .clone()
+    }
+
+    fn mode_of(&self, vid: u32) -> CacheMode {
+        self.records
+            .lock()
+            .unwrap()
+            .get(&vid)
+            .and_then(|r| r.mode)
+            .unwrap_or(self.cfg.mode)
+    }
+
+    fn save_record(&self, r: &VdiRecord) {
+        let path = self
+            .cfg
+            .dir
+            .join("vdis")
+            .join(format!("{:06x}.json", r.vid));
+        if let Err(e) = write_json_atomic(&path, r) {
+            tracing::warn!("saving cache record of '{}': {e}", r.name);
+        }
+        self.records.lock().unwrap().insert(r.vid, r.clone());
+    }
+
+    fn dirty_of(&self, vid: u32) -> u64 {
+        self.objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.0 == vid)
+            .map(|(_, o)| o.bytes_of(o.state.lock().unwrap().dirty.count()))
+            .sum()
+    }
+
+    /// Takes the VDI's lock and makes the cache match it: data cached under another lock
+    /// generation is dropped (refused if it holds unpushed writes).
+    async fn attach(&self, name: &str) -> Result<Arc<Vdi>, CacheError> {
+        let vdi = Arc::new(Vdi::open(self.client.clone(), name).await?);
+        let vid = vdi.header().vid;
+        let info = lock::acquire(&self.client, name, &self.owner, &self.host).await?;
+        let rec = self.records.lock().unwrap().get(&vid).cloned();
+        let matches = rec.as_ref().is_some_and(|r| {
+            r.name == name && (r.gen == info.gen || (r.released && info.gen == r.gen + 1))
+        });
+        if !matches {
+            let dirty = self.dirty_of(vid);
+            if dirty > 0 {
+                let ours = rec.as_ref().map(|r| r.gen).unwrap_or(0);
+                let _ = lock::release(&self.client, name, &self.owner).await;
+                return Err(CacheError::Conflict {
+                    name: name.to_string(),
+                    ours,
+                    theirs: info.gen,
+                });
+            }
+            let dropped = self.drop_vdi(vid, true);
+            if dropped > 0 {
+                tracing::info!(
+                    "VDI '{name}' was attached elsewhere since it was cached here: dropped {} of cached data",
+                    objstore::size::format_size(dropped)
+                );
+            }
+        }
+        if !matches
+            || rec
+                .as_ref()
+                .is_some_and(|r| r.gen != info.gen || r.released)
+        {
+            self.save_record(&VdiRecord {
+                name: name.to_string(),
+                vid,
+                gen: info.gen,
+                released: false,
+                mode: rec.and_then(|r| r.mode),
+            });
+        }
+        let mut attached = self.attached.lock().unwrap();
+        Ok(attached.entry(vid).or_insert(vdi).clone())
+    }
+
+    /// Removes cached objects of `vid` (dirty ones only if `discard_dirty`); returns the bytes
+    /// dropped.
+    fn drop_vdi(&self, vid: u32, discard_dirty: bool) -> u64 {
+        let victims: Vec<Arc<CachedObject>> = {
+            let mut objects = self.objects.lock().unwrap();
+            let keys: Vec<Key> = objects
+                .iter()
+                .filter(|(k, o)| {
+                    k.0 == vid
+                        && Arc::strong_count(o) == 1
+                        && (discard_dirty || o.state.lock().unwrap().dirty.is_empty())
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter().filter_map(|k| objects.pop(k)).collect()
+        };
+        victims.iter().map(|o| self.forget(o)).sum()
+    }
+
+    /// Accounting and files of an object already taken out of the LRU; returns its bytes.
+    fn forget(&self, o: &CachedObject) -> u64 {
+        let st = o.state.lock().unwrap();
+        let bytes = o.bytes_of(st.valid.count());
+        let dirty = o.bytes_of(st.dirty.count());
+        drop(st);
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.dirty.fetch_sub(dirty, Ordering::SeqCst);
+        o.remove_files();
+        if let Some(t) = &self.index {
+            let _ = t.remove(key_bytes(o.key));
+        }
+        bytes
+    }
+
+    /// Makes room for `bytes` more and counts them as used (the caller settles the difference
+    /// with [`Inner::settle`] once it knows how many it really added): evicts least recently
+    /// used objects without dirty blocks; when only dirty ones remain, pushes the oldest first.
+    /// False if no room could be made within the client's timeout (nothing is counted then).
+    async fn reserve(&self, bytes: u64) -> bool {
+        let deadline = Instant::now() + self.client.options().timeout;
+        loop {
+            let size = self.size.load(Ordering::SeqCst);
+            let fits = self
+                .used
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                    (u + bytes <= size).then_some(u + bytes)
+                })
+                .is_ok();
+            if fits {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let victim = {
+                let mut objects = self.objects.lock().unwrap();
+                // Only objects nobody is using (the LRU holds the only reference) and without
+                // dirty blocks; the check and the removal happen under the same lock as the
+                // lookups that hand out references.
+                let key = objects
+                    .iter()
+                    .rev()
+                    .find(|(_, o)| {
+                        Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
+                    })
+                    .map(|(k, _)| *k);
+                key.and_then(|k| objects.pop(&k))
+            };
+            if let Some(o) = victim {
+                let freed = self.forget(&o);
+                let c = self.counters(o.key.0);
+                Counters::add(&c.evictions, 1);
+                Counters::add(&c.evicted_bytes, freed);
+                continue;
+            }
+            // Everything left is dirty or in use: push the least recently used dirty object.
+            let oldest = self
+                .objects
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|(_, o)| {
+                    let st = o.state.lock().unwrap();
+                    !st.dirty.is_empty() && st.rewritten.is_none()
+                })
+                .map(|(_, o)| o.clone());
+            match oldest {
+                Some(o) => {
+                    if let Err(e) = self.push_object(&o).await {
+                        self.push_failed(e);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                None => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+
+    /// After [`Inner::reserve`]d `reserved` bytes, `added` were really added.
+    fn settle(&self, reserved: u64, added: u64) {
+        if reserved > added {
+            self.used.fetch_sub(reserved - added, Ordering::SeqCst);
+        } else {
+            self.used.fetch_add(added - reserved, Ordering::SeqCst);
+        }
+    }
+
+    /// The cached object for `key`, created if `create` (after making room).
+    async fn object(&self, key: Key, object_size: u64, create: bool) -> Option<Arc<CachedObject>> {
+        if let Some(o) = self.objects.lock().unwrap().get(&key) {
+            self.touched.lock().unwrap().insert(key);
+            return Some(o.clone());
+        }
+        if !create {
+            return None;
+        }
+        // Created under the LRU's lock: two creators of one key would share its files.
+        let mut objects = self.objects.lock().unwrap();
+        if let Some(existing) = objects.get(&key) {
+            return Some(existing.clone());
+        }
+        let o = match CachedObject::create(&self.obj_dir, key, object_size) {
+            Ok(o) => Arc::new(o),
+            Err(e) => {
+                tracing::warn!("creating cache object {key:?}: {e}");
+                return None;
+            }
+        };
+        objects.put(key, o.clone());
+        self.touched.lock().unwrap().insert(key);
+        Some(o)
+    }
+
+    fn push_failed(&self, why: String) {
+        tracing::warn!("cache push failed: {why} (the data stays dirty and is retried)");
+        self.push_errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_push_error.lock().unwrap() = Some(why);
+    }
+
+    /// Pushes one object's dirty blocks to the cluster (not flushed there). Blocks written
+    /// again while the push is in flight stay dirty.
+    async fn push_object(&self, o: &CachedObject) -> Result<u64, String> {
+        let vdi = self
+            .attached
+            .lock()
+            .unwrap()
+            .get(&o.key.0)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "VDI id {:x} is not attached: cannot push its writes",
+                    o.key.0
+                )
+            })?;
+        let snapshot = {
+            let mut st = o.state.lock().unwrap();
+            if st.dirty.is_empty() || st.rewritten.is_some() {
+                return Ok(0);
+            }
+            st.rewritten = Some(object::State::empty_like(&st.dirty));
+            st.dirty.clone()
+        };
+        let base = o.key.1 as u64 * o.object_size;
+        let mut pushed = 0u64;
+        let mut result = Ok(());
+        for (s, e) in snapshot.runs() {
+            let off = s as u64 * BLOCK;
+            let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
+            let mut buf = vec![0u8; len as usize];
+            if let Err(e) = o.read_data(&mut buf, off) {
+                result = Err(format!("reading cached object {:?}: {e}", o.key));
+                break;
+            }
+            // Never past the end of the VDI (its last object may be partial).
+            let end = (base + off + len).min(vdi.size());
+            if end <= base + off {
+                continue;
+            }
+            buf.truncate((end - base - off) as usize);
+            if let Err(e) = vdi.write_at(base + off, bytes::Bytes::from(buf)).await {
+                result = Err(format!("writing VDI '{}': {e}", vdi.header().name));
+                break;
+            }
+            pushed += end - base - off;
+        }
+        let mut st = o.state.lock().unwrap();
+        let rewritten = st.rewritten.take().expect("push in flight");
+        result?;
+        let clean = snapshot.minus(&rewritten);
+        let cleaned = clean.count();
+        st.dirty = st.dirty.minus(&clean);
+        if st.dirty.is_empty() {
+            st.dirty_since = None;
+        }
+        if let Err(e) = o.save(&st) {
+            tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+        }
+        drop(st);
+        self.dirty.fetch_sub(o.bytes_of(cleaned), Ordering::SeqCst);
+        Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
+        Ok(pushed)
+    }
+
+    /// Pushes every dirty object of `vid` (or all), then flushes the cluster.
+    async fn flush(&self, vid: Option<u32>, progress: impl Fn(u64, u64)) -> Result<u64, String> {
+        let _one = self.push_lock.lock().await;
+        let dirty: Vec<Arc<CachedObject>> = self
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, o)| {
+                vid.is_none_or(|v| k.0 == v) && !o.state.lock().unwrap().dirty.is_empty()
+            })
+            .map(|(_, o)| o.clone())
+            .collect();
+        let total: u64 = dirty
+            .iter()
+            .map(|o| o.bytes_of(o.state.lock().unwrap().dirty.count()))
+            .sum();
+        let mut done = 0u64;
+        progress(0, total);
+        use futures::StreamExt;
+        let mut pushes = futures::stream::iter(dirty)
+            .map(|o| async move { self.push_object(&o).await })
+            .buffer_unordered(4);
+        let mut first_err = None;
+        while let Some(r) = pushes.next().await {
+            match r {
+                Ok(n) => {
+                    done += n;
+                    progress(done.min(total), total);
+                }
+                Err(e) => {
+                    self.push_failed(e.clone());
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        drop(pushes);
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.client.flush().await.map_err(|e| {
+            let e = format!("flushing the cluster: {e}");
+            self.push_failed(e.clone());
+            e
+        })?;
+        Ok(done)
+    }
+
+    fn stats(&self) -> CacheStats {
+        let mut per: HashMap<u32, VdiStats> = HashMap::new();
+        for (k, o) in self.objects.lock().unwrap().iter() {
+            let st = o.state.lock().unwrap();
+            let e = per.entry(k.0).or_default();
+            e.used += o.bytes_of(st.valid.count());
+            e.dirty += o.bytes_of(st.dirty.count());
+        }
+        for (vid, c) in self.counters.lock().unwrap().iter() {
+            let e = per.entry(*vid).or_default();
+            let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            e.hits = g(&c.hits);
+            e.hit_bytes = g(&c.hit_bytes);
+            e.misses = g(&c.misses);
+            e.miss_bytes = g(&c.miss_bytes);
+            e.fills = g(&c.fills);
+            e.fill_bytes = g(&c.fill_bytes);
+            e.evictions = g(&c.evictions);
+            e.evicted_bytes = g(&c.evicted_bytes);
+            e.pushed_bytes = g(&c.pushed_bytes);
+        }
+        let records = self.records.lock().unwrap();
+        let mut vdis: Vec<VdiStats> = per
+            .into_iter()
+            .map(|(vid, mut s)| {
+                s.name = records
+                    .get(&vid)
+                    .map(|r| r.name.clone())
+                    .unwrap_or(format!("{vid:x}"));
+                s.mode = Some(
+                    records
+                        .get(&vid)
+                        .and_then(|r| r.mode)
+                        .unwrap_or(self.cfg.mode),
+                );
+                s
+            })
+            .collect();
+        vdis.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut total = VdiStats {
+            name: "total".into(),
+            ..Default::default()
+        };
+        for v in &vdis {
+            total.used += v.used;
+            total.dirty += v.dirty;
+            total.hits += v.hits;
+            total.hit_bytes += v.hit_bytes;
+            total.misses += v.misses;
+            total.miss_bytes += v.miss_bytes;
+            total.fills += v.fills;
+            total.fill_bytes += v.fill_bytes;
+            total.evictions += v.evictions;
+            total.evicted_bytes += v.evicted_bytes;
+            total.pushed_bytes += v.pushed_bytes;
+        }
+        let dirty = self.dirty.load(Ordering::SeqCst);
+        CacheStats {
+            dir: self.cfg.dir.display().to_string(),
+            size: self.size.load(Ordering::SeqCst),
+            used: self.used.load(Ordering::SeqCst),
+            dirty,
+            flush_backlog: dirty,
+            max_dirty: self.cfg.max_dirty,
+            max_dirty_age_secs: self.cfg.max_dirty_age.as_secs(),
+            default_mode: Some(self.cfg.mode),
+            push_errors: self.push_errors.load(Ordering::Relaxed),
+            last_push_error: self.last_push_error.lock().unwrap().clone(),
+            total,
+            vdis,
+        }
+    }
+
+    fn vid_of(&self, name: &str) -> Option<u32> {
+        self.records
+            .lock()
+            .unwrap()
+            .values()
+            .find(|r| r.name == name)
+            .map(|r| r.vid)
+    }
+}
+
+/// The background flusher: keeps dirty bytes under `max_dirty` and pushes data dirty for
+/// longer than `max_dirty_age`, with backoff after failures. Also saves the LRU index.
+async fn flusher(inner: Arc<Inner>) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        tokio::select! {
+            _ = inner.wake_flusher.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        inner.save_index();
+        let now = Instant::now();
+        let over = inner.dirty.load(Ordering::SeqCst) > inner.cfg.max_dirty;
+        let mut due: Vec<(Instant, Arc<CachedObject>)> = inner
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, o)| {
+                let st = o.state.lock().unwrap();
+                let since = st.dirty_since?;
+                (over || now.duration_since(since) >= inner.cfg.max_dirty_age)
+                    .then(|| (since, o.clone()))
+            })
+            .collect();
+        if due.is_empty() {
+            continue;
+        }
+        due.sort_by_key(|(t, _)| *t);
+        let _one = inner.push_lock.lock().await;
+        let mut failed = false;
+        for (_, o) in due {
+            if let Err(e) = inner.push_object(&o).await {
+                inner.push_failed(e);
+                failed = true;
+                break;
+            }
+            if over && inner.dirty.load(Ordering::SeqCst) <= inner.cfg.max_dirty / 2 {
+                break;
+            }
+        }
+        if failed {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        } else {
+            backoff = Duration::from_secs(1);
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! One cached object: a sparse data file and a metadata file with two bitmaps (valid, dirty),
+//! one bit per [`BLOCK`] bytes.
+//!
+//! ```text
+//! <idx>.meta: [magic "SHCACHE1"][object_size u32 LE][blocks u32 LE][valid bitmap][dirty bitmap]
+//! ```
+//! A write puts the data in the data file first, then sets its bits in the meta file, then is
+//! acknowledged: after a kill -9 of sheepfs (the host's page cache survives) the dirty bits say
+//! exactly which blocks hold unpushed writes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::bitmap::Bitmap;
+
+/// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
+pub const BLOCK: u64 = 4096;
+const META_MAGIC: &[u8; 8] = b"SHCACHE1";
+const META_HEAD: usize = 16;
+
+/// (vid, index): a VDI's data object.
+pub type Key = (u32, u32);
+
+pub struct State {
+    pub valid: Bitmap,
+    pub dirty: Bitmap,
+    /// While a push is in flight: blocks written since it took its snapshot.
+    pub rewritten: Option<Bitmap>,
+    pub dirty_since: Option<Instant>,
+}
+
+impl State {
+    /// An empty bitmap of the same size as `like`.
+    pub fn empty_like(like: &Bitmap) -> Bitmap {
+        Bitmap::new(like.bits())
+    }
+}
+
+pub struct CachedObject {
+    pub key: Key,
+    pub object_size: u64,
+    data: File,
+    meta: File,
+    paths: (PathBuf, PathBuf),
+    pub state: Mutex<State>,
+}
+
+fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
+    let d = dir.join(format!("{:06x}", key.0));
+    (
+        d.join(format!("{:08x}.data", key.1)),
+        d.join(format!("{:08x}.meta", key.1)),
+    )
+}
+
+impl CachedObject {
+    /// Creates an empty cached object.
+    pub fn create(dir: &Path, key: Key, object_size: u64) -> io::Result<CachedObject> {
+        let (dp, mp) = paths(dir, key);
+        fs::create_dir_all(dp.parent().unwrap())?;
+        let blocks = object_size.div_ceil(BLOCK) as usize;
+        let data = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&dp)?;
+        let meta = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&mp)?;
+        let o = CachedObject {
+            key,
+            object_size,
+            data,
+            meta,
+            paths: (dp, mp),
+            state: Mutex::new(State {
+                valid: Bitmap::new(blocks),
+                dirty: Bitmap::new(blocks),
+                rewritten: None,
+                dirty_since: None,
+            }),
+        };
+        let mut head = Vec::with_capacity(META_HEAD);
+        head.extend_from_slice(META_MAGIC);
+        head.extend_from_slice(&(object_size as u32).to_le_bytes());
+        head.extend_from_slice(&(blocks as u32).to_le_bytes());
+        o.meta.write_all_at(&head, 0)?;
+        o.save(&o.state.lock().unwrap())?;
+        Ok(o)
+    }
+
+    /// Loads a cached object from its files; None (with the reason) if they cannot be trusted.
+    pub fn load(dir: &Path, key: Key) -> Result<CachedObject, String> {
+        let (dp, mp) = paths(dir, key);
+        let raw = fs::read(&mp).map_err(|e| format!("reading {}: {e}", mp.display()))?;
+        if raw.len() < META_HEAD || &raw[..8] != META_MAGIC {
+            return Err(format!("{} has no valid header", mp.display()));
+        }
+        let object_size = u32::from_le_bytes(raw[8..12].try_into().unwrap()) as u64;
+        let blocks = u32::from_le_bytes(raw[12..16].try_into().unwrap()) as usize;
+        if !object_size.is_power_of_two() || blocks as u64 != object_size.div_ceil(BLOCK) {
+            return Err(format!("{} has a bad geometry", mp.display()));
+        }
+        let bl = Bitmap::byte_len(blocks);
+        if raw.len() != META_HEAD + 2 * bl {
+            return Err(format!("{} is truncated", mp.display()));
+        }
+        let valid = Bitmap::from_bytes(&raw[META_HEAD..META_HEAD + bl], blocks)
+            .ok_or_else(|| format!("{} has a bad valid map", mp.display()))?;
+        let dirty = Bitmap::from_bytes(&raw[META_HEAD + bl..], blocks)
+            .ok_or_else(|| format!("{} has a bad dirty map", mp.display()))?;
+        if !dirty.minus(&valid).is_empty() {
+            return Err(format!(
+                "{} marks blocks dirty that are not valid",
+                mp.display()
+            ));
+        }
+        let open = |p: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .map_err(|e| format!("opening {}: {e}", p.display()))
+        };
+        let dirty_since = (!dirty.is_empty()).then(Instant::now);
+        Ok(CachedObject {
+            key,
+            object_size,
+            data: open(&dp)?,
+            meta: open(&mp)?,
+            paths: (dp, mp),
+            state: Mutex::new(State {
+                valid,
+                dirty,
+                rewritten: None,
+                dirty_since,
+            }),
+        })
+    }
+
+    /// Writes both bitmaps to the meta file.
+    pub fn save(&self, st: &State) -> io::Result<()> {
+        let mut b = st.valid.to_bytes();
+        b.extend_from_slice(&st.dirty.to_bytes());
+        self.meta.write_all_at(&b, META_HEAD as u64)
+    }
+
+    pub fn read_data(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            let n = self.data.read_at(&mut buf[got..], offset + got as u64)?;
+            if n == 0 {
+                buf[got..].fill(0); // sparse tail
+                break;
+            }
+            got += n;
+        }
+        Ok(())
+    }
+
+    pub fn write_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.data.write_all_at(data, offset)
+    }
+
+    /// Makes both files durable (clean shutdown).
+    pub fn sync(&self) -> io::Result<()> {
+        self.data.sync_data()?;
+        self.meta.sync_data()
+    }
+
+    pub fn remove_files(&self) {
+        let _ = fs::remove_file(&self.paths.0);
+        let _ = fs::remove_file(&self.paths.1);
+    }
+
+    /// Blocks `[first, last)` covering bytes `[offset, offset+len)`.
+    pub fn block_range(offset: u64, len: u64) -> (usize, usize) {
+        (
+            (offset / BLOCK) as usize,
+            (offset + len).div_ceil(BLOCK) as usize,
+        )
+    }
+
+    /// Bytes held by `blocks` valid blocks of this object.
+    pub fn bytes_of(&self, blocks: usize) -> u64 {
+        blocks as u64 * BLOCK
+    }
+}
+
+/// Every (key) with a meta file under `dir`.
+pub fn scan(dir: &Path) -> Vec<Key> {
+    let mut out = Vec::new();
+    let Ok(vids) = fs::read_dir(dir) else {
+        return out;
+    };
+    for v in vids.flatten() {
+        let Some(vid) = v
+            .file_name()
+            .to_str()
+            .and_then(|s| u32::from_str_radix(s, 16).ok())
+        else {
+            continue;
+        };
+        let Ok(files) = fs::read_dir(v.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let name = f.file_name();
+            let Some(idx) = name
+                .to_str()
+                .and_then(|s| s.strip_suffix(".meta"))
+                .and_then(|s| u32::from_str_radix(s, 16).ok())
+            else {
+                continue;
+            };
+            out.push((vid, idx));
+        }
+    }
+    out
+}
+
+/// Removes the files of `key` (used when its meta file cannot be trusted).
+pub fn remove_key(dir: &Path, key: Key) {
+    let (d, m) = paths(dir, key);
+    let _ = fs::remove_file(d);
+    let _ = fs::remove_file(m);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_save_load() {
+        let d = tempfile::tempdir().unwrap();
+        let o = CachedObject::create(d.path(), (1, 2), 1 << 20).unwrap();
+        o.write_data(b"abc", 4096).unwrap();
+        {
+            let mut st = o.state.lock().unwrap();
+            st.valid.set_range(1, 3, true);
+            st.dirty.set_range(1, 2, true);
+            o.save(&st).unwrap();
+        }
+        drop(o);
+        assert_eq!(scan(d.path()), vec![(1, 2)]);
+        let o = CachedObject::load(d.path(), (1, 2)).unwrap();
+        let st = o.state.lock().unwrap();
+        assert_eq!(st.valid.runs(), vec![(1, 3)]);
+        assert_eq!(st.dirty.runs(), vec![(1, 2)]);
+        let mut buf = [0u8; 3];
+        o.read_data(&mut buf, 4096).unwrap();
+        assert_eq!(&buf, b"abc");
+    }
+
+    #[test]
+    fn untrusted_meta_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        drop(CachedObject::create(d.path(), (1, 2), 1 << 20).unwrap());
+        let (_, mp) = paths(d.path(), (1, 2));
+        let mut raw = fs::read(&mp).unwrap();
+        raw.truncate(20);
+        fs::write(&mp, &raw).unwrap();
+        assert!(CachedObject::load(d.path(), (1, 2)).is_err());
+        fs::write(&mp, b"").unwrap();
+        assert!(
+            CachedObject::load(d.path(), (1, 2)).is_err(),
+            "zero-length meta"
+        );
+    }
+}

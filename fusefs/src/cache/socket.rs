@@ -1,0 +1,192 @@
+//! The control socket: `DIR/control.sock`, mode 0600, JSON lines (see `crate::control`).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use super::Cache;
+use crate::control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
+
+/// Binds the socket (replacing a stale one) with mode 0600.
+pub(super) fn bind(dir: &Path) -> std::io::Result<UnixListener> {
+    let path = dir.join(SOCKET_NAME);
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+pub(super) async fn serve(cache: Cache, listener: UnixListener) {
+    loop {
+        match listener.accept().await {
+            Ok((s, _)) => {
+                tokio::spawn(session(cache.clone(), s));
+            }
+            Err(e) => {
+                tracing::warn!("control socket: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Response) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(r).expect("serializable");
+    line.push(b'\n');
+    w.write_all(&line).await
+}
+
+async fn session(cache: Cache, s: UnixStream) {
+    let (rd, mut wr) = s.into_split();
+    let mut lines = BufReader::new(rd).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let req: Request = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = send(&mut wr, &Response::Error(format!("bad request: {e}"))).await;
+                continue;
+            }
+        };
+        let resp = handle(&cache, req, &mut wr).await;
+        if send(&mut wr, &resp).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn unknown(name: &str) -> Response {
+    Response::Error(format!("no VDI named '{name}' in the cluster"))
+}
+
+async fn handle(
+    cache: &Cache,
+    req: Request,
+    wr: &mut tokio::net::unix::OwnedWriteHalf,
+) -> Response {
+    let inner = cache.inner();
+    // A VDI of the cluster that nothing was cached of has id 0 here: nothing to do for it.
+    let names = objstore::vdi::list_names(&inner.client)
+        .await
+        .unwrap_or_default();
+    let vid_of = |name: &Option<String>| -> Result<Option<u32>, Box<Response>> {
+        match name {
+            None => Ok(None),
+            Some(n) => match inner.vid_of(n) {
+                Some(v) => Ok(Some(v)),
+                None if names.iter().any(|(x, _)| x == n) => Ok(Some(0)),
+                None => Err(Box::new(unknown(n))),
+            },
+        }
+    };
+    match req {
+        Request::Stats { vdi } => {
+            let mut st = inner.stats();
+            if let Some(n) = vdi {
+                if let Err(r) = vid_of(&Some(n.clone())) {
+                    return *r;
+                }
+                st.vdis.retain(|v| v.name == n);
+            }
+            Response::Ok(Reply::Stats(st))
+        }
+        Request::Flush { vdi } => {
+            let vid = match vid_of(&vdi) {
+                Ok(v) => v,
+                Err(r) => return *r,
+            };
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            let flush = cache.flush(vid, move |p, t| {
+                let _ = tx.send((p, t));
+            });
+            tokio::pin!(flush);
+            loop {
+                tokio::select! {
+                    r = &mut flush => {
+                        return match r {
+                            Ok(bytes) => Response::Ok(Reply::Flushed { bytes }),
+                            Err(e) => Response::Error(format!("flush failed (the data stays dirty and is retried): {e}")),
+                        };
+                    }
+                    Some((pushed, total)) = rx.recv() => {
+                        let _ = send(wr, &Response::Progress { pushed, total }).await;
+                    }
+                }
+            }
+        }
+        Request::Evict { vdi, discard_dirty } => {
+            let vid = match vid_of(&vdi) {
+                Ok(v) => v,
+                Err(r) => return *r,
+            };
+            let dirty_before = inner.dirty.load(Ordering::SeqCst);
+            if !discard_dirty {
+                if let Err(e) = cache.flush(vid, |_, _| {}).await {
+                    return Response::Error(format!(
+                        "evict: flushing dirty data first failed, nothing evicted: {e}"
+                    ));
+                }
+            }
+            let vids: Vec<u32> = match vid {
+                Some(v) => vec![v],
+                None => inner.records.lock().unwrap().keys().copied().collect(),
+            };
+            let mut bytes = 0;
+            for v in vids {
+                bytes += inner.drop_vdi(v, discard_dirty);
+            }
+            let discarded = if discard_dirty {
+                dirty_before.saturating_sub(inner.dirty.load(Ordering::SeqCst))
+            } else {
+                0
+            };
+            if discarded > 0 {
+                tracing::warn!("cachectl evict --discard-dirty threw away {discarded} bytes of unpushed writes");
+            }
+            Response::Ok(Reply::Evicted {
+                bytes,
+                discarded_dirty: discarded,
+            })
+        }
+        Request::Resize { size } => {
+            if size < 16 << 20 {
+                return Response::Error(format!("cache size {size} is too small: at least 16 MiB"));
+            }
+            inner.size.store(size, Ordering::SeqCst);
+            if !inner.reserve(0).await {
+                return Response::Error(format!(
+                    "resized to {size} bytes, but the cache could not shrink to it yet (dirty data the cluster has not taken)"
+                ));
+            }
+            Response::Ok(Reply::Resized { size })
+        }
+        Request::Mode { vdi, mode } => {
+            let Some(vid) = inner.vid_of(&vdi) else {
+                return Response::Error(match vid_of(&Some(vdi.clone())) {
+                    Ok(_) => format!(
+                        "VDI '{vdi}' has not been opened through this cache yet: open it first"
+                    ),
+                    Err(_) => format!("no VDI named '{vdi}' in the cluster"),
+                });
+            };
+            if inner.mode_of(vid) == CacheMode::Writeback && mode != CacheMode::Writeback {
+                if let Err(e) = cache.flush(Some(vid), |_, _| {}).await {
+                    return Response::Error(format!(
+                        "leaving writeback needs a flush, which failed (mode unchanged): {e}"
+                    ));
+                }
+            }
+            let rec = inner.records.lock().unwrap().get(&vid).cloned();
+            if let Some(mut r) = rec {
+                r.mode = Some(mode);
+                inner.save_record(&r);
+            }
+            if mode == CacheMode::Off {
+                inner.drop_vdi(vid, false);
+            }
+            Response::Ok(Reply::Mode { vdi, mode })
+        }
+    }
+}

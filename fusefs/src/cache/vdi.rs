@@ -1,0 +1,407 @@
+//! A VDI seen through the cache: reads served from cached blocks or fetched by the range they
+//! need, writes kept (writeback) or passed on (writethrough), per the VDI's mode.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use objstore::{Vdi, VdiError};
+
+use super::object::{CachedObject, BLOCK};
+use super::{Counters, Inner};
+use crate::control::CacheMode;
+
+/// Sequential misses fetch this far ahead (within the object).
+const READ_AHEAD: u64 = 1 << 20;
+
+pub struct CachedVdi {
+    inner: Arc<Inner>,
+    vdi: Arc<Vdi>,
+    counters: Arc<Counters>,
+    /// Where the last read ended: a read starting there is sequential.
+    last_end: AtomicU64,
+}
+
+fn io_err(what: &str, e: std::io::Error) -> VdiError {
+    VdiError::Corrupt {
+        name: "(cache)".into(),
+        reason: format!("{what}: {e}"),
+    }
+}
+
+impl CachedVdi {
+    pub(super) fn new(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
+        let counters = inner.counters(vdi.header().vid);
+        CachedVdi {
+            inner,
+            vdi,
+            counters,
+            last_end: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    pub fn vdi(&self) -> &Arc<Vdi> {
+        &self.vdi
+    }
+
+    fn vid(&self) -> u32 {
+        self.vdi.header().vid
+    }
+
+    fn mode(&self) -> CacheMode {
+        self.inner.mode_of(self.vid())
+    }
+
+    fn pieces(&self, offset: u64, len: u64) -> Vec<(u32, u64, u64, usize)> {
+        let os = self.vdi.object_size() as u64;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = (os - pos % os).min(offset + len - pos);
+            out.push(((pos / os) as u32, pos % os, n, (pos - offset) as usize));
+            pos += n;
+        }
+        out
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
+        if self.mode() == CacheMode::Off {
+            return self.vdi.read_at(offset, len).await;
+        }
+        let sequential = self.last_end.swap(offset + len, Ordering::Relaxed) == offset;
+        let pieces = self.pieces(offset, len);
+        let mut out = BytesMut::zeroed(len as usize);
+        let parts = futures::future::join_all(
+            pieces
+                .iter()
+                .map(|&(idx, off, n, _)| self.read_piece(idx, off, n, sequential)),
+        )
+        .await;
+        for (&(_, _, n, at), part) in pieces.iter().zip(parts) {
+            out[at..at + n as usize].copy_from_slice(&part?);
+        }
+        Ok(out.freeze())
+    }
+
+    async fn read_piece(
+        &self,
+        idx: u32,
+        off: u64,
+        n: u64,
+        sequential: bool,
+    ) -> Result<Bytes, VdiError> {
+        let os = self.vdi.object_size() as u64;
+        let key = (self.vid(), idx);
+        let base = idx as u64 * os;
+        let obj = self.inner.object(key, os, false).await;
+        let (b0, b1) = CachedObject::block_range(off, n);
+        if let Some(o) = &obj {
+            let hit = o.state.lock().unwrap().valid.all(b0, b1);
+            if hit {
+                let mut buf = vec![0u8; n as usize];
+                o.read_data(&mut buf, off)
+                    .map_err(|e| io_err("reading the cache", e))?;
+                Counters::add(&self.counters.hits, 1);
+                Counters::add(&self.counters.hit_bytes, n);
+                return Ok(Bytes::from(buf));
+            }
+        }
+        let cached_any = obj
+            .as_ref()
+            .is_some_and(|o| !o.state.lock().unwrap().valid.is_empty());
+        if self.vdi.object(idx as u64).is_none() && !cached_any {
+            // A hole: zeros without a request, and nothing worth caching.
+            return Ok(Bytes::from(vec![0u8; n as usize]));
+        }
+        // Miss: fetch the blocks the read needs (more ahead when sequential).
+        let obj_end = os.min(self.vdi.size().saturating_sub(base));
+        let fstart = b0 as u64 * BLOCK;
+        let mut fend = (b1 as u64 * BLOCK).min(obj_end);
+        if sequential {
+            fend = (fend + READ_AHEAD).min(obj_end);
+        }
+        let fetched = self.vdi.read_at(base + fstart, fend - fstart).await?;
+        Counters::add(&self.counters.misses, 1);
+        Counters::add(&self.counters.miss_bytes, fend - fstart);
+        // Blocks already cached (possibly dirty) win over what the cluster had.
+        let mut buf = fetched[(off - fstart) as usize..(off - fstart + n) as usize].to_vec();
+        if let Some(o) = &obj {
+            let st = o.state.lock().unwrap();
+            for b in b0..b1 {
+                if st.valid.get(b) {
+                    let bs = (b as u64 * BLOCK).max(off);
+                    let be = ((b as u64 + 1) * BLOCK).min(off + n);
+                    let mut tmp = vec![0u8; (be - bs) as usize];
+                    o.read_data(&mut tmp, bs)
+                        .map_err(|e| io_err("reading the cache", e))?;
+                    buf[(bs - off) as usize..(be - off) as usize].copy_from_slice(&tmp);
+                }
+            }
+        }
+        // Fill the cache off the reader's path.
+        let inner = self.inner.clone();
+        let counters = self.counters.clone();
+        tokio::spawn(async move {
+            fill(&inner, &counters, key, os, fstart, fetched).await;
+        });
+        Ok(Bytes::from(buf))
+    }
+
+    /// Writes `data` at `offset` per the VDI's mode.
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        match self.mode() {
+            CacheMode::Off => {
+                self.vdi.write_at(offset, data.clone()).await?;
+                self.invalidate(offset, data.len() as u64);
+                Ok(())
+            }
+            CacheMode::Writethrough => {
+                self.vdi.write_at(offset, data.clone()).await?;
+                self.store(offset, data, false).await
+            }
+            CacheMode::Writeback => {
+                if offset + data.len() as u64 > self.vdi.size() {
+                    return Err(VdiError::OutOfRange {
+                        name: self.vdi.header().name,
+                        offset,
+                        len: data.len() as u64,
+                        size: self.vdi.size(),
+                    });
+                }
+                self.store(offset, data, true).await?;
+                if self.inner.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
+                    self.inner.wake_flusher.notify_one();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Puts written data into the cache; `dirty` for writeback. Partial blocks not yet cached
+    /// are read from the cluster first (writeback) or left uncached (writethrough).
+    async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), VdiError> {
+        let os = self.vdi.object_size() as u64;
+        for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
+            let key = (self.vid(), idx);
+            let base = idx as u64 * os;
+            let piece = &data[at..at + n as usize];
+            let (b0, b1) = CachedObject::block_range(off, n);
+            let new_blocks = {
+                let o = self.inner.object(key, os, false).await;
+                o.map(|o| {
+                    let st = o.state.lock().unwrap();
+                    (b0..b1).filter(|&b| !st.valid.get(b)).count()
+                })
+                .unwrap_or(b1 - b0)
+            };
+            let reserved = new_blocks as u64 * BLOCK;
+            let room = self.inner.reserve(reserved).await;
+            let o = if room {
+                self.inner.object(key, os, true).await
+            } else {
+                None
+            };
+            let Some(o) = o else {
+                if room {
+                    self.inner.settle(reserved, 0);
+                }
+                if dirty {
+                    // No room (the cluster is not taking dirty data, or the cache disk failed):
+                    // write through instead, which fails with the cluster's error if it is down.
+                    self.vdi
+                        .write_at(base + off, Bytes::copy_from_slice(piece))
+                        .await?;
+                }
+                continue;
+            };
+            // Edge blocks only partly written need their other bytes (fetched before taking
+            // the object's lock, written under it).
+            let obj_end = os.min(self.vdi.size().saturating_sub(base));
+            let mut edges = Vec::new();
+            if off % BLOCK != 0 {
+                edges.push(b0);
+            }
+            if (off + n) % BLOCK != 0 && (off + n) < obj_end && !edges.contains(&(b1 - 1)) {
+                edges.push(b1 - 1);
+            }
+            let mut old_blocks = Vec::new();
+            for &b in &edges {
+                if dirty && !o.state.lock().unwrap().valid.get(b) {
+                    let bs = b as u64 * BLOCK;
+                    let be = (bs + BLOCK).min(obj_end);
+                    old_blocks.push((b, self.vdi.read_at(base + bs, be - bs).await?));
+                }
+            }
+            // Data and bits change together under the object's lock, so a concurrent fill
+            // can never put older bytes over this write.
+            let mut st = o.state.lock().unwrap();
+            let mut skip = Vec::new();
+            for &b in &edges {
+                if st.valid.get(b) {
+                    continue;
+                }
+                match old_blocks.iter().find(|(ob, _)| *ob == b) {
+                    Some((_, old)) => o
+                        .write_data(old, b as u64 * BLOCK)
+                        .map_err(|e| io_err("writing the cache", e))?,
+                    None => skip.push(b), // writethrough: leave partial blocks uncached
+                }
+            }
+            let s0 = if skip.contains(&b0) {
+                ((b0 as u64 + 1) * BLOCK).min(off + n)
+            } else {
+                off
+            };
+            let e0 = if skip.contains(&(b1 - 1)) {
+                ((b1 as u64 - 1) * BLOCK).max(s0)
+            } else {
+                off + n
+            };
+            if s0 < e0 {
+                o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0)
+                    .map_err(|e| io_err("writing the cache", e))?;
+            }
+            let mut added = 0;
+            let mut dirtied = 0;
+            for b in b0..b1 {
+                if skip.contains(&b) {
+                    continue;
+                }
+                if !st.valid.get(b) {
+                    st.valid.set_range(b, b + 1, true);
+                    added += 1;
+                }
+                if dirty {
+                    if !st.dirty.get(b) {
+                        st.dirty.set_range(b, b + 1, true);
+                        dirtied += 1;
+                    }
+                    if let Some(r) = st.rewritten.as_mut() {
+                        r.set_range(b, b + 1, true);
+                    }
+                }
+            }
+            if dirty && st.dirty_since.is_none() {
+                st.dirty_since = Some(std::time::Instant::now());
+            }
+            let saved = o.save(&st);
+            drop(st);
+            self.inner.settle(reserved, added as u64 * BLOCK);
+            saved.map_err(|e| io_err("writing cache metadata", e))?;
+            self.inner
+                .dirty
+                .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
+            Counters::add(&self.counters.fills, 1);
+            Counters::add(&self.counters.fill_bytes, n);
+        }
+        Ok(())
+    }
+
+    /// Forgets cached blocks of a range (they are no longer what the cluster holds).
+    fn invalidate(&self, offset: u64, len: u64) {
+        let os = self.vdi.object_size() as u64;
+        for (idx, off, n, _) in self.pieces(offset, len) {
+            let o = self
+                .inner
+                .objects
+                .lock()
+                .unwrap()
+                .peek(&(self.vid(), idx))
+                .cloned();
+            let Some(o) = o else { continue };
+            let (b0, b1) = CachedObject::block_range(off, n);
+            let mut st = o.state.lock().unwrap();
+            let before = (st.valid.count(), st.dirty.count());
+            st.valid.set_range(b0, b1, false);
+            st.dirty.set_range(b0, b1, false);
+            let _ = o.save(&st);
+            let after = (st.valid.count(), st.dirty.count());
+            drop(st);
+            self.inner
+                .used
+                .fetch_sub((before.0 - after.0) as u64 * BLOCK, Ordering::SeqCst);
+            self.inner
+                .dirty
+                .fetch_sub((before.1 - after.1) as u64 * BLOCK, Ordering::SeqCst);
+            let _ = os;
+        }
+    }
+
+    /// Discard: the range reads as zeros afterwards, here and in the cluster.
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.invalidate(offset, len);
+        self.vdi.discard(offset, len).await
+    }
+
+    /// fsync: this VDI's dirty data to the cluster, flushed there.
+    pub async fn flush(&self) -> Result<(), VdiError> {
+        if self.mode() == CacheMode::Writeback {
+            let vid = self.vid();
+            self.inner
+                .flush(Some(vid), |_, _| {})
+                .await
+                .map_err(|e| VdiError::Corrupt {
+                    name: self.vdi.header().name,
+                    reason: format!(
+                        "pushing cached writes failed (they stay cached and are retried): {e}"
+                    ),
+                })?;
+            return Ok(());
+        }
+        self.vdi.flush().await
+    }
+}
+
+/// Writes fetched blocks into the cache where nothing newer is cached.
+async fn fill(
+    inner: &Inner,
+    counters: &Counters,
+    key: (u32, u32),
+    os: u64,
+    start: u64,
+    data: Bytes,
+) {
+    let (b0, b1) = CachedObject::block_range(start, data.len() as u64);
+    let missing = match inner.object(key, os, false).await {
+        Some(o) => {
+            let st = o.state.lock().unwrap();
+            (b0..b1).filter(|&b| !st.valid.get(b)).count()
+        }
+        None => b1 - b0,
+    };
+    if missing == 0 {
+        return;
+    }
+    let reserved = missing as u64 * BLOCK;
+    if !inner.reserve(reserved).await {
+        return; // no room: this range just is not cached
+    }
+    let Some(o) = inner.object(key, os, true).await else {
+        inner.settle(reserved, 0);
+        return;
+    };
+    let mut st = o.state.lock().unwrap();
+    let mut added = 0u64;
+    for b in b0..b1 {
+        if st.valid.get(b) {
+            continue; // a write got there first
+        }
+        let s = (b as u64 * BLOCK - start) as usize;
+        let e = (s + BLOCK as usize).min(data.len());
+        // Only whole blocks (or the object's short tail) are cached.
+        if e - s < BLOCK as usize && start + e as u64 != os.min(start + data.len() as u64) {
+            continue;
+        }
+        if o.write_data(&data[s..e], b as u64 * BLOCK).is_err() {
+            break;
+        }
+        st.valid.set_range(b, b + 1, true);
+        added += 1;
+    }
+    let _ = o.save(&st);
+    drop(st);
+    inner.settle(reserved, added * BLOCK);
+    Counters::add(&counters.fills, 1);
+    Counters::add(&counters.fill_bytes, added * BLOCK);
+}

@@ -1,0 +1,173 @@
+//! The cache control protocol: JSON lines over a unix socket `DIR/control.sock` (mode 0600)
+//! inside the cache directory. One request line, then zero or more [`Response::Progress`]
+//! lines (flush only), then one final line: [`Response::Ok`] or [`Response::Error`].
+//!
+//! ```text
+//! -> {"cmd":"stats","vdi":null}
+//! <- {"ok":{"stats":{...}}}
+//! -> {"cmd":"flush","vdi":"disk0"}
+//! <- {"progress":{"pushed":1048576,"total":4194304}}
+//! <- {"ok":{"flushed":{"bytes":4194304}}}
+//! -> {"cmd":"evict","vdi":null,"discard_dirty":false}
+//! <- {"error":"no VDI named 'x' in the cache"}
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// The socket's file name inside the cache directory.
+pub const SOCKET_NAME: &str = "control.sock";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// Writes are acknowledged once in the cache; fsync pushes them to the cluster.
+    Writeback,
+    /// Writes are acknowledged once the cluster has them; the cache keeps a copy for reads.
+    Writethrough,
+    /// Straight to the cluster; nothing cached.
+    Off,
+}
+
+impl std::str::FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "writeback" => Ok(CacheMode::Writeback),
+            "writethrough" => Ok(CacheMode::Writethrough),
+            "off" => Ok(CacheMode::Off),
+            _ => Err(format!(
+                "unknown cache mode '{s}': expected writeback, writethrough or off"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CacheMode::Writeback => "writeback",
+            CacheMode::Writethrough => "writethrough",
+            CacheMode::Off => "off",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
+pub enum Request {
+    /// Counters for the whole cache, or one VDI's line only.
+    Stats { vdi: Option<String> },
+    /// Push dirty data (of one VDI, or all) to the cluster and flush it there.
+    Flush { vdi: Option<String> },
+    /// Drop clean cached data; dirty data is flushed first unless `discard_dirty`.
+    Evict {
+        vdi: Option<String>,
+        #[serde(default)]
+        discard_dirty: bool,
+    },
+    /// Change the cache's size bound (bytes).
+    Resize { size: u64 },
+    /// Change one VDI's mode (leaving writeback flushes first).
+    Mode { vdi: String, mode: CacheMode },
+}
+
+/// Counters for one VDI (or, in [`CacheStats::total`], for all).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VdiStats {
+    pub name: String,
+    pub mode: Option<CacheMode>,
+    /// Bytes of cached blocks (clean and dirty).
+    pub used: u64,
+    pub dirty: u64,
+    /// Read requests served wholly from the cache, and their bytes.
+    pub hits: u64,
+    pub hit_bytes: u64,
+    /// Read requests that went to the cluster (wholly or partly), and the bytes fetched.
+    pub misses: u64,
+    pub miss_bytes: u64,
+    /// Bytes written into the cache from the cluster (fills) and by writes.
+    pub fills: u64,
+    pub fill_bytes: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    /// Bytes pushed to the cluster by flushes.
+    pub pushed_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CacheStats {
+    pub dir: String,
+    pub size: u64,
+    pub used: u64,
+    pub dirty: u64,
+    /// Dirty bytes waiting for the background flusher.
+    pub flush_backlog: u64,
+    pub max_dirty: u64,
+    pub max_dirty_age_secs: u64,
+    pub default_mode: Option<CacheMode>,
+    /// Failed pushes since start, and the last failure (data stays dirty and is retried).
+    pub push_errors: u64,
+    pub last_push_error: Option<String>,
+    pub total: VdiStats,
+    pub vdis: Vec<VdiStats>,
+}
+
+// Messages built once per request and serialized at once: their size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reply {
+    Stats(CacheStats),
+    Flushed { bytes: u64 },
+    Evicted { bytes: u64, discarded_dirty: u64 },
+    Resized { size: u64 },
+    Mode { vdi: String, mode: CacheMode },
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Response {
+    Progress { pushed: u64, total: u64 },
+    Ok(Reply),
+    Error(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_shapes() {
+        let r: Request = serde_json::from_str(r#"{"cmd":"stats","vdi":null}"#).unwrap();
+        assert!(matches!(r, Request::Stats { vdi: None }));
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"evict","vdi":"a","discard_dirty":true}"#).unwrap();
+        assert!(matches!(
+            r,
+            Request::Evict {
+                discard_dirty: true,
+                ..
+            }
+        ));
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"mode","vdi":"a","mode":"writethrough"}"#).unwrap();
+        assert!(matches!(
+            r,
+            Request::Mode {
+                mode: CacheMode::Writethrough,
+                ..
+            }
+        ));
+        let s = serde_json::to_string(&Response::Progress {
+            pushed: 1,
+            total: 2,
+        })
+        .unwrap();
+        assert_eq!(s, r#"{"progress":{"pushed":1,"total":2}}"#);
+        let s = serde_json::to_string(&Response::Ok(Reply::Flushed { bytes: 5 })).unwrap();
+        assert_eq!(s, r#"{"ok":{"flushed":{"bytes":5}}}"#);
+        let s = serde_json::to_string(&Response::Error("x".into())).unwrap();
+        assert_eq!(s, r#"{"error":"x"}"#);
+    }
+}

@@ -1,0 +1,435 @@
+//! The object cache with a real mount, real cluster, real cachectl, fio and dog.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{run, Rig, SHEEPFS};
+use serde_json::Value;
+use testkit::mount::Mount;
+use testkit::{pseudo_random, wait_until};
+
+fn cachectl_bin() -> PathBuf {
+    Path::new(SHEEPFS).with_file_name("cachectl")
+}
+
+fn cachectl(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(cachectl_bin())
+        .arg("--cache-dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run cachectl (cargo build --workspace --bins)")
+}
+
+fn stats(dir: &Path) -> Value {
+    let out = cachectl(dir, &["stats", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn cache_args(dir: &Path, size: &str) -> Vec<String> {
+    vec![
+        "--cache-dir".into(),
+        dir.to_string_lossy().into_owned(),
+        "--cache-size".into(),
+        size.into(),
+        "--cache-max-dirty-age".into(),
+        "3600".into(),
+    ]
+}
+
+fn rig_with_cache(nodes: usize, size: &str) -> (Rig, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap().keep();
+    let cache = tmp.join("cache");
+    let args = cache_args(&cache, size);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    (Rig::start(nodes, 3, "1M", &a), cache)
+}
+
+fn fio(args: &[&str]) -> Value {
+    let out = run("fio", &[args, &["--output-format=json"]].concat());
+    let v: Value = serde_json::from_slice(&out.stdout).expect("fio json");
+    assert_eq!(v["jobs"][0]["error"], 0, "fio error");
+    v
+}
+
+fn fio_job(file: &str, size: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = vec![
+        "--name=c".to_string(),
+        format!("--filename={file}"),
+        format!("--size={size}"),
+        "--bs=4k".into(),
+        "--iodepth=16".into(),
+        "--ioengine=libaio".into(),
+        "--direct=1".into(),
+        "--verify=crc32c".into(),
+        "--verify_fatal=1".into(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn writeback_then_flush_reaches_the_cluster() {
+    let (rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "w", "8M"]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("w"))
+        .unwrap();
+    let data = pseudo_random(3 << 20, 1);
+    f.write_all_at(&data, 4096).unwrap();
+    // Acknowledged from the cache: the cluster still has the old (zero) data.
+    assert_eq!(rig.cluster.read_vdi("w", 4096, 4096), vec![0u8; 4096]);
+    let s = stats(&cache);
+    assert_eq!(s["dirty"], 3u64 << 20, "{s}");
+    let mut back = vec![0u8; data.len()];
+    f.read_exact_at(&mut back, 4096).unwrap();
+    assert!(back == data, "reads see the cached writes");
+    let out = cachectl(&cache, &["flush", "w"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rig.cluster.read_vdi("w", 4096, data.len() as u64) == data);
+    assert_eq!(stats(&cache)["dirty"], 0);
+    // The VDI is attached: another host would be refused; dog shows the lock.
+    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+    assert_eq!(locks[0]["vdi"], "w");
+    // fsync pushes too.
+    f.write_all_at(b"fsync me", 0).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(rig.cluster.read_vdi("w", 0, 8), b"fsync me");
+    // Writethrough: acknowledged once the cluster has it.
+    let out = cachectl(&cache, &["mode", "w", "writethrough"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    f.write_all_at(b"through", 100).unwrap();
+    assert_eq!(rig.cluster.read_vdi("w", 100, 7), b"through");
+    assert_eq!(stats(&cache)["dirty"], 0);
+}
+
+#[test]
+fn kill9_keeps_every_acknowledged_write_and_pushes_only_dirty() {
+    let (mut rig, cache) = rig_with_cache(3, "256M");
+    rig.cluster.dog_ok(&["vdi", "create", "k", "64M"]);
+    let f = rig.path("k");
+    // Write without fsync; fio closes the file (close does not push).
+    fio(&strs(&fio_job(
+        &f,
+        "64M",
+        &["--rw=randwrite", "--do_verify=0", "--number_ios=4000"],
+    )));
+    let before = stats(&cache);
+    let dirty = before["dirty"].as_u64().unwrap();
+    assert!(dirty > 0, "{before}");
+    let used = before["used"].as_u64().unwrap();
+    rig.mount.kill9();
+    assert!(!testkit::mount::is_mounted(&rig.mount.dir));
+
+    let args = cache_args(&cache, "256M");
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    rig.mount = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(0),
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join("sheepfs2.log"),
+        &a,
+    );
+    // The dirty data is known exactly and pushed at start.
+    wait_until(
+        "the dirty data to be pushed",
+        Duration::from_secs(60),
+        || stats(&cache)["dirty"] == 0,
+    );
+    let after = stats(&cache);
+    assert_eq!(
+        after["total"]["pushed_bytes"], dirty,
+        "only the dirty bytes are pushed"
+    );
+    assert_eq!(after["used"], used, "the cache kept its data");
+    fio(&strs(&fio_job(
+        &f,
+        "64M",
+        &["--rw=randwrite", "--verify_only", "--number_ios=4000"],
+    )));
+    // And it is in the cluster: what dog reads equals what the mount reads.
+    let mut through = vec![0u8; 64 << 20];
+    std::fs::File::open(&f)
+        .unwrap()
+        .read_exact_at(&mut through, 0)
+        .unwrap();
+    assert!(rig.cluster.read_vdi("k", 0, 64 << 20) == through);
+}
+
+#[test]
+fn lost_or_corrupt_index_is_rebuilt() {
+    let (mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "i", "16M"]);
+    let data = pseudo_random(16 << 20, 3);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(rig.path("i"))
+            .unwrap();
+        f.write_all_at(&data, 0).unwrap();
+    }
+    let restart = |rig: &mut Rig, tag: &str| {
+        rig.mount.unmount_and_wait();
+        // Between mounts the index is damaged.
+        match tag {
+            "deleted" => std::fs::remove_dir_all(cache.join("index")).unwrap(),
+            _ => {
+                for e in std::fs::read_dir(cache.join("index")).unwrap().flatten() {
+                    if e.path().is_file() {
+                        std::fs::write(e.path(), b"garbage garbage garbage").unwrap();
+                    }
+                }
+            }
+        }
+        let args = cache_args(&cache, "64M");
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        rig.mount = Mount::start(
+            Path::new(SHEEPFS),
+            &rig.cluster.addr(0),
+            &rig.mount.dir,
+            &rig.cluster.dir.path().join(format!("sheepfs-{tag}.log")),
+            &a,
+        );
+    };
+    for tag in ["deleted", "corrupt"] {
+        restart(&mut rig, tag);
+        // Read-write, as qemu opens it: the attachment that lets the cache serve it.
+        let mut back = vec![0u8; data.len()];
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(rig.path("i"))
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        assert!(back == data, "{tag} index: data differs");
+        assert!(
+            rig.cluster.read_vdi("i", 0, 16 << 20) == data,
+            "{tag}: cluster has it"
+        );
+        assert!(
+            stats(&cache)["total"]["hits"].as_u64().unwrap() > 0,
+            "{tag}: cache reused"
+        );
+    }
+}
+
+#[test]
+fn bounded_size_lru_and_no_dirty_lost() {
+    let (rig, cache) = rig_with_cache(3, "16M");
+    rig.cluster.dog_ok(&["vdi", "create", "b", "64M"]);
+    let f = rig.path("b");
+    // Writing 4x the cache size: use stays within one block of the size throughout.
+    let path = f.clone();
+    let writer = std::thread::spawn(move || {
+        fio(&strs(&fio_job(
+            &path,
+            "64M",
+            &["--rw=randwrite", "--do_verify=1", "--number_ios=6000"],
+        )))
+    });
+    let limit = (16u64 << 20) + 4096;
+    while !writer.is_finished() {
+        let used = stats(&cache)["used"].as_u64().unwrap();
+        assert!(used <= limit, "cache use {used} is over {limit}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writer.join().unwrap();
+    assert!(stats(&cache)["used"].as_u64().unwrap() <= limit);
+
+    // No dirty data was lost: everything reads back through the cluster after a flush.
+    let mut through = vec![0u8; 64 << 20];
+    let file = std::fs::File::open(&f).unwrap();
+    file.read_exact_at(&mut through, 0).unwrap();
+    let out = cachectl(&cache, &["evict"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stats(&cache)["used"],
+        0,
+        "evict flushed, then dropped everything"
+    );
+    assert!(rig.cluster.read_vdi("b", 0, 64 << 20) == through);
+
+    // LRU: read A, B, A again, then C: B (least recently used) goes, A stays.
+    let read = |from: u64, mib: u64| {
+        let mut buf = vec![0u8; 1 << 20];
+        for i in 0..mib {
+            file.read_exact_at(&mut buf, (from + i) << 20).unwrap();
+        }
+    };
+    let misses = || stats(&cache)["total"]["misses"].as_u64().unwrap();
+    read(0, 6); // A
+    read(8, 6); // B
+    read(0, 6); // A again: hits
+    let m = misses();
+    read(0, 6);
+    assert_eq!(misses(), m, "A is cached");
+    read(20, 6); // C: over the size, B is evicted
+    let m = misses();
+    read(0, 6);
+    assert_eq!(misses(), m, "A (recently used) stayed");
+    read(8, 6);
+    assert!(misses() > m, "B (least recently used) was evicted");
+    assert!(stats(&cache)["total"]["evictions"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn evict_and_flush_during_fio_verify() {
+    let (rig, cache) = rig_with_cache(3, "32M");
+    rig.cluster.dog_ok(&["vdi", "create", "e", "48M"]);
+    let f = rig.path("e");
+    let path = f.clone();
+    let job = std::thread::spawn(move || {
+        fio(&strs(&fio_job(
+            &path,
+            "48M",
+            &["--rw=randwrite", "--do_verify=1", "--number_ios=8000"],
+        )))
+    });
+    let mut rounds = 0;
+    while !job.is_finished() {
+        for args in [&["flush"][..], &["evict", "e"][..]] {
+            let out = cachectl(&cache, args);
+            assert!(
+                out.status.success(),
+                "cachectl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        rounds += 1;
+    }
+    let v = job
+        .join()
+        .expect("fio verify failed while the cache was flushed and evicted");
+    assert!(v["jobs"][0]["read"]["total_ios"].as_u64().unwrap() >= 8000);
+    assert!(rounds > 0);
+    // Refusals: discarding dirty data needs --yes; unknown VDIs are named.
+    let out = cachectl(&cache, &["evict", "--discard-dirty"]);
+    assert!(!out.status.success());
+    let out = cachectl(&cache, &["flush", "nope"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+}
+
+#[test]
+fn second_read_write_attach_is_refused_then_sees_everything() {
+    let (mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "s", "8M"]);
+    let data = pseudo_random(5 << 20, 8);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("s"))
+        .unwrap();
+    f.write_all_at(&data, 0).unwrap();
+    drop(f);
+    assert!(stats(&cache)["dirty"].as_u64().unwrap() > 0);
+
+    // A second mount (another "host": its own cache dir) on the same cluster.
+    let tmp = tempfile::tempdir().unwrap();
+    let cache2 = tmp.path().join("cache2");
+    let args = cache_args(&cache2, "64M");
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let second = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(1),
+        &tmp.path().join("mnt2"),
+        &tmp.path().join("second.log"),
+        &a,
+    );
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(second.path("s"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "{e}");
+    assert!(
+        second.log_tail().contains("attached read-write by"),
+        "{}",
+        second.log_tail()
+    );
+
+    // The first unmounts: its dirty data is pushed and the lock released before it exits.
+    rig.mount.unmount_and_wait();
+    assert!(rig
+        .cluster
+        .dog_json(&["vdi", "lock", "list"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let f2 = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(second.path("s"))
+        .unwrap();
+    let mut back = vec![0u8; data.len()];
+    f2.read_exact_at(&mut back, 0).unwrap();
+    assert!(
+        back == data,
+        "the second mount sees every write of the first"
+    );
+}
+
+#[test]
+fn node_killed_during_flush() {
+    let (mut rig, cache) = rig_with_cache(4, "1G");
+    rig.cluster.dog_ok(&["vdi", "create", "n", "96M"]);
+    let data = pseudo_random(96 << 20, 4);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(rig.path("n"))
+            .unwrap();
+        f.write_all_at(&data, 0).unwrap();
+    }
+    assert_eq!(stats(&cache)["dirty"], 96u64 << 20);
+    let mut flush = Command::new(cachectl_bin())
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("flush")
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the flush to start pushing",
+        Duration::from_secs(30),
+        || stats(&cache)["total"]["pushed_bytes"].as_u64().unwrap() > 0,
+    );
+    rig.cluster.kill9(3);
+    let status = flush.wait().unwrap();
+    let s = stats(&cache);
+    if status.success() {
+        assert_eq!(s["dirty"], 0, "{s}");
+        assert!(rig.cluster.read_vdi("n", 0, 96 << 20) == data);
+    } else {
+        assert!(
+            s["dirty"].as_u64().unwrap() > 0,
+            "a failed flush keeps the data dirty"
+        );
+        assert!(s["last_push_error"].is_string());
+    }
+}
