@@ -30,16 +30,18 @@ check:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --lib --bins
 
-## bench: dog vs cp side by side, placement cost (see docs/benchmarks.md).
+## bench: dog vs cp, sheepfs and the cache vs raw/bindfs, placement cost (docs/benchmarks.md).
 bench: build
 	./scripts/bench.sh
 	./scripts/bench-sheepfs.sh
+	./scripts/bench-cache.sh
 	$(CARGO) bench -p objstore --bench placement
 
 ## bench-quick: the same with small sizes.
 bench-quick: build
 	BENCH_SIZE_MIB=128 BENCH_ROUNDS=1 ./scripts/bench.sh
 	BENCH_FILE_MIB=256 BENCH_RUNTIME=3 ./scripts/bench-sheepfs.sh
+	BENCH_FILE_MIB=256 BENCH_RUNTIME=3 BENCH_FLUSH_MIB=256 ./scripts/bench-cache.sh
 
 clean:
 	$(CARGO) clean

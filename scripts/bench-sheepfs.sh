@@ -9,44 +9,21 @@ cd "$(dirname "$0")/.."
 BIN=$PWD/target/release
 SIZE_MIB=${BENCH_FILE_MIB:-1024}
 RUNTIME=${BENCH_RUNTIME:-10}
-WORK=$(mktemp -d "$PWD/target/bench-fs-XXXXXX")
-OUT=$PWD/target/bench
-mkdir -p "$OUT" "$WORK/mnt" "$WORK/raw" "$WORK/bind"
-PORTS=(7110 7111 7112)
-pids=()
-cleanup() {
-    for m in "$WORK/mnt" "$WORK/bind"; do
-        grep -q " $m " /proc/self/mountinfo && { umount "$m" 2>/dev/null || umount -l "$m"; }
-    done
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-for i in "${!PORTS[@]}"; do
-    "$BIN/sheep" --dir "$WORK/node$i" --listen "127.0.0.1:${PORTS[$i]}" \
-        --cluster "local:$WORK/state" --log warn >>"$WORK/node$i.log" 2>&1 &
-    pids+=($!)
-done
-DOG="$BIN/dog --address 127.0.0.1:${PORTS[0]}"
-for _ in $(seq 100); do
-    $DOG cluster info --json 2>/dev/null | grep -q '"nodes": 3' && break
-    sleep 0.1
-done
-$DOG cluster format --copies 3 >/dev/null
+PORT=7110
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
+mkdir -p "$WORK/raw" "$WORK/bind"
+start_cluster $PORT 3 3
 $DOG vdi create bench "${SIZE_MIB}M" >/dev/null
-"$BIN/sheepfs" --cluster "127.0.0.1:${PORTS[0]}" "$WORK/mnt" --foreground \
-    --log-file "$WORK/sheepfs.log" &
-FSPID=$!
-pids+=($FSPID)
-for _ in $(seq 100); do grep -q " $WORK/mnt " /proc/self/mountinfo && break; sleep 0.1; done
+mount_sheepfs "$WORK/mnt" $PORT
+FSPID=$MOUNT_PID
 
 echo "filling ${SIZE_MIB} MiB in each target..." >&2
 head -c "${SIZE_MIB}M" /dev/urandom >"$WORK/raw/file"
 dd if="$WORK/raw/file" of="$WORK/mnt/bench" bs=1M oflag=direct conv=notrunc status=none
 sync
 bindfs --multithreaded "$WORK/raw" "$WORK/bind"
+mounts+=("$WORK/bind")
 
 declare -A TARGET=(
     [raw]="$WORK/raw/file"
@@ -75,9 +52,8 @@ for job in "${JOBS[@]}"; do
     for t in raw bindfs sheepfs; do
         echo "$name on $t..." >&2
         warm "$t"
-        json=$(fio --name="$name" --filename="${TARGET[$t]}" --size="${SIZE_MIB}M" --rw="$rw" \
-            --bs="$bs" --iodepth="$qd" --ioengine=libaio --direct=1 --runtime="$RUNTIME" \
-            --time_based --group_reporting --output-format=json)
+        json=$(fio_json "$name" "${TARGET[$t]}" "${SIZE_MIB}M" "$rw" "$bs" "$qd" \
+            --runtime="$RUNTIME" --time_based)
         [ $first = 1 ] || echo "," >>"$WORK/results.json"
         first=0
         printf '"%s/%s": %s' "$name" "$t" "$json" >>"$WORK/results.json"

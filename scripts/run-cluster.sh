@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make run`: a 3-node cluster on 127.0.0.1:7000-7002 with the local membership driver, state
-# under ./run, and sheepfs mounted at ./mnt. Reuses what a previous run left (data, format,
+# under ./run, and sheepfs mounted at ./mnt with a 1G writeback object cache in ./run/cache. Reuses what a previous run left (data, format,
 # VDIs); FRESH=1 starts empty. Ctrl-C unmounts and stops every node cleanly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,7 +82,7 @@ $DOG vdi info demo >/dev/null 2>&1 || $DOG vdi create demo 1G
 
 mkdir -p "$MNT"
 "$BIN/sheepfs" --cluster "127.0.0.1:${PORTS[0]},127.0.0.1:${PORTS[1]},127.0.0.1:${PORTS[2]}" "$MNT" \
-    --foreground --log-file "$RUN/sheepfs.log" &
+    --foreground --log-file "$RUN/sheepfs.log" --cache-dir "$RUN/cache" --cache-size 1G &
 pids=("$!" "${pids[@]}")
 echo $! >"$RUN/sheepfs.pid"
 for _ in $(seq 100); do is_mounted && break; sleep 0.1; done
@@ -96,13 +96,17 @@ ls -l "$MNT"
 cat <<MSG
 
 The cluster is up: 3 sheep on 127.0.0.1:7000-7002 (logs in $RUN/node*.log), and sheepfs
-shows every VDI as a file in $MNT (log in $RUN/sheepfs.log).
+shows every VDI as a file in $MNT (log in $RUN/sheepfs.log), through a 1G writeback cache in
+$RUN/cache.
 Try, in another terminal:
   qemu-img info $MNT/demo
   qemu-io -f raw -t none --native-aio -c "write -P 0xab 0 1M" -c "read -P 0xab 0 1M" $MNT/demo
   qemu-img create -f raw $MNT/disk2 10G && $BIN/dog vdi list
   fio --name=t --filename=$MNT/demo --rw=randread --bs=4k --iodepth=16 --ioengine=libaio --direct=1 --runtime=10 --time_based
   qemu-system-x86_64 -m 1G -drive file=$PWD/$MNT/demo,format=raw,if=virtio,cache=none,aio=io_uring,discard=unmap ...
+  $BIN/cachectl --cache-dir $RUN/cache stats          # hits, misses, dirty bytes
+  $BIN/cachectl --cache-dir $RUN/cache flush          # push dirty data to the cluster
+  $BIN/dog vdi lock list                              # who has each VDI attached
   $BIN/dog node list
   echo hello | $BIN/dog vdi write demo 0
   $BIN/dog vdi read demo 0 5

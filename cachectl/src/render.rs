@@ -202,7 +202,7 @@ pub fn prometheus(s: &CacheStats) -> String {
         (
             "sheepfs_cache_max_dirty_bytes",
             "gauge",
-            "Dirty bytes above which writes wait for the flusher.",
+            "Dirty bytes above which the background flusher pushes (down to half of it).",
             s.max_dirty,
         ),
         (

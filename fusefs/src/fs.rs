@@ -528,6 +528,15 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        if let Disk::Cached(c) = &disk {
+            let end = c.vdi().size();
+            let len = (size as u64).min(end.saturating_sub(offset));
+            if len > 0 {
+                if let Some(data) = c.read_hit(offset, len) {
+                    return reply.data(&data);
+                }
+            }
+        }
         self.rt.spawn(async move {
             let end = disk.vdi().size();
             if offset >= end {
@@ -556,6 +565,11 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        if let Disk::Cached(c) = &disk {
+            if c.write_fast(offset, data) {
+                return reply.written(data.len() as u32);
+            }
+        }
         let data = Bytes::copy_from_slice(data);
         self.rt.spawn(async move {
             let end = disk.vdi().size();

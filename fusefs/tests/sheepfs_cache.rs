@@ -114,6 +114,27 @@ fn writeback_then_flush_reaches_the_cluster() {
     f.write_all_at(b"fsync me", 0).unwrap();
     f.sync_all().unwrap();
     assert_eq!(rig.cluster.read_vdi("w", 0, 8), b"fsync me");
+    // A discard of part of a dirty block zeroes that part and keeps the rest of the write.
+    let block = pseudo_random(4096, 9);
+    f.write_all_at(&block, 1 << 20).unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: fallocate on an open descriptor of this test.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            (1 << 20) + 1024,
+            512,
+        )
+    };
+    assert_eq!(r, 0, "punch hole: {}", std::io::Error::last_os_error());
+    f.sync_all().unwrap();
+    let mut want = block.clone();
+    want[1024..1536].fill(0);
+    assert_eq!(rig.cluster.read_vdi("w", 1 << 20, 4096), want);
+    let mut back = vec![0u8; 4096];
+    f.read_exact_at(&mut back, 1 << 20).unwrap();
+    assert_eq!(back, want);
     // Writethrough: acknowledged once the cluster has it.
     let out = cachectl(&cache, &["mode", "w", "writethrough"]);
     assert!(
@@ -432,4 +453,100 @@ fn node_killed_during_flush() {
         );
         assert!(s["last_push_error"].is_string());
     }
+}
+
+#[test]
+fn host_crash_drops_untrusted_cache_and_bad_files_never_crash() {
+    let (mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "h", "8M"]);
+    let synced = pseudo_random(2 << 20, 21);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("h"))
+        .unwrap();
+    f.write_all_at(&synced, 0).unwrap();
+    f.sync_all().unwrap();
+    f.write_all_at(b"never fsynced", 4 << 20).unwrap();
+    drop(f);
+    rig.mount.kill9();
+    // Simulate the host going down: the state says "in use" under another boot.
+    let state = cache.join("state.json");
+    let mut st: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    st["boot_id"] = "another-boot".into();
+    std::fs::write(&state, serde_json::to_vec(&st).unwrap()).unwrap();
+    // And leave a zero-length and a garbage meta file for good measure.
+    std::fs::create_dir_all(cache.join("obj/0000ff")).unwrap();
+    std::fs::write(cache.join("obj/0000ff/00000001.meta"), b"").unwrap();
+    std::fs::write(cache.join("obj/0000ff/00000002.meta"), b"garbage").unwrap();
+
+    let args = cache_args(&cache, "64M");
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    rig.mount = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(0),
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join("after-crash.log"),
+        &a,
+    );
+    let s = stats(&cache);
+    assert_eq!(
+        s["used"], 0,
+        "nothing cached before the crash is trusted: {s}"
+    );
+    assert_eq!(s["dirty"], 0);
+    assert!(rig.mount.log_tail().contains("host went down"));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("h"))
+        .unwrap();
+    let mut back = vec![0u8; synced.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == synced, "fsynced data survives");
+    let mut lost = [0u8; 13];
+    f.read_exact_at(&mut lost, 4 << 20).unwrap();
+    assert_eq!(
+        lost, [0u8; 13],
+        "the unfsynced write is lost, never torn or garbage"
+    );
+}
+
+#[test]
+fn failed_pushes_keep_data_dirty_and_report() {
+    let tmp = tempfile::tempdir().unwrap().keep();
+    let cache = tmp.join("cache");
+    let mut args = cache_args(&cache, "64M");
+    args.extend(["--timeout".to_string(), "3".to_string()]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut rig = Rig::start(1, 1, "1M", &a);
+    rig.cluster.dog_ok(&["vdi", "create", "p", "8M"]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("p"))
+        .unwrap();
+    f.write_all_at(&pseudo_random(1 << 20, 5), 0).unwrap();
+    rig.cluster.kill9(0);
+    let out = cachectl(&cache, &["flush"]);
+    assert!(
+        !out.status.success(),
+        "a flush with the cluster gone must fail"
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("flush failed") && e.contains("stays dirty"),
+        "{e}"
+    );
+    let s = stats(&cache);
+    assert_eq!(s["dirty"], 1u64 << 20, "the data stays dirty: {s}");
+    assert!(s["push_errors"].as_u64().unwrap() > 0);
+    assert!(s["last_push_error"].is_string());
+    // fsync reports the failure too; the daemon lives on.
+    assert!(f.sync_all().is_err());
+    assert!(cachectl(&cache, &["stats"]).status.success());
+    // Resize works and refuses nonsense.
+    assert!(cachectl(&cache, &["resize", "32M"]).status.success());
+    assert_eq!(stats(&cache)["size"], 32u64 << 20);
+    assert!(!cachectl(&cache, &["resize", "1M"]).status.success());
 }

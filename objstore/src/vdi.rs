@@ -48,6 +48,9 @@ pub enum VdiError {
     Corrupt { name: String, reason: String },
     #[error("no VDI id left (all {MAX_VID} are used)")]
     NoVid,
+    /// A layer above the cluster (e.g. sheepfs's cache) could not do its part.
+    #[error("VDI '{name}': {reason}")]
+    Unavailable { name: String, reason: String },
     #[error("VDI '{name}' is attached read-write by {host}: detach it (unmount) or 'dog vdi lock break {name}' first")]
     Attached { name: String, host: String },
     #[error(transparent)]

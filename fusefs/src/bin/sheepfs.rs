@@ -178,7 +178,10 @@ fn serve(args: Args) -> anyhow::Result<()> {
                 dir: dir.clone(),
                 size: args.cache_size,
                 mode: args.cache_mode,
-                max_dirty: args.cache_max_dirty.unwrap_or(args.cache_size / 4),
+                max_dirty: args
+                    .cache_max_dirty
+                    .unwrap_or(args.cache_size / 4)
+                    .min(args.cache_size),
                 max_dirty_age: Duration::from_secs(args.cache_max_dirty_age),
             };
             let _guard = rt.enter();
@@ -232,6 +235,11 @@ fn serve(args: Args) -> anyhow::Result<()> {
         tracing::info!("pushing the cache's dirty data before exit");
         let left = rt.block_on(cache.shutdown());
         if left > 0 {
+            tracing::error!(
+                "{} of unpushed writes stay in {}; they are pushed at the next mount",
+                objstore::size::format_size(left),
+                cache.dir().display()
+            );
             rt.shutdown_timeout(Duration::from_secs(2));
             bail!(
                 "{} of unpushed writes stay in {} (the cluster did not take them); they are pushed at the next mount",

@@ -58,7 +58,7 @@ pub enum CacheError {
     #[error(transparent)]
     Lock(#[from] lock::LockError),
     #[error(
-        "cached unpushed writes to VDI '{name}' conflict with writes another host made since (lock generation {ours} here, {theirs} in the cluster); drop them with 'cachectl evict {name} --discard-dirty --yes'"
+        "cached unpushed writes to VDI '{name}' belong to an attachment that is no longer current (lock generation {ours} here, {theirs} in the cluster: the lock was broken or taken elsewhere since); drop them with 'cachectl evict {name} --discard-dirty --yes'"
     )]
     Conflict {
         name: String,
@@ -129,6 +129,9 @@ pub(crate) struct Inner {
     index: Option<sled::Tree>,
     wake_flusher: Notify,
     push_lock: tokio::sync::Mutex<()>,
+    /// Bumped by every write that reaches the cluster without updating the cache (partial
+    /// blocks in writethrough, mode off): a fill fetched before it must not be cached.
+    pub(crate) bypass_writes: AtomicU64,
 }
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket.
@@ -191,7 +194,7 @@ fn open_index(dir: &Path) -> Option<sled::Tree> {
                 Ok(t) => Some(t),
                 Err(e) => {
                     tracing::warn!(
-                        "cache index unavailable ({e}): LRU order falls back to file times"
+                        "cache index unavailable ({e}): LRU order starts from directory order"
                     );
                     None
                 }
@@ -211,6 +214,12 @@ impl Cache {
         };
         for sub in ["obj", "vdis"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(|e| derr(format!("create: {e}")))?;
+        }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // Cached VDI data is nobody else's business.
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| derr(format!("chmod: {e}")))?;
         }
         let dir_lock = std::fs::OpenOptions::new()
             .create(true)
@@ -257,6 +266,7 @@ impl Cache {
             index: open_index(&dir),
             wake_flusher: Notify::new(),
             push_lock: tokio::sync::Mutex::new(()),
+            bypass_writes: AtomicU64::new(0),
             cfg,
         };
         let keys = object::scan(&obj_dir);
@@ -317,7 +327,9 @@ impl Cache {
         })?;
         rt.spawn(socket::serve(self.clone(), sock));
         rt.spawn(flusher(self.inner.clone()));
-        let pending: Vec<u32> = self
+        // VDIs with unpushed writes, and VDIs the last mount attached without releasing (a
+        // kill -9): attach them again so the writes are pushed and the locks end up released.
+        let mut pending: HashSet<u32> = self
             .inner
             .objects
             .lock()
@@ -325,9 +337,16 @@ impl Cache {
             .iter()
             .filter(|(_, o)| !o.state.lock().unwrap().dirty.is_empty())
             .map(|(k, _)| k.0)
-            .collect::<HashSet<_>>()
-            .into_iter()
             .collect();
+        pending.extend(
+            self.inner
+                .records
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|r| !r.released)
+                .map(|r| r.vid),
+        );
         for vid in pending {
             let name = self
                 .inner
@@ -464,6 +483,7 @@ impl Cache {
         inner.drop_vdi(vid, true);
         inner.attached.lock().unwrap().remove(&vid);
         inner.records.lock().unwrap().remove(&vid);
+        inner.counters.lock().unwrap().remove(&vid);
         let _ = std::fs::remove_file(inner.cfg.dir.join("vdis").join(format!("{vid:06x}.json")));
         if let Err(e) = lock::release(&inner.client, name, &inner.owner).await {
             tracing::warn!("releasing the lock of '{name}': {e}");
@@ -575,6 +595,25 @@ impl Inner {
         let vdi = Arc::new(Vdi::open(self.client.clone(), name).await?);
         let vid = vdi.header().vid;
         let info = lock::acquire(&self.client, name, &self.owner, &self.host).await?;
+        // A record of the same name under another id is a deleted VDI: forget it.
+        let stale: Vec<u32> = self
+            .records
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|r| r.name == name && r.vid != vid)
+            .map(|r| r.vid)
+            .collect();
+        for old in stale {
+            let dropped = self.drop_vdi(old, true);
+            tracing::info!(
+                "VDI '{name}' was deleted and created again: dropped {} cached of the old one",
+                objstore::size::format_size(dropped)
+            );
+            self.records.lock().unwrap().remove(&old);
+            self.counters.lock().unwrap().remove(&old);
+            let _ = std::fs::remove_file(self.cfg.dir.join("vdis").join(format!("{old:06x}.json")));
+        }
         let rec = self.records.lock().unwrap().get(&vid).cloned();
         let matches = rec.as_ref().is_some_and(|r| {
             r.name == name && (r.gen == info.gen || (r.released && info.gen == r.gen + 1))
@@ -714,6 +753,16 @@ impl Inner {
         }
     }
 
+    /// Reserves `bytes` only if they fit without evicting anything.
+    fn try_reserve(&self, bytes: u64) -> bool {
+        let size = self.size.load(Ordering::SeqCst);
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u + bytes <= size).then_some(u + bytes)
+            })
+            .is_ok()
+    }
+
     /// After [`Inner::reserve`]d `reserved` bytes, `added` were really added.
     fn settle(&self, reserved: u64, added: u64) {
         if reserved > added {
@@ -725,6 +774,11 @@ impl Inner {
 
     /// The cached object for `key`, created if `create` (after making room).
     async fn object(&self, key: Key, object_size: u64, create: bool) -> Option<Arc<CachedObject>> {
+        self.object_now(key, object_size, create)
+    }
+
+    /// [`Inner::object`] without waiting (nothing in it waits).
+    fn object_now(&self, key: Key, object_size: u64, create: bool) -> Option<Arc<CachedObject>> {
         if let Some(o) = self.objects.lock().unwrap().get(&key) {
             self.touched.lock().unwrap().insert(key);
             return Some(o.clone());
@@ -770,9 +824,10 @@ impl Inner {
                     o.key.0
                 )
             })?;
+        let _one = o.pushing.lock().await;
         let snapshot = {
             let mut st = o.state.lock().unwrap();
-            if st.dirty.is_empty() || st.rewritten.is_some() {
+            if st.dirty.is_empty() {
                 return Ok(0);
             }
             st.rewritten = Some(object::State::empty_like(&st.dirty));
@@ -978,7 +1033,7 @@ async fn flusher(inner: Arc<Inner>) {
             continue;
         }
         due.sort_by_key(|(t, _)| *t);
-        let _one = inner.push_lock.lock().await;
+        let one = inner.push_lock.lock().await;
         let mut failed = false;
         for (_, o) in due {
             if let Err(e) = inner.push_object(&o).await {
@@ -990,6 +1045,7 @@ async fn flusher(inner: Arc<Inner>) {
                 break;
             }
         }
+        drop(one);
         if failed {
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(30));

@@ -47,6 +47,9 @@ pub struct CachedObject {
     meta: File,
     paths: (PathBuf, PathBuf),
     pub state: Mutex<State>,
+    /// One push of this object at a time: a second pusher (fsync, flush) waits for the first
+    /// and then pushes what is still dirty, so it never returns before its data is out.
+    pub pushing: tokio::sync::Mutex<()>,
 }
 
 fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
@@ -81,6 +84,7 @@ impl CachedObject {
             data,
             meta,
             paths: (dp, mp),
+            pushing: tokio::sync::Mutex::new(()),
             state: Mutex::new(State {
                 valid: Bitmap::new(blocks),
                 dirty: Bitmap::new(blocks),
@@ -137,6 +141,7 @@ impl CachedObject {
             data: open(&dp)?,
             meta: open(&mp)?,
             paths: (dp, mp),
+            pushing: tokio::sync::Mutex::new(()),
             state: Mutex::new(State {
                 valid,
                 dirty,

@@ -2,11 +2,14 @@
 //! need, writes kept (writeback) or passed on (writethrough), per the VDI's mode.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use futures::future::{BoxFuture, FutureExt, Shared};
 
 use bytes::{Bytes, BytesMut};
 use objstore::{Vdi, VdiError};
 
+use super::object::State;
 use super::object::{CachedObject, BLOCK};
 use super::{Counters, Inner};
 use crate::control::CacheMode;
@@ -14,12 +17,26 @@ use crate::control::CacheMode;
 /// Sequential misses fetch this far ahead (within the object).
 const READ_AHEAD: u64 = 1 << 20;
 
+type Fetch = Shared<BoxFuture<'static, Result<Bytes, String>>>;
+
+/// A fetch from the cluster in flight (and until its fill lands): later reads of its range
+/// wait for it instead of fetching again.
+struct Inflight {
+    id: u64,
+    idx: u32,
+    start: u64,
+    end: u64,
+    fetch: Fetch,
+}
+
 pub struct CachedVdi {
     inner: Arc<Inner>,
     vdi: Arc<Vdi>,
     counters: Arc<Counters>,
     /// Where the last read ended: a read starting there is sequential.
     last_end: AtomicU64,
+    inflight: Arc<Mutex<Vec<Inflight>>>,
+    next_fetch: AtomicU64,
 }
 
 fn io_err(what: &str, e: std::io::Error) -> VdiError {
@@ -37,6 +54,8 @@ impl CachedVdi {
             vdi,
             counters,
             last_end: AtomicU64::new(u64::MAX),
+            inflight: Arc::default(),
+            next_fetch: AtomicU64::new(1),
         }
     }
 
@@ -62,6 +81,30 @@ impl CachedVdi {
             pos += n;
         }
         out
+    }
+
+    /// Serves a read wholly from cached blocks without waiting, or None. Called on the FUSE
+    /// thread: a hit costs no hop to the runtime.
+    pub fn read_hit(&self, offset: u64, len: u64) -> Option<Vec<u8>> {
+        if self.mode() == CacheMode::Off {
+            return None;
+        }
+        let mut out = vec![0u8; len as usize];
+        for (idx, off, n, at) in self.pieces(offset, len) {
+            let key = (self.vid(), idx);
+            // Holding the reference keeps the object from eviction while it is read.
+            let o = self.inner.objects.lock().unwrap().get(&key)?.clone();
+            let (b0, b1) = CachedObject::block_range(off, n);
+            if !o.state.lock().unwrap().valid.all(b0, b1) {
+                return None;
+            }
+            o.read_data(&mut out[at..at + n as usize], off).ok()?;
+            self.inner.touched.lock().unwrap().insert(key);
+        }
+        self.last_end.store(offset + len, Ordering::Relaxed);
+        Counters::add(&self.counters.hits, 1);
+        Counters::add(&self.counters.hit_bytes, len);
+        Some(out)
     }
 
     /// Reads `len` bytes at `offset`.
@@ -114,16 +157,57 @@ impl CachedVdi {
             // A hole: zeros without a request, and nothing worth caching.
             return Ok(Bytes::from(vec![0u8; n as usize]));
         }
-        // Miss: fetch the blocks the read needs (more ahead when sequential).
+        // Miss: wait for a fetch already covering the range, or fetch the blocks the read
+        // needs (more ahead when small reads are sequential).
         let obj_end = os.min(self.vdi.size().saturating_sub(base));
-        let fstart = b0 as u64 * BLOCK;
-        let mut fend = (b1 as u64 * BLOCK).min(obj_end);
-        if sequential {
-            fend = (fend + READ_AHEAD).min(obj_end);
-        }
-        let fetched = self.vdi.read_at(base + fstart, fend - fstart).await?;
+        let (fid, fstart, fetch, mine) = {
+            let mut inflight = self.inflight.lock().unwrap();
+            match inflight
+                .iter()
+                .find(|f| f.idx == idx && f.start <= off && off + n <= f.end)
+            {
+                Some(f) => (f.id, f.start, f.fetch.clone(), None),
+                None => {
+                    let fstart = b0 as u64 * BLOCK;
+                    let mut fend = (b1 as u64 * BLOCK).min(obj_end);
+                    if sequential && n < READ_AHEAD {
+                        fend = (fend + READ_AHEAD).min(obj_end);
+                    }
+                    let vdi = self.vdi.clone();
+                    let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
+                    let fetch: Fetch = async move {
+                        vdi.read_at(base + fstart, fend - fstart)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                    .boxed()
+                    .shared();
+                    let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
+                    inflight.push(Inflight {
+                        id,
+                        idx,
+                        start: fstart,
+                        end: fend,
+                        fetch: fetch.clone(),
+                    });
+                    Counters::add(&self.counters.miss_bytes, fend - fstart);
+                    (id, fstart, fetch, Some(bypass))
+                }
+            }
+        };
         Counters::add(&self.counters.misses, 1);
-        Counters::add(&self.counters.miss_bytes, fend - fstart);
+        let fetched = match fetch.await {
+            Ok(f) => f,
+            Err(e) => {
+                if mine.is_some() {
+                    self.inflight.lock().unwrap().retain(|f| f.id != fid);
+                }
+                return Err(VdiError::Unavailable {
+                    name: self.vdi.header().name,
+                    reason: e,
+                });
+            }
+        };
         // Blocks already cached (possibly dirty) win over what the cluster had.
         let mut buf = fetched[(off - fstart) as usize..(off - fstart + n) as usize].to_vec();
         if let Some(o) = &obj {
@@ -139,24 +223,102 @@ impl CachedVdi {
                 }
             }
         }
-        // Fill the cache off the reader's path.
-        let inner = self.inner.clone();
-        let counters = self.counters.clone();
-        tokio::spawn(async move {
-            fill(&inner, &counters, key, os, fstart, fetched).await;
-        });
+        // Fill the cache off the reader's path (once per fetch); the fetch stays visible to
+        // other readers until its blocks are in the cache.
+        if let Some(bypass) = mine {
+            let inner = self.inner.clone();
+            let counters = self.counters.clone();
+            let inflight = self.inflight.clone();
+            tokio::spawn(async move {
+                // A write that skipped the cache since the fetch may have made it stale.
+                if inner.bypass_writes.load(Ordering::SeqCst) == bypass {
+                    fill(&inner, &counters, key, os, fstart, fetched).await;
+                }
+                inflight.lock().unwrap().retain(|f| f.id != fid);
+            });
+        }
         Ok(Bytes::from(buf))
+    }
+
+    /// A writeback write that needs no waiting (one object, no partial block to fetch, room
+    /// without eviction), done on the FUSE thread; false if it must take the slow path.
+    pub fn write_fast(&self, offset: u64, data: &[u8]) -> bool {
+        if self.mode() != CacheMode::Writeback || offset + data.len() as u64 > self.vdi.size() {
+            return false;
+        }
+        let os = self.vdi.object_size() as u64;
+        let [(idx, off, n, _)] = self.pieces(offset, data.len() as u64)[..] else {
+            return false;
+        };
+        let key = (self.vid(), idx);
+        let obj_end = os.min(self.vdi.size() - idx as u64 * os);
+        let (b0, b1) = CachedObject::block_range(off, n);
+        let existing = self.inner.objects.lock().unwrap().get(&key).cloned();
+        let edges_ok = |st: Option<&State>| {
+            let ok = |b: usize| st.is_some_and(|st| st.valid.get(b));
+            (off % BLOCK == 0 || ok(b0))
+                && ((off + n) % BLOCK == 0 || off + n >= obj_end || ok(b1 - 1))
+        };
+        let new_blocks = match &existing {
+            Some(o) => {
+                let st = o.state.lock().unwrap();
+                if !edges_ok(Some(&st)) {
+                    return false;
+                }
+                (b0..b1).filter(|&b| !st.valid.get(b)).count()
+            }
+            None if edges_ok(None) => b1 - b0,
+            None => return false,
+        };
+        let reserved = new_blocks as u64 * BLOCK;
+        if !self.inner.try_reserve(reserved) {
+            return false;
+        }
+        let Some(o) = existing.or_else(|| self.inner.object_now(key, os, true)) else {
+            self.inner.settle(reserved, 0);
+            return false;
+        };
+        let mut st = o.state.lock().unwrap();
+        if !edges_ok(Some(&st)) {
+            drop(st);
+            self.inner.settle(reserved, 0);
+            return false;
+        }
+        let res = commit(&o, &mut st, off, data, &[], true).and_then(|r| o.save(&st).map(|_| r));
+        drop(st);
+        match res {
+            Ok((added, dirtied)) => {
+                self.inner.settle(reserved, added as u64 * BLOCK);
+                self.inner
+                    .dirty
+                    .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
+                Counters::add(&self.counters.fills, 1);
+                Counters::add(&self.counters.fill_bytes, n);
+                if self.inner.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
+                    self.inner.wake_flusher.notify_one();
+                }
+                true
+            }
+            Err(e) => {
+                // Nothing acknowledged: the slow path retries and reports.
+                tracing::warn!("writing the cache: {e}");
+                self.inner.settle(reserved, 0);
+                false
+            }
+        }
     }
 
     /// Writes `data` at `offset` per the VDI's mode.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
         match self.mode() {
             CacheMode::Off => {
+                self.inner.bypass_writes.fetch_add(1, Ordering::SeqCst);
                 self.vdi.write_at(offset, data.clone()).await?;
                 self.invalidate(offset, data.len() as u64);
                 Ok(())
             }
             CacheMode::Writethrough => {
+                self.inner.bypass_writes.fetch_add(1, Ordering::SeqCst);
                 self.vdi.write_at(offset, data.clone()).await?;
                 self.store(offset, data, false).await
             }
@@ -248,43 +410,8 @@ impl CachedVdi {
                     None => skip.push(b), // writethrough: leave partial blocks uncached
                 }
             }
-            let s0 = if skip.contains(&b0) {
-                ((b0 as u64 + 1) * BLOCK).min(off + n)
-            } else {
-                off
-            };
-            let e0 = if skip.contains(&(b1 - 1)) {
-                ((b1 as u64 - 1) * BLOCK).max(s0)
-            } else {
-                off + n
-            };
-            if s0 < e0 {
-                o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0)
-                    .map_err(|e| io_err("writing the cache", e))?;
-            }
-            let mut added = 0;
-            let mut dirtied = 0;
-            for b in b0..b1 {
-                if skip.contains(&b) {
-                    continue;
-                }
-                if !st.valid.get(b) {
-                    st.valid.set_range(b, b + 1, true);
-                    added += 1;
-                }
-                if dirty {
-                    if !st.dirty.get(b) {
-                        st.dirty.set_range(b, b + 1, true);
-                        dirtied += 1;
-                    }
-                    if let Some(r) = st.rewritten.as_mut() {
-                        r.set_range(b, b + 1, true);
-                    }
-                }
-            }
-            if dirty && st.dirty_since.is_none() {
-                st.dirty_since = Some(std::time::Instant::now());
-            }
+            let (added, dirtied) = commit(&o, &mut st, off, piece, &skip, dirty)
+                .map_err(|e| io_err("writing the cache", e))?;
             let saved = o.save(&st);
             drop(st);
             self.inner.settle(reserved, added as u64 * BLOCK);
@@ -328,9 +455,41 @@ impl CachedVdi {
         }
     }
 
-    /// Discard: the range reads as zeros afterwards, here and in the cluster.
+    /// Discard: the range reads as zeros afterwards, here and in the cluster. Whole cached
+    /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
+    /// part and keep their other bytes (and dirty state).
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
-        self.invalidate(offset, len);
+        let end = offset + len;
+        let first_whole = offset.next_multiple_of(BLOCK);
+        let last_whole = end / BLOCK * BLOCK;
+        if first_whole < last_whole {
+            self.invalidate(first_whole, last_whole - first_whole);
+        }
+        let os = self.vdi.object_size() as u64;
+        let edges = [
+            (offset, first_whole.min(end)),
+            (last_whole.max(offset), end),
+        ];
+        for (s, e) in edges {
+            if s >= e {
+                continue;
+            }
+            let (idx, off) = ((s / os) as u32, s % os);
+            let o = self
+                .inner
+                .objects
+                .lock()
+                .unwrap()
+                .peek(&(self.vid(), idx))
+                .cloned();
+            if let Some(o) = o {
+                let st = o.state.lock().unwrap();
+                if st.valid.get((off / BLOCK) as usize) {
+                    o.write_data(&vec![0u8; (e - s) as usize], off)
+                        .map_err(|e| io_err("writing the cache", e))?;
+                }
+            }
+        }
         self.vdi.discard(offset, len).await
     }
 
@@ -341,7 +500,7 @@ impl CachedVdi {
             self.inner
                 .flush(Some(vid), |_, _| {})
                 .await
-                .map_err(|e| VdiError::Corrupt {
+                .map_err(|e| VdiError::Unavailable {
                     name: self.vdi.header().name,
                     reason: format!(
                         "pushing cached writes failed (they stay cached and are retried): {e}"
@@ -351,6 +510,54 @@ impl CachedVdi {
         }
         self.vdi.flush().await
     }
+}
+
+/// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and
+/// dirty when `dirty`; the caller holds the object's state lock (`st`) and saves it after.
+/// Returns (blocks made valid, blocks made dirty).
+fn commit(
+    o: &CachedObject,
+    st: &mut State,
+    off: u64,
+    piece: &[u8],
+    skip: &[usize],
+    dirty: bool,
+) -> std::io::Result<(usize, usize)> {
+    let n = piece.len() as u64;
+    let (b0, b1) = CachedObject::block_range(off, n);
+    let s0 = if skip.contains(&b0) {
+        ((b0 as u64 + 1) * BLOCK).min(off + n)
+    } else {
+        off
+    };
+    let e0 = if skip.contains(&(b1 - 1)) {
+        ((b1 as u64 - 1) * BLOCK).max(s0)
+    } else {
+        off + n
+    };
+    if s0 < e0 {
+        o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0)?;
+    }
+    let (mut added, mut dirtied) = (0, 0);
+    for b in (b0..b1).filter(|b| !skip.contains(b)) {
+        if !st.valid.get(b) {
+            st.valid.set_range(b, b + 1, true);
+            added += 1;
+        }
+        if dirty {
+            if !st.dirty.get(b) {
+                st.dirty.set_range(b, b + 1, true);
+                dirtied += 1;
+            }
+            if let Some(r) = st.rewritten.as_mut() {
+                r.set_range(b, b + 1, true);
+            }
+        }
+    }
+    if dirty && st.dirty_since.is_none() {
+        st.dirty_since = Some(std::time::Instant::now());
+    }
+    Ok((added, dirtied))
 }
 
 /// Writes fetched blocks into the cache where nothing newer is cached.
