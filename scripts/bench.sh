@@ -8,29 +8,9 @@ cd "$(dirname "$0")/.."
 BIN=$PWD/target/release
 SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 ROUNDS=${BENCH_ROUNDS:-3}
-WORK=$(mktemp -d "$PWD/target/bench-XXXXXX")
-OUT=target/bench
-mkdir -p "$OUT"
-PORTS=(7100 7101 7102)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-for i in "${!PORTS[@]}"; do
-    "$BIN/sheep" --dir "$WORK/node$i" --listen "127.0.0.1:${PORTS[$i]}" \
-        --cluster "local:$WORK/state" --log warn >>"$WORK/node$i.log" 2>&1 &
-    pids+=($!)
-done
-DOG="$BIN/dog --address 127.0.0.1:${PORTS[0]}"
-for _ in $(seq 100); do
-    $DOG cluster info --json 2>/dev/null | grep -q '"nodes": 3' && break
-    sleep 0.1
-done
-$DOG cluster format --copies 3 >/dev/null
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
+start_cluster 7100 3 3
 $DOG vdi create bench "${SIZE_MIB}M" >/dev/null
 
 echo "generating ${SIZE_MIB} MiB of random data..." >&2

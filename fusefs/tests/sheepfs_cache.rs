@@ -81,6 +81,34 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// Mounts sheepfs again on the rig's mount point with `cache` (the old mount must be gone).
+fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
+    let args = cache_args(cache, size);
+    rig.mount = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(0),
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join(log),
+        &strs(&args),
+    );
+}
+
+/// A verifying random-write fio run on another thread.
+fn fio_verify_in_background(
+    path: String,
+    size: &'static str,
+    ios: u32,
+) -> std::thread::JoinHandle<Value> {
+    std::thread::spawn(move || {
+        let n = format!("--number_ios={ios}");
+        fio(&strs(&fio_job(
+            &path,
+            size,
+            &["--rw=randwrite", "--do_verify=1", &n],
+        )))
+    })
+}
+
 #[test]
 fn writeback_then_flush_reaches_the_cluster() {
     let (rig, cache) = rig_with_cache(3, "64M");
@@ -165,15 +193,7 @@ fn kill9_keeps_every_acknowledged_write_and_pushes_only_dirty() {
     rig.mount.kill9();
     assert!(!testkit::mount::is_mounted(&rig.mount.dir));
 
-    let args = cache_args(&cache, "256M");
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    rig.mount = Mount::start(
-        Path::new(SHEEPFS),
-        &rig.cluster.addr(0),
-        &rig.mount.dir,
-        &rig.cluster.dir.path().join("sheepfs2.log"),
-        &a,
-    );
+    remount(&mut rig, &cache, "256M", "sheepfs2.log");
     // The dirty data is known exactly and pushed at start.
     wait_until(
         "the dirty data to be pushed",
@@ -225,15 +245,7 @@ fn lost_or_corrupt_index_is_rebuilt() {
                 }
             }
         }
-        let args = cache_args(&cache, "64M");
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        rig.mount = Mount::start(
-            Path::new(SHEEPFS),
-            &rig.cluster.addr(0),
-            &rig.mount.dir,
-            &rig.cluster.dir.path().join(format!("sheepfs-{tag}.log")),
-            &a,
-        );
+        remount(rig, &cache, "64M", &format!("sheepfs-{tag}.log"));
     };
     for tag in ["deleted", "corrupt"] {
         restart(&mut rig, tag);
@@ -264,14 +276,7 @@ fn bounded_size_lru_and_no_dirty_lost() {
     rig.cluster.dog_ok(&["vdi", "create", "b", "64M"]);
     let f = rig.path("b");
     // Writing 4x the cache size: use stays within one block of the size throughout.
-    let path = f.clone();
-    let writer = std::thread::spawn(move || {
-        fio(&strs(&fio_job(
-            &path,
-            "64M",
-            &["--rw=randwrite", "--do_verify=1", "--number_ios=6000"],
-        )))
-    });
+    let writer = fio_verify_in_background(f.clone(), "64M", 6000);
     let limit = (16u64 << 20) + 4096;
     while !writer.is_finished() {
         let used = stats(&cache)["used"].as_u64().unwrap();
@@ -306,13 +311,25 @@ fn bounded_size_lru_and_no_dirty_lost() {
         }
     };
     let misses = || stats(&cache)["total"]["misses"].as_u64().unwrap();
+    // Fills land in the background: wait until what was read is in the cache.
+    let filled = |mib: u64| {
+        wait_until("fills to land", Duration::from_secs(30), || {
+            stats(&cache)["used"].as_u64().unwrap() >= (mib << 20).min(16 << 20)
+        })
+    };
     read(0, 6); // A
+    filled(6);
     read(8, 6); // B
+    filled(12);
     read(0, 6); // A again: hits
     let m = misses();
     read(0, 6);
     assert_eq!(misses(), m, "A is cached");
     read(20, 6); // C: over the size, B is evicted
+    wait_until("C to be cached", Duration::from_secs(30), || {
+        stats(&cache)["total"]["evictions"].as_u64().unwrap() > 0
+            && stats(&cache)["used"].as_u64().unwrap() >= 14 << 20
+    });
     let m = misses();
     read(0, 6);
     assert_eq!(misses(), m, "A (recently used) stayed");
@@ -326,14 +343,7 @@ fn evict_and_flush_during_fio_verify() {
     let (rig, cache) = rig_with_cache(3, "32M");
     rig.cluster.dog_ok(&["vdi", "create", "e", "48M"]);
     let f = rig.path("e");
-    let path = f.clone();
-    let job = std::thread::spawn(move || {
-        fio(&strs(&fio_job(
-            &path,
-            "48M",
-            &["--rw=randwrite", "--do_verify=1", "--number_ios=8000"],
-        )))
-    });
+    let job = fio_verify_in_background(f.clone(), "48M", 8000);
     let mut rounds = 0;
     while !job.is_finished() {
         for args in [&["flush"][..], &["evict", "e"][..]] {
@@ -480,15 +490,7 @@ fn host_crash_drops_untrusted_cache_and_bad_files_never_crash() {
     std::fs::write(cache.join("obj/0000ff/00000001.meta"), b"").unwrap();
     std::fs::write(cache.join("obj/0000ff/00000002.meta"), b"garbage").unwrap();
 
-    let args = cache_args(&cache, "64M");
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    rig.mount = Mount::start(
-        Path::new(SHEEPFS),
-        &rig.cluster.addr(0),
-        &rig.mount.dir,
-        &rig.cluster.dir.path().join("after-crash.log"),
-        &a,
-    );
+    remount(&mut rig, &cache, "64M", "after-crash.log");
     let s = stats(&cache);
     assert_eq!(
         s["used"], 0,

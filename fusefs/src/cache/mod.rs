@@ -88,6 +88,23 @@ impl Counters {
     }
 }
 
+/// Bytes of fetched data waiting to be written into the cache, at most: past it a fetched
+/// range is simply not cached, so a slow cache disk never slows the reads themselves.
+const FILL_BUDGET: u64 = 16 << 20;
+
+/// A range fetched on a miss, to be written into the cache by the fill worker.
+struct FillJob {
+    key: Key,
+    object_size: u64,
+    start: u64,
+    data: bytes::Bytes,
+    /// [`Inner::bypass_writes`] when the fetch started.
+    bypass: u64,
+    counters: Arc<Counters>,
+    /// Runs once the job is done or dropped.
+    done: Box<dyn FnOnce() + Send>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct VdiRecord {
     name: String,
@@ -132,6 +149,12 @@ pub(crate) struct Inner {
     /// Bumped by every write that reaches the cluster without updating the cache (partial
     /// blocks in writethrough, mode off): a fill fetched before it must not be cached.
     pub(crate) bypass_writes: AtomicU64,
+    /// Bytes fetched on misses that wait to be written into the cache.
+    pub(crate) fills_queued: AtomicU64,
+    fill_tx: std::sync::mpsc::Sender<FillJob>,
+    fill_rx: Mutex<Option<std::sync::mpsc::Receiver<FillJob>>>,
+    /// Keys whose files are being created.
+    creating: Mutex<HashSet<Key>>,
 }
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket.
@@ -247,6 +270,7 @@ impl Cache {
         };
         let obj_dir = dir.join("obj");
         let host = hostname();
+        let (fill_tx, fill_rx) = std::sync::mpsc::channel();
         let inner = Inner {
             _dir_lock: dir_lock,
             size: AtomicU64::new(cfg.size),
@@ -267,6 +291,10 @@ impl Cache {
             wake_flusher: Notify::new(),
             push_lock: tokio::sync::Mutex::new(()),
             bypass_writes: AtomicU64::new(0),
+            fills_queued: AtomicU64::new(0),
+            fill_tx,
+            fill_rx: Mutex::new(Some(fill_rx)),
+            creating: Mutex::default(),
             cfg,
         };
         let keys = object::scan(&obj_dir);
@@ -327,6 +355,16 @@ impl Cache {
         })?;
         rt.spawn(socket::serve(self.clone(), sock));
         rt.spawn(flusher(self.inner.clone()));
+        if let Some(rx) = self.inner.fill_rx.lock().unwrap().take() {
+            let inner = self.inner.clone();
+            std::thread::Builder::new()
+                .name("cache-fill".into())
+                .spawn(move || fill_worker(&inner, rx))
+                .map_err(|e| CacheError::Dir {
+                    dir: self.inner.cfg.dir.clone(),
+                    what: format!("starting the fill thread: {e}"),
+                })?;
+        }
         // VDIs with unpushed writes, and VDIs the last mount attached without releasing (a
         // kill -9): attach them again so the writes are pushed and the locks end up released.
         let mut pending: HashSet<u32> = self
@@ -753,6 +791,47 @@ impl Inner {
         }
     }
 
+    /// Hands a fetched range to the fill worker, or drops it when too much waits already.
+    fn queue_fill(&self, job: FillJob) {
+        let len = job.data.len() as u64;
+        let queued = self.fills_queued.fetch_add(len, Ordering::SeqCst);
+        if queued + len > FILL_BUDGET {
+            self.fills_queued.fetch_sub(len, Ordering::SeqCst);
+            (job.done)();
+            return;
+        }
+        if let Err(e) = self.fill_tx.send(job) {
+            self.fills_queued.fetch_sub(len, Ordering::SeqCst);
+            (e.0.done)();
+        }
+    }
+
+    /// Makes room for `bytes` by evicting clean objects only (never waits on the network);
+    /// false if that is not enough.
+    fn reserve_now(&self, bytes: u64) -> bool {
+        loop {
+            if self.try_reserve(bytes) {
+                return true;
+            }
+            let victim = {
+                let mut objects = self.objects.lock().unwrap();
+                let key = objects
+                    .iter()
+                    .rev()
+                    .find(|(_, o)| {
+                        Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
+                    })
+                    .map(|(k, _)| *k);
+                key.and_then(|k| objects.pop(&k))
+            };
+            let Some(o) = victim else { return false };
+            let freed = self.forget(&o);
+            let c = self.counters(o.key.0);
+            Counters::add(&c.evictions, 1);
+            Counters::add(&c.evicted_bytes, freed);
+        }
+    }
+
     /// Reserves `bytes` only if they fit without evicting anything.
     fn try_reserve(&self, bytes: u64) -> bool {
         let size = self.size.load(Ordering::SeqCst);
@@ -786,12 +865,24 @@ impl Inner {
         if !create {
             return None;
         }
-        // Created under the LRU's lock: two creators of one key would share its files.
-        let mut objects = self.objects.lock().unwrap();
-        if let Some(existing) = objects.get(&key) {
-            return Some(existing.clone());
+        // One creator per key (two would share its files), and the files are made without
+        // holding the LRU's lock, which every read and write takes.
+        loop {
+            {
+                let objects = self.objects.lock().unwrap();
+                if let Some(existing) = objects.peek(&key) {
+                    return Some(existing.clone());
+                }
+                if self.creating.lock().unwrap().insert(key) {
+                    break;
+                }
+            }
+            std::thread::yield_now();
         }
-        let o = match CachedObject::create(&self.obj_dir, key, object_size) {
+        let created = CachedObject::create(&self.obj_dir, key, object_size);
+        let mut objects = self.objects.lock().unwrap();
+        self.creating.lock().unwrap().remove(&key);
+        let o = match created {
             Ok(o) => Arc::new(o),
             Err(e) => {
                 tracing::warn!("creating cache object {key:?}: {e}");
@@ -1003,6 +1094,45 @@ impl Inner {
             .find(|r| r.name == name)
             .map(|r| r.vid)
     }
+}
+
+/// The fill worker: writes fetched ranges into the cache, one at a time, off every reader's
+/// path. A range is skipped if a write bypassed the cache since its fetch started.
+fn fill_worker(inner: &Inner, rx: std::sync::mpsc::Receiver<FillJob>) {
+    for job in rx {
+        let len = job.data.len() as u64;
+        if inner.bypass_writes.load(Ordering::SeqCst) == job.bypass {
+            fill_one(inner, &job);
+        }
+        inner.fills_queued.fetch_sub(len, Ordering::SeqCst);
+        (job.done)();
+    }
+}
+
+fn fill_one(inner: &Inner, job: &FillJob) {
+    let (b0, b1) = CachedObject::block_range(job.start, job.data.len() as u64);
+    let missing = match inner.object_now(job.key, job.object_size, false) {
+        Some(o) => {
+            let st = o.state.lock().unwrap();
+            (b0..b1).filter(|&b| !st.valid.get(b)).count()
+        }
+        None => b1 - b0,
+    };
+    if missing == 0 {
+        return;
+    }
+    let reserved = missing as u64 * BLOCK;
+    if !inner.reserve_now(reserved) {
+        return; // no clean data to evict: this range is just not cached
+    }
+    let Some(o) = inner.object_now(job.key, job.object_size, true) else {
+        inner.settle(reserved, 0);
+        return;
+    };
+    let added = vdi::write_fill(&o, job.object_size, job.start, &job.data);
+    inner.settle(reserved, added * BLOCK);
+    Counters::add(&job.counters.fills, 1);
+    Counters::add(&job.counters.fill_bytes, added * BLOCK);
 }
 
 /// The background flusher: keeps dirty bytes under `max_dirty` and pushes data dirty for

@@ -11,7 +11,7 @@ use objstore::{Vdi, VdiError};
 
 use super::object::State;
 use super::object::{CachedObject, BLOCK};
-use super::{Counters, Inner};
+use super::{Counters, FillJob, Inner};
 use crate::control::CacheMode;
 
 /// Sequential misses fetch this far ahead (within the object).
@@ -226,15 +226,15 @@ impl CachedVdi {
         // Fill the cache off the reader's path (once per fetch); the fetch stays visible to
         // other readers until its blocks are in the cache.
         if let Some(bypass) = mine {
-            let inner = self.inner.clone();
-            let counters = self.counters.clone();
             let inflight = self.inflight.clone();
-            tokio::spawn(async move {
-                // A write that skipped the cache since the fetch may have made it stale.
-                if inner.bypass_writes.load(Ordering::SeqCst) == bypass {
-                    fill(&inner, &counters, key, os, fstart, fetched).await;
-                }
-                inflight.lock().unwrap().retain(|f| f.id != fid);
+            self.inner.queue_fill(FillJob {
+                key,
+                object_size: os,
+                start: fstart,
+                data: fetched,
+                bypass,
+                counters: self.counters.clone(),
+                done: Box::new(move || inflight.lock().unwrap().retain(|f| f.id != fid)),
             });
         }
         Ok(Bytes::from(buf))
@@ -425,18 +425,20 @@ impl CachedVdi {
         Ok(())
     }
 
+    /// The cached object holding `idx`, without touching its LRU position.
+    fn peek(&self, idx: u32) -> Option<Arc<CachedObject>> {
+        self.inner
+            .objects
+            .lock()
+            .unwrap()
+            .peek(&(self.vid(), idx))
+            .cloned()
+    }
+
     /// Forgets cached blocks of a range (they are no longer what the cluster holds).
     fn invalidate(&self, offset: u64, len: u64) {
-        let os = self.vdi.object_size() as u64;
         for (idx, off, n, _) in self.pieces(offset, len) {
-            let o = self
-                .inner
-                .objects
-                .lock()
-                .unwrap()
-                .peek(&(self.vid(), idx))
-                .cloned();
-            let Some(o) = o else { continue };
+            let Some(o) = self.peek(idx) else { continue };
             let (b0, b1) = CachedObject::block_range(off, n);
             let mut st = o.state.lock().unwrap();
             let before = (st.valid.count(), st.dirty.count());
@@ -451,7 +453,6 @@ impl CachedVdi {
             self.inner
                 .dirty
                 .fetch_sub((before.1 - after.1) as u64 * BLOCK, Ordering::SeqCst);
-            let _ = os;
         }
     }
 
@@ -475,14 +476,7 @@ impl CachedVdi {
                 continue;
             }
             let (idx, off) = ((s / os) as u32, s % os);
-            let o = self
-                .inner
-                .objects
-                .lock()
-                .unwrap()
-                .peek(&(self.vid(), idx))
-                .cloned();
-            if let Some(o) = o {
+            if let Some(o) = self.peek(idx) {
                 let st = o.state.lock().unwrap();
                 if st.valid.get((off / BLOCK) as usize) {
                     o.write_data(&vec![0u8; (e - s) as usize], off)
@@ -560,34 +554,9 @@ fn commit(
     Ok((added, dirtied))
 }
 
-/// Writes fetched blocks into the cache where nothing newer is cached.
-async fn fill(
-    inner: &Inner,
-    counters: &Counters,
-    key: (u32, u32),
-    os: u64,
-    start: u64,
-    data: Bytes,
-) {
+/// Writes the blocks of `data` (fetched at `start`) that are not cached yet; returns how many.
+pub(super) fn write_fill(o: &CachedObject, os: u64, start: u64, data: &[u8]) -> u64 {
     let (b0, b1) = CachedObject::block_range(start, data.len() as u64);
-    let missing = match inner.object(key, os, false).await {
-        Some(o) => {
-            let st = o.state.lock().unwrap();
-            (b0..b1).filter(|&b| !st.valid.get(b)).count()
-        }
-        None => b1 - b0,
-    };
-    if missing == 0 {
-        return;
-    }
-    let reserved = missing as u64 * BLOCK;
-    if !inner.reserve(reserved).await {
-        return; // no room: this range just is not cached
-    }
-    let Some(o) = inner.object(key, os, true).await else {
-        inner.settle(reserved, 0);
-        return;
-    };
     let mut st = o.state.lock().unwrap();
     let mut added = 0u64;
     for b in b0..b1 {
@@ -607,8 +576,5 @@ async fn fill(
         added += 1;
     }
     let _ = o.save(&st);
-    drop(st);
-    inner.settle(reserved, added * BLOCK);
-    Counters::add(&counters.fills, 1);
-    Counters::add(&counters.fill_bytes, added * BLOCK);
+    added
 }
