@@ -11,8 +11,12 @@ bench_cleanup() {
     for m in "${mounts[@]}"; do
         grep -q " $m " /proc/self/mountinfo && { umount "$m" 2>/dev/null || umount -l "$m"; }
     done
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    # Newest first: each sheepfs pushes what it holds while the nodes are still up.
+    local i
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+        kill -TERM "${pids[$i]}" 2>/dev/null || true
+        wait "${pids[$i]}" 2>/dev/null || true
+    done
     rm -rf "$WORK"
 }
 trap bench_cleanup EXIT INT TERM

@@ -151,6 +151,8 @@ pub(crate) struct Inner {
     pub(crate) bypass_writes: AtomicU64,
     /// Bytes fetched on misses that wait to be written into the cache.
     pub(crate) fills_queued: AtomicU64,
+    /// Pushes since the cluster was last flushed.
+    unflushed: std::sync::atomic::AtomicBool,
     fill_tx: std::sync::mpsc::Sender<FillJob>,
     fill_rx: Mutex<Option<std::sync::mpsc::Receiver<FillJob>>>,
     /// Keys whose files are being created.
@@ -292,6 +294,7 @@ impl Cache {
             push_lock: tokio::sync::Mutex::new(()),
             bypass_writes: AtomicU64::new(0),
             fills_queued: AtomicU64::new(0),
+            unflushed: std::sync::atomic::AtomicBool::new(false),
             fill_tx,
             fill_rx: Mutex::new(Some(fill_rx)),
             creating: Mutex::default(),
@@ -961,6 +964,9 @@ impl Inner {
         }
         drop(st);
         self.dirty.fetch_sub(o.bytes_of(cleaned), Ordering::SeqCst);
+        if pushed > 0 {
+            self.unflushed.store(true, Ordering::SeqCst);
+        }
         Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
         Ok(pushed)
     }
@@ -1005,7 +1011,12 @@ impl Inner {
         if let Some(e) = first_err {
             return Err(e);
         }
+        // Nothing pushed since the last cluster flush: nothing to make durable.
+        if !self.unflushed.swap(false, Ordering::SeqCst) {
+            return Ok(done);
+        }
         self.client.flush().await.map_err(|e| {
+            self.unflushed.store(true, Ordering::SeqCst);
             let e = format!("flushing the cluster: {e}");
             self.push_failed(e.clone());
             e

@@ -316,8 +316,12 @@ impl Driver for LocalDriver {
         let mut out = Vec::new();
         for e in fs::read_dir(self.dir.join("kv")).map_err(|e| self.io("list keys", e))? {
             let path = e.map_err(|e| self.io("list keys", e))?.path();
-            if path.extension().is_some() {
-                continue; // a temporary file
+            let is_record = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()));
+            if !is_record {
+                continue; // a temporary file, or something that is not ours
             }
             let raw = match fs::read(&path) {
                 Ok(r) => r,
