@@ -749,25 +749,7 @@ impl Inner {
             if Instant::now() >= deadline {
                 return false;
             }
-            let victim = {
-                let mut objects = self.objects.lock().unwrap();
-                // Only objects nobody is using (the LRU holds the only reference) and without
-                // dirty blocks; the check and the removal happen under the same lock as the
-                // lookups that hand out references.
-                let key = objects
-                    .iter()
-                    .rev()
-                    .find(|(_, o)| {
-                        Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
-                    })
-                    .map(|(k, _)| *k);
-                key.and_then(|k| objects.pop(&k))
-            };
-            if let Some(o) = victim {
-                let freed = self.forget(&o);
-                let c = self.counters(o.key.0);
-                Counters::add(&c.evictions, 1);
-                Counters::add(&c.evicted_bytes, freed);
+            if self.evict_one() {
                 continue;
             }
             // Everything left is dirty or in use: push the least recently used dirty object.
@@ -816,23 +798,33 @@ impl Inner {
             if self.try_reserve(bytes) {
                 return true;
             }
-            let victim = {
-                let mut objects = self.objects.lock().unwrap();
-                let key = objects
-                    .iter()
-                    .rev()
-                    .find(|(_, o)| {
-                        Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
-                    })
-                    .map(|(k, _)| *k);
-                key.and_then(|k| objects.pop(&k))
-            };
-            let Some(o) = victim else { return false };
-            let freed = self.forget(&o);
-            let c = self.counters(o.key.0);
-            Counters::add(&c.evictions, 1);
-            Counters::add(&c.evicted_bytes, freed);
+            if !self.evict_one() {
+                return false;
+            }
         }
+    }
+
+    /// Evicts the least recently used object that nobody is using (the LRU holds the only
+    /// reference) and that has no dirty blocks; the check and the removal happen under the
+    /// same lock as the lookups that hand out references. False if there is none.
+    fn evict_one(&self) -> bool {
+        let victim = {
+            let mut objects = self.objects.lock().unwrap();
+            let key = objects
+                .iter()
+                .rev()
+                .find(|(_, o)| {
+                    Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
+                })
+                .map(|(k, _)| *k);
+            key.and_then(|k| objects.pop(&k))
+        };
+        let Some(o) = victim else { return false };
+        let freed = self.forget(&o);
+        let c = self.counters(o.key.0);
+        Counters::add(&c.evictions, 1);
+        Counters::add(&c.evicted_bytes, freed);
+        true
     }
 
     /// Reserves `bytes` only if they fit without evicting anything.
