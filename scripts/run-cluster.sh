@@ -50,8 +50,12 @@ stop() {
     if is_mounted; then
         umount "$MNT" 2>/dev/null || { echo "$MNT is busy: detaching it"; umount -l "$MNT"; }
     fi
-    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    # sheepfs first (it pushes its cache's dirty data and releases its locks while the nodes
+    # are still up), then the nodes.
+    for pid in "${pids[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     rm -f "$RUN"/*.pid
     echo "stopped; data stays in $RUN (FRESH=1 make run starts empty)"
 }
