@@ -26,6 +26,9 @@ struct Inflight {
     idx: u32,
     start: u64,
     end: u64,
+    /// [`Inner::bypass_writes`] when the fetch started: after a bypassing write it may hold
+    /// older bytes, so later reads do not join it.
+    bypass: u64,
     fetch: Fetch,
 }
 
@@ -162,10 +165,12 @@ impl CachedVdi {
         let obj_end = os.min(self.vdi.size().saturating_sub(base));
         let (fid, fstart, fetch, mine) = {
             let mut inflight = self.inflight.lock().unwrap();
-            match inflight
-                .iter()
-                .find(|f| f.idx == idx && f.start <= off && off + n <= f.end)
-            {
+            match inflight.iter().find(|f| {
+                f.idx == idx
+                    && f.start <= off
+                    && off + n <= f.end
+                    && f.bypass == self.inner.bypass_writes.load(Ordering::SeqCst)
+            }) {
                 Some(f) => (f.id, f.start, f.fetch.clone(), None),
                 None => {
                     let fstart = b0 as u64 * BLOCK;
@@ -188,6 +193,7 @@ impl CachedVdi {
                         idx,
                         start: fstart,
                         end: fend,
+                        bypass,
                         fetch: fetch.clone(),
                     });
                     Counters::add(&self.counters.miss_bytes, fend - fstart);
@@ -312,14 +318,14 @@ impl CachedVdi {
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
         match self.mode() {
             CacheMode::Off => {
-                self.inner.bypass_writes.fetch_add(1, Ordering::SeqCst);
-                self.vdi.write_at(offset, data.clone()).await?;
+                self.bypassing(self.vdi.write_at(offset, data.clone()))
+                    .await?;
                 self.invalidate(offset, data.len() as u64);
                 Ok(())
             }
             CacheMode::Writethrough => {
-                self.inner.bypass_writes.fetch_add(1, Ordering::SeqCst);
-                self.vdi.write_at(offset, data.clone()).await?;
+                self.bypassing(self.vdi.write_at(offset, data.clone()))
+                    .await?;
                 self.store(offset, data, false).await
             }
             CacheMode::Writeback => {
@@ -370,10 +376,11 @@ impl CachedVdi {
                 }
                 if dirty {
                     // No room (the cluster is not taking dirty data, or the cache disk failed):
-                    // write through instead, which fails with the cluster's error if it is down.
-                    self.vdi
-                        .write_at(base + off, Bytes::copy_from_slice(piece))
+                    // write through instead, which fails with the cluster's error if it is
+                    // down, and bring blocks cached earlier up to date.
+                    self.bypassing(self.vdi.write_at(base + off, Bytes::copy_from_slice(piece)))
                         .await?;
+                    self.update_cached(idx, off, piece);
                 }
                 continue;
             };
@@ -484,7 +491,35 @@ impl CachedVdi {
                 }
             }
         }
-        self.vdi.discard(offset, len).await
+        self.bypassing(self.vdi.discard(offset, len)).await
+    }
+
+    /// Runs a change that reaches the cluster without going through the cache. The counter
+    /// moves before and after it, so no fetch that overlapped it is cached or joined.
+    async fn bypassing<T>(&self, change: impl std::future::Future<Output = T>) -> T {
+        self.inner.bypass_writes.fetch_add(1, Ordering::SeqCst);
+        let r = change.await;
+        self.inner.bypass_writes.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+
+    /// Puts `data` (just written to the cluster at `off` of object `idx`) into the blocks of
+    /// it that are cached; blocks not cached stay so.
+    fn update_cached(&self, idx: u32, off: u64, data: &[u8]) {
+        let Some(o) = self.peek(idx) else { return };
+        let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
+        let st = o.state.lock().unwrap();
+        for b in b0..b1 {
+            if !st.valid.get(b) {
+                continue;
+            }
+            let s = (b as u64 * BLOCK).max(off);
+            let e = ((b as u64 + 1) * BLOCK).min(off + data.len() as u64);
+            let slice = &data[(s - off) as usize..(e - off) as usize];
+            if let Err(err) = o.write_data(slice, s) {
+                tracing::warn!("updating the cache after a write-through: {err}");
+            }
+        }
     }
 
     /// fsync: this VDI's dirty data to the cluster, flushed there.
