@@ -677,18 +677,12 @@ impl Filesystem for SheepFs {
                     return reply.error(errno::from_client(&e));
                 }
             };
-            let statuses = futures::future::join_all(
-                view.info
-                    .view
-                    .nodes
-                    .iter()
-                    .map(|n| sh.client.node_status(n.addr)),
-            )
-            .await;
             let (mut total, mut free) = (0u64, 0u64);
-            for s in statuses.into_iter().flatten() {
-                total += s.disk_total;
-                free += s.disk_free;
+            for (_, s) in sh.client.node_statuses(&view).await {
+                if let Ok(s) = s {
+                    total += s.disk_total;
+                    free += s.disk_free;
+                }
             }
             // Raw capacity divided by the copy count: what VDIs can still take.
             let copies = view.info.config.map(|c| c.copies.max(1)).unwrap_or(1) as u64;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{run, Rig, SHEEPFS};
+use common::{fio_verify_args as fio_job, run, Rig, SHEEPFS};
 use serde_json::Value;
 use testkit::mount::Mount;
 use testkit::{pseudo_random, wait_until};
@@ -46,35 +46,20 @@ fn cache_args(dir: &Path, size: &str) -> Vec<String> {
     ]
 }
 
-fn rig_with_cache(nodes: usize, size: &str) -> (Rig, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap().keep();
-    let cache = tmp.join("cache");
+/// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
+/// drop in reverse order), after the rig has unmounted and stopped everything.
+fn rig_with_cache(nodes: usize, size: &str) -> (tempfile::TempDir, Rig, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
     let args = cache_args(&cache, size);
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    (Rig::start(nodes, 3, "1M", &a), cache)
+    (tmp, Rig::start(nodes, 3, "1M", &strs(&args)), cache)
 }
 
 fn fio(args: &[&str]) -> Value {
-    let out = run("fio", &[args, &["--output-format=json"]].concat());
+    let out = run("fio", args);
     let v: Value = serde_json::from_slice(&out.stdout).expect("fio json");
     assert_eq!(v["jobs"][0]["error"], 0, "fio error");
     v
-}
-
-fn fio_job(file: &str, size: &str, extra: &[&str]) -> Vec<String> {
-    let mut a = vec![
-        "--name=c".to_string(),
-        format!("--filename={file}"),
-        format!("--size={size}"),
-        "--bs=4k".into(),
-        "--iodepth=16".into(),
-        "--ioengine=libaio".into(),
-        "--direct=1".into(),
-        "--verify=crc32c".into(),
-        "--verify_fatal=1".into(),
-    ];
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -111,7 +96,7 @@ fn fio_verify_in_background(
 
 #[test]
 fn writeback_then_flush_reaches_the_cluster() {
-    let (rig, cache) = rig_with_cache(3, "64M");
+    let (_tmp, rig, cache) = rig_with_cache(3, "64M");
     rig.cluster.dog_ok(&["vdi", "create", "w", "8M"]);
     let f = std::fs::OpenOptions::new()
         .read(true)
@@ -177,7 +162,7 @@ fn writeback_then_flush_reaches_the_cluster() {
 
 #[test]
 fn kill9_keeps_every_acknowledged_write_and_pushes_only_dirty() {
-    let (mut rig, cache) = rig_with_cache(3, "256M");
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "256M");
     rig.cluster.dog_ok(&["vdi", "create", "k", "64M"]);
     let f = rig.path("k");
     // Write without fsync; fio closes the file (close does not push).
@@ -222,7 +207,7 @@ fn kill9_keeps_every_acknowledged_write_and_pushes_only_dirty() {
 
 #[test]
 fn lost_or_corrupt_index_is_rebuilt() {
-    let (mut rig, cache) = rig_with_cache(3, "64M");
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
     rig.cluster.dog_ok(&["vdi", "create", "i", "16M"]);
     let data = pseudo_random(16 << 20, 3);
     {
@@ -272,7 +257,7 @@ fn lost_or_corrupt_index_is_rebuilt() {
 
 #[test]
 fn bounded_size_lru_and_no_dirty_lost() {
-    let (rig, cache) = rig_with_cache(3, "16M");
+    let (_tmp, rig, cache) = rig_with_cache(3, "16M");
     rig.cluster.dog_ok(&["vdi", "create", "b", "64M"]);
     let f = rig.path("b");
     // Writing 4x the cache size: use stays within one block of the size throughout.
@@ -340,7 +325,7 @@ fn bounded_size_lru_and_no_dirty_lost() {
 
 #[test]
 fn evict_and_flush_during_fio_verify() {
-    let (rig, cache) = rig_with_cache(3, "32M");
+    let (_tmp, rig, cache) = rig_with_cache(3, "32M");
     rig.cluster.dog_ok(&["vdi", "create", "e", "48M"]);
     let f = rig.path("e");
     let job = fio_verify_in_background(f.clone(), "48M", 8000);
@@ -370,7 +355,7 @@ fn evict_and_flush_during_fio_verify() {
 
 #[test]
 fn second_read_write_attach_is_refused_then_sees_everything() {
-    let (mut rig, cache) = rig_with_cache(3, "64M");
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
     rig.cluster.dog_ok(&["vdi", "create", "s", "8M"]);
     let data = pseudo_random(5 << 20, 8);
     let f = std::fs::OpenOptions::new()
@@ -428,7 +413,7 @@ fn second_read_write_attach_is_refused_then_sees_everything() {
 
 #[test]
 fn node_killed_during_flush() {
-    let (mut rig, cache) = rig_with_cache(4, "1G");
+    let (_tmp, mut rig, cache) = rig_with_cache(4, "1G");
     rig.cluster.dog_ok(&["vdi", "create", "n", "96M"]);
     let data = pseudo_random(96 << 20, 4);
     {
@@ -467,7 +452,7 @@ fn node_killed_during_flush() {
 
 #[test]
 fn host_crash_drops_untrusted_cache_and_bad_files_never_crash() {
-    let (mut rig, cache) = rig_with_cache(3, "64M");
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
     rig.cluster.dog_ok(&["vdi", "create", "h", "8M"]);
     let synced = pseudo_random(2 << 20, 21);
     let f = std::fs::OpenOptions::new()
@@ -516,8 +501,8 @@ fn host_crash_drops_untrusted_cache_and_bad_files_never_crash() {
 
 #[test]
 fn failed_pushes_keep_data_dirty_and_report() {
-    let tmp = tempfile::tempdir().unwrap().keep();
-    let cache = tmp.join("cache");
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
     let mut args = cache_args(&cache, "64M");
     args.extend(["--timeout".to_string(), "3".to_string()]);
     let a: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -125,24 +125,8 @@ fn fio_random_write_then_verify_libaio_depth16() {
     let rig = Rig::start(3, 3, "4M", &[]);
     rig.cluster.dog_ok(&["vdi", "create", "f", "128M"]);
     let f = rig.path("f");
-    let out = run(
-        "fio",
-        &[
-            "--name=verify",
-            &format!("--filename={f}"),
-            "--size=128M",
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--ioengine=libaio",
-            "--direct=1",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--number_ios=8192",
-            "--output-format=json",
-        ],
-    );
+    let args = common::fio_verify_args(&f, "128M", &["--do_verify=1", "--number_ios=8192"]);
+    let out = run("fio", &args.iter().map(String::as_str).collect::<Vec<_>>());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio json");
     let job = &v["jobs"][0];
     assert_eq!(job["error"], 0, "fio reported an error");

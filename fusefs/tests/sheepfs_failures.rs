@@ -16,21 +16,11 @@ fn kill9_a_node_during_fio_verify() {
     rig.cluster.dog_ok(&["vdi", "create", "f", "64M"]);
     let f = rig.path("f");
     let fio = Command::new("fio")
-        .args([
-            "--name=verify",
-            &format!("--filename={f}"),
-            "--size=64M",
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--ioengine=libaio",
-            "--direct=1",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-            "--number_ios=12000",
-            "--output-format=json",
-        ])
+        .args(common::fio_verify_args(
+            &f,
+            "64M",
+            &["--do_verify=1", "--number_ios=12000"],
+        ))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

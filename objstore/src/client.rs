@@ -416,6 +416,17 @@ impl Client {
         }
     }
 
+    /// Every node of `view` with its status (or why it did not answer), asked in parallel.
+    pub async fn node_statuses(
+        &self,
+        view: &ClusterView,
+    ) -> Vec<(crate::view::NodeInfo, Result<NodeStatus, ClientError>)> {
+        let nodes = view.info.view.nodes.clone();
+        let statuses =
+            futures::future::join_all(nodes.iter().map(|n| self.node_status(n.addr))).await;
+        nodes.into_iter().zip(statuses).collect()
+    }
+
     pub async fn node_status(&self, addr: SocketAddr) -> Result<NodeStatus, ClientError> {
         let h = Header::request(Opcode::NodeStatus, 0, 0);
         match answer(addr, self.call(addr, h, Bytes::new()).await) {

@@ -69,6 +69,29 @@ pub fn run(prog: &str, args: &[&str]) -> Output {
     out
 }
 
+/// fio arguments for random 4 KiB writes at depth 16 (libaio, O_DIRECT) verified with crc32c,
+/// JSON output; `extra` adds or overrides.
+pub fn fio_verify_args(file: &str, size: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--name=verify",
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--ioengine=libaio",
+        "--direct=1",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--output-format=json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.push(format!("--filename={file}"));
+    a.push(format!("--size={size}"));
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -95,6 +95,10 @@ impl Recovery {
 
     /// Waits until the plan for `epoch` exists. False on timeout.
     pub(super) async fn wait_planned(&self, epoch: u32) -> bool {
+        // The usual case on every request: planned long ago, no waiting machinery.
+        if *self.planned.borrow() >= epoch {
+            return true;
+        }
         let mut rx = self.planned.subscribe();
         tokio::time::timeout(PLAN_WAIT, rx.wait_for(|p| *p >= epoch))
             .await

@@ -128,19 +128,11 @@ struct NodeOut {
 
 async fn node_rows(ctx: &Ctx) -> anyhow::Result<Vec<NodeOut>> {
     let v = ctx.client.refresh().await?;
-    let statuses = futures::future::join_all(
-        v.info
-            .view
-            .nodes
-            .iter()
-            .map(|n| ctx.client.node_status(n.addr)),
-    )
-    .await;
-    Ok(v.info
-        .view
-        .nodes
-        .iter()
-        .zip(statuses)
+    Ok(ctx
+        .client
+        .node_statuses(&v)
+        .await
+        .into_iter()
         .map(|(n, s)| NodeOut {
             id: format!("{:016x}", n.id),
             addr: n.addr,
