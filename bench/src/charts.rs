@@ -1,0 +1,1 @@
+//! Charts with plotters (to be written).

@@ -1,0 +1,94 @@
+//! `bench`: the benchmark harness behind `make bench` (docs/benchmarks.md).
+//!
+//! `bench run` starts a local cluster, mounts sheepfs (with and without the object cache),
+//! runs fio against it and against references on the same disk in the same run (the raw file
+//! with O_DIRECT, `bindfs --multithreaded` over it), and writes every figure as JSON.
+//! `bench report` turns that JSON into markdown tables and charts (SVG and PNG, plotters);
+//! `bench compare OLD NEW` prints the ratio per figure and flags regressions.
+
+mod charts;
+mod compare;
+mod figures;
+mod report;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "bench",
+    version,
+    about = "Benchmark harness: sheepfs and the object cache against raw/bindfs references"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a cluster, run every fio job and reference, write the JSON of every figure.
+    Run(run::RunArgs),
+    /// Markdown tables (stdout or --markdown FILE) and charts (SVG + PNG) from a report.
+    Report {
+        /// The JSON written by `bench run`.
+        json: PathBuf,
+        /// Write the markdown here instead of stdout.
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        /// Directory for the charts (created if missing); no charts without it.
+        #[arg(long)]
+        charts: Option<PathBuf>,
+    },
+    /// Ratio NEW / OLD per figure; flags changes for the worse beyond the noise band.
+    Compare {
+        old: PathBuf,
+        new: PathBuf,
+        /// Relative change treated as noise, e.g. 0.15 for ±15 %. A figure whose runs spread
+        /// wider than this uses its own spread.
+        #[arg(long, default_value_t = 0.15)]
+        noise: f64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Exit with status 1 when any figure regressed.
+        #[arg(long)]
+        fail_on_regression: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Run(args) => run::run(args).map(|()| ExitCode::SUCCESS),
+        Cmd::Report {
+            json,
+            markdown,
+            charts,
+        } => report::report(&json, markdown.as_deref(), charts.as_deref())
+            .map(|()| ExitCode::SUCCESS),
+        Cmd::Compare {
+            old,
+            new,
+            noise,
+            json,
+            fail_on_regression,
+        } => compare::compare(&old, &new, noise, json).map(|regressed| {
+            if regressed && fail_on_regression {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
