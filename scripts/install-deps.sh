@@ -6,8 +6,9 @@ set -euo pipefail
 # The cluster-core tests need only the Rust toolchain and a C compiler for crates that build C.
 # sheepfs tests use fio, qemu-img/qemu-io (qemu-utils) and fusermount3 (fuse3); benchmarks
 # compare with bindfs. Never install Debian's "fuse" (2.x, removes fuse3) or qemu-system-x86
-# (removes qemu-utils 10).
-PACKAGES=(gcc fio fuse3 qemu-utils bindfs)
+# (removes qemu-utils 10). `bench report` draws its PNG charts with the DejaVu Sans TTF that
+# fonts-dejavu-core installs (read at run time: nothing is needed to build).
+PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core)
 
 command -v cargo >/dev/null || { echo "install-deps: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }
 
