@@ -70,6 +70,11 @@ pub fn human(s: &CacheStats) -> String {
         t.evictions,
         format_size(t.evicted_bytes)
     );
+    let _ = writeln!(
+        o,
+        "Not cached:      {} fetched ranges (full cache and a first miss, or fills behind)",
+        t.skipped_fills
+    );
     let _ = writeln!(o, "Pushed:          {}", format_size(t.pushed_bytes));
     let _ = writeln!(o, "Push errors:     {}", s.push_errors);
     if let Some(e) = &s.last_push_error {
@@ -174,7 +179,7 @@ pub fn prometheus(s: &CacheStats) -> String {
     let t = &s.total;
     let mut o = String::new();
     let one = |v: u64| vec![(String::new(), v)];
-    let cache: [(&str, &str, &str, u64); 16] = [
+    let cache: [(&str, &str, &str, u64); 17] = [
         (
             "sheepfs_cache_size_bytes",
             "gauge",
@@ -258,6 +263,12 @@ pub fn prometheus(s: &CacheStats) -> String {
             "counter",
             "Bytes evicted from the cache.",
             t.evicted_bytes,
+        ),
+        (
+            "sheepfs_cache_skipped_fills_total",
+            "counter",
+            "Fetched ranges not written into the cache (full and first miss, or fills behind).",
+            t.skipped_fills,
         ),
         (
             "sheepfs_cache_pushed_bytes_total",

@@ -90,6 +90,10 @@ pub struct VdiStats {
     pub fill_bytes: u64,
     pub evictions: u64,
     pub evicted_bytes: u64,
+    /// Fetched ranges not written into the cache: it was full and the range had not missed
+    /// recently (admission), or the fill worker was too far behind.
+    #[serde(default)]
+    pub skipped_fills: u64,
     /// Bytes pushed to the cluster by flushes.
     pub pushed_bytes: u64,
 }

@@ -310,7 +310,10 @@ fn bounded_size_lru_and_no_dirty_lost() {
     let m = misses();
     read(0, 6);
     assert_eq!(misses(), m, "A is cached");
-    read(20, 6); // C: over the size, B is evicted
+    // C: over the size; B is evicted. (A full cache keeps a range on its second miss; the
+    // full read above already missed C once.)
+    read(20, 6);
+    read(20, 6);
     wait_until("C to be cached", Duration::from_secs(30), || {
         stats(&cache)["total"]["evictions"].as_u64().unwrap() > 0
             && stats(&cache)["used"].as_u64().unwrap() >= 14 << 20
@@ -321,6 +324,55 @@ fn bounded_size_lru_and_no_dirty_lost() {
     read(8, 6);
     assert!(misses() > m, "B (least recently used) was evicted");
     assert!(stats(&cache)["total"]["evictions"].as_u64().unwrap() > 0);
+}
+
+/// Reads far over the cache size, sequential (fills written with O_DIRECT) and random (4 KiB
+/// fills through the page cache), always return the cluster's bytes; a full cache keeps a
+/// range only on its second miss.
+#[test]
+fn full_cache_admits_second_misses_and_reads_stay_right() {
+    let (_tmp, rig, cache) = rig_with_cache(3, "16M");
+    rig.cluster.dog_ok(&["vdi", "create", "r", "48M"]);
+    let data = pseudo_random(48 << 20, 7);
+    rig.cluster.write_vdi("r", 0, &data);
+    // Opened read-write: the cache serves VDIs this mount attached.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(rig.path("r"))
+        .unwrap();
+    let skipped = || stats(&cache)["total"]["skipped_fills"].as_u64().unwrap();
+    let pass = |what: &str| {
+        let mut buf = vec![0u8; 1 << 20];
+        for i in 0..48u64 {
+            file.read_exact_at(&mut buf, i << 20).unwrap();
+            assert!(
+                buf[..] == data[(i << 20) as usize..][..1 << 20],
+                "{what}: MiB {i} differs"
+            );
+        }
+    };
+    pass("first sequential pass");
+    assert!(
+        skipped() > 0,
+        "a full cache does not keep first misses: {}",
+        stats(&cache)
+    );
+    let used = stats(&cache)["used"].as_u64().unwrap();
+    assert!(used <= (16 << 20) + 4096, "cache use {used} over its size");
+    pass("second sequential pass (hits and admitted misses)");
+    let mut buf = vec![0u8; 4096];
+    for i in 0..3000u64 {
+        let at = ((i * 7919) % (12 << 10)) * 4096;
+        file.read_exact_at(&mut buf, at).unwrap();
+        assert!(
+            buf[..] == data[at as usize..][..4096],
+            "4 KiB read at {at} differs"
+        );
+    }
+    let out = cachectl(&cache, &["evict"]);
+    assert!(out.status.success());
+    pass("after evict");
 }
 
 #[test]

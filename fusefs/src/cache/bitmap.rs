@@ -36,6 +36,11 @@ impl Bitmap {
         (from..to.min(self.bits)).all(|i| self.get(i))
     }
 
+    /// Whether any bit in `from..to` is set.
+    pub fn any(&self, from: usize, to: usize) -> bool {
+        (from..to.min(self.bits)).any(|i| self.get(i))
+    }
+
     pub fn count(&self) -> usize {
         self.words.iter().map(|w| w.count_ones() as usize).sum()
     }

@@ -20,6 +20,7 @@
 //!   generation equals the one recorded when the data was cached: if another host attached the
 //!   VDI since, the data is dropped on attach.
 
+mod admit;
 mod bitmap;
 mod object;
 mod socket;
@@ -79,6 +80,7 @@ struct Counters {
     fill_bytes: AtomicU64,
     evictions: AtomicU64,
     evicted_bytes: AtomicU64,
+    skipped_fills: AtomicU64,
     pushed_bytes: AtomicU64,
 }
 
@@ -157,6 +159,8 @@ pub(crate) struct Inner {
     fill_rx: Mutex<Option<std::sync::mpsc::Receiver<FillJob>>>,
     /// Keys whose files are being created.
     creating: Mutex<HashSet<Key>>,
+    /// Which fetched ranges may displace cached data once the cache is full.
+    admission: admit::Admission,
 }
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket.
@@ -297,6 +301,7 @@ impl Cache {
             unflushed: std::sync::atomic::AtomicBool::new(false),
             fill_tx,
             fill_rx: Mutex::new(Some(fill_rx)),
+            admission: admit::Admission::new(cfg.size),
             creating: Mutex::default(),
             cfg,
         };
@@ -779,9 +784,23 @@ impl Inner {
     /// Hands a fetched range to the fill worker, or drops it when too much waits already.
     fn queue_fill(&self, job: FillJob) {
         let len = job.data.len() as u64;
+        // Decided here, on the reader's thread, so a range that is not admitted costs no
+        // wake-up of the fill worker.
+        let pending = self.used.load(Ordering::SeqCst) + self.fills_queued.load(Ordering::SeqCst);
+        // Eviction frees whole objects: "full" starts an eighth below the size, so the room
+        // one eviction makes does not let every next miss in.
+        let size = self.size.load(Ordering::SeqCst);
+        let full = pending + len > size - size / 8;
+        if full && !self.admission.admit(job.key, (job.start / BLOCK) as usize) {
+            // Full, and this range was not missed recently: it is just not cached.
+            Counters::add(&job.counters.skipped_fills, 1);
+            (job.done)();
+            return;
+        }
         let queued = self.fills_queued.fetch_add(len, Ordering::SeqCst);
         if queued + len > FILL_BUDGET {
             self.fills_queued.fetch_sub(len, Ordering::SeqCst);
+            Counters::add(&job.counters.skipped_fills, 1);
             (job.done)();
             return;
         }
@@ -1035,6 +1054,7 @@ impl Inner {
             e.fill_bytes = g(&c.fill_bytes);
             e.evictions = g(&c.evictions);
             e.evicted_bytes = g(&c.evicted_bytes);
+            e.skipped_fills = g(&c.skipped_fills);
             e.pushed_bytes = g(&c.pushed_bytes);
         }
         let records = self.records.lock().unwrap();
@@ -1070,6 +1090,7 @@ impl Inner {
             total.fill_bytes += v.fill_bytes;
             total.evictions += v.evictions;
             total.evicted_bytes += v.evicted_bytes;
+            total.skipped_fills += v.skipped_fills;
             total.pushed_bytes += v.pushed_bytes;
         }
         let dirty = self.dirty.load(Ordering::SeqCst);
@@ -1126,13 +1147,15 @@ fn fill_one(inner: &Inner, job: &FillJob) {
     }
     let reserved = missing as u64 * BLOCK;
     if !inner.reserve_now(reserved) {
-        return; // no clean data to evict: this range is just not cached
+        // Only dirty data is left to evict: this range is just not cached.
+        Counters::add(&job.counters.skipped_fills, 1);
+        return;
     }
     let Some(o) = inner.object_now(job.key, job.object_size, true) else {
         inner.settle(reserved, 0);
         return;
     };
-    let added = vdi::write_fill(&o, job.object_size, job.start, &job.data);
+    let added = vdi::write_fill(&o, job.start, &job.data);
     inner.settle(reserved, added * BLOCK);
     Counters::add(&job.counters.fills, 1);
     Counters::add(&job.counters.fill_bytes, added * BLOCK);

@@ -19,6 +19,8 @@ use super::bitmap::Bitmap;
 
 /// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
 pub const BLOCK: u64 = 4096;
+/// Fills of at least this many bytes bypass the page cache.
+pub const DIRECT_FILL: u64 = 256 << 10;
 const META_MAGIC: &[u8; 8] = b"SHCACHE1";
 const META_HEAD: usize = 16;
 
@@ -51,6 +53,45 @@ pub struct CachedObject {
     /// and then pushes what is still dirty, so it never returns before its data is out.
     pub pushing: tokio::sync::Mutex<()>,
 }
+
+thread_local! {
+    /// The fill thread's staging buffer for O_DIRECT writes, reused (a fresh large allocation
+    /// per fill would be mapped and faulted in every time).
+    static FILL_BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A zeroed buffer aligned to [`BLOCK`], as O_DIRECT wants.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), BLOCK as usize)
+            .expect("block-aligned layout");
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, layout }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr owns `layout.size()` initialised (zeroed) bytes for our lifetime.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation.
+unsafe impl Send for AlignedBuf {}
 
 fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
     let d = dir.join(format!("{:06x}", key.0));
@@ -171,8 +212,83 @@ impl CachedObject {
         Ok(())
     }
 
+    /// [`CachedObject::read_data`] only if the data is in the page cache already (never waits
+    /// for the disk); false when it would have to.
+    pub fn read_data_nowait(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let mut got = 0;
+        while got < buf.len() {
+            let rest = &mut buf[got..];
+            let iov = libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            };
+            // SAFETY: the iovec points into `buf`, which outlives the call.
+            let n = unsafe {
+                libc::preadv2(
+                    self.data.as_raw_fd(),
+                    &iov,
+                    1,
+                    (offset + got as u64) as libc::off_t,
+                    libc::RWF_NOWAIT,
+                )
+            };
+            match n {
+                0 => {
+                    rest.fill(0); // sparse tail
+                    break;
+                }
+                n if n > 0 => got += n as usize,
+                _ => {
+                    let e = io::Error::last_os_error();
+                    return match e.raw_os_error() {
+                        Some(libc::EAGAIN) | Some(libc::EOPNOTSUPP) => Ok(false),
+                        Some(libc::EINTR) => continue,
+                        _ => Err(e),
+                    };
+                }
+            }
+        }
+        Ok(true)
+    }
+
     pub fn write_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.data.write_all_at(data, offset)
+    }
+
+    /// Writes data fetched from the cluster at a block-aligned `offset`. Runs of at least
+    /// [`DIRECT_FILL`] (sequential reads, read-ahead) go straight to the disk with O_DIRECT,
+    /// a short tail padded with zeros: streaming data then costs no page-cache work on the
+    /// CPUs the reader needs, and does not push hotter pages out; later reads find it on disk
+    /// (then in the page cache). Smaller runs (random reads, likely re-read) are written
+    /// through the page cache. Falls back to buffered where the filesystem refuses O_DIRECT.
+    pub fn write_fill_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        debug_assert_eq!(offset % BLOCK, 0);
+        if (data.len() as u64) < DIRECT_FILL {
+            return self.write_data(data, offset);
+        }
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&self.paths.0);
+        let direct = match direct {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                return self.write_data(data, offset);
+            }
+            Err(e) => return Err(e),
+        };
+        let len = data.len().div_ceil(BLOCK as usize) * BLOCK as usize;
+        FILL_BUF.with_borrow_mut(|buf| {
+            if buf.as_ref().is_none_or(|b| b.layout.size() < len) {
+                *buf = Some(AlignedBuf::new(len));
+            }
+            let b = &mut buf.as_mut().expect("just made").as_mut_slice()[..len];
+            b[..data.len()].copy_from_slice(data);
+            b[data.len()..].fill(0);
+            direct.write_all_at(b, offset)
+        })
     }
 
     /// Makes both files durable (clean shutdown).

@@ -155,6 +155,7 @@ async fn handle(
                 return Response::Error(format!("cache size {size} is too small: at least 16 MiB"));
             }
             inner.size.store(size, Ordering::SeqCst);
+            inner.admission.resize(size);
             if !inner.reserve(0).await {
                 return Response::Error(format!(
                     "resized to {size} bytes, but the cache could not shrink to it yet (dirty data the cluster has not taken)"

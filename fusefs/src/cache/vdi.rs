@@ -101,7 +101,13 @@ impl CachedVdi {
             if !o.state.lock().unwrap().valid.all(b0, b1) {
                 return None;
             }
-            o.read_data(&mut out[at..at + n as usize], off).ok()?;
+            // Never wait for the disk on the FUSE thread: the async path reads it then.
+            if !o
+                .read_data_nowait(&mut out[at..at + n as usize], off)
+                .ok()?
+            {
+                return None;
+            }
             self.inner.touched.lock().unwrap().insert(key);
         }
         self.last_end.store(offset + len, Ordering::Relaxed);
@@ -117,6 +123,9 @@ impl CachedVdi {
         }
         let sequential = self.last_end.swap(offset + len, Ordering::Relaxed) == offset;
         let pieces = self.pieces(offset, len);
+        if let [(idx, off, n, _)] = pieces[..] {
+            return self.read_piece(idx, off, n, sequential).await;
+        }
         let mut out = BytesMut::zeroed(len as usize);
         let parts = futures::future::join_all(
             pieces
@@ -145,9 +154,7 @@ impl CachedVdi {
         if let Some(o) = &obj {
             let hit = o.state.lock().unwrap().valid.all(b0, b1);
             if hit {
-                let mut buf = vec![0u8; n as usize];
-                o.read_data(&mut buf, off)
-                    .map_err(|e| io_err("reading the cache", e))?;
+                let buf = read_cached(o, off, n).await?;
                 Counters::add(&self.counters.hits, 1);
                 Counters::add(&self.counters.hit_bytes, n);
                 return Ok(Bytes::from(buf));
@@ -215,20 +222,14 @@ impl CachedVdi {
             }
         };
         // Blocks already cached (possibly dirty) win over what the cluster had.
-        let mut buf = fetched[(off - fstart) as usize..(off - fstart + n) as usize].to_vec();
-        if let Some(o) = &obj {
-            let st = o.state.lock().unwrap();
-            for b in b0..b1 {
-                if st.valid.get(b) {
-                    let bs = (b as u64 * BLOCK).max(off);
-                    let be = ((b as u64 + 1) * BLOCK).min(off + n);
-                    let mut tmp = vec![0u8; (be - bs) as usize];
-                    o.read_data(&mut tmp, bs)
-                        .map_err(|e| io_err("reading the cache", e))?;
-                    buf[(bs - off) as usize..(be - off) as usize].copy_from_slice(&tmp);
-                }
-            }
-        }
+        let mine_part = fetched.slice((off - fstart) as usize..(off - fstart + n) as usize);
+        let overlay = obj
+            .as_ref()
+            .filter(|o| o.state.lock().unwrap().valid.any(b0, b1));
+        let part = match overlay {
+            None => mine_part,
+            Some(o) => self.overlay_cached(o, mine_part, off, b0, b1)?,
+        };
         // Fill the cache off the reader's path (once per fetch); the fetch stays visible to
         // other readers until its blocks are in the cache.
         if let Some(bypass) = mine {
@@ -242,6 +243,34 @@ impl CachedVdi {
                 counters: self.counters.clone(),
                 done: Box::new(move || inflight.lock().unwrap().retain(|f| f.id != fid)),
             });
+        }
+        Ok(part)
+    }
+
+    /// `fetched` (read from the cluster at `off`, blocks `b0..b1`) with the blocks the cache
+    /// holds laid over it: cached blocks, possibly dirty, are newer than the cluster's.
+    fn overlay_cached(
+        &self,
+        o: &CachedObject,
+        fetched: Bytes,
+        off: u64,
+        b0: usize,
+        b1: usize,
+    ) -> Result<Bytes, VdiError> {
+        let n = fetched.len() as u64;
+        let mut buf = fetched.to_vec();
+        {
+            let st = o.state.lock().unwrap();
+            for b in b0..b1 {
+                if st.valid.get(b) {
+                    let bs = (b as u64 * BLOCK).max(off);
+                    let be = ((b as u64 + 1) * BLOCK).min(off + n);
+                    let mut tmp = vec![0u8; (be - bs) as usize];
+                    o.read_data(&mut tmp, bs)
+                        .map_err(|e| io_err("reading the cache", e))?;
+                    buf[(bs - off) as usize..(be - off) as usize].copy_from_slice(&tmp);
+                }
+            }
         }
         Ok(Bytes::from(buf))
     }
@@ -541,6 +570,23 @@ impl CachedVdi {
     }
 }
 
+/// `n` cached bytes at `off`: from the page cache directly, else from the disk on the
+/// blocking pool (a runtime thread never waits for the disk). Holding `o` keeps the object
+/// from eviction meanwhile.
+async fn read_cached(o: &Arc<CachedObject>, off: u64, n: u64) -> Result<Vec<u8>, VdiError> {
+    let mut buf = vec![0u8; n as usize];
+    if o.read_data_nowait(&mut buf, off)
+        .map_err(|e| io_err("reading the cache", e))?
+    {
+        return Ok(buf);
+    }
+    let o = o.clone();
+    tokio::task::spawn_blocking(move || o.read_data(&mut buf, off).map(|()| buf))
+        .await
+        .map_err(|e| io_err("reading the cache", std::io::Error::other(e)))?
+        .map_err(|e| io_err("reading the cache", e))
+}
+
 /// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and
 /// dirty when `dirty`; the caller holds the object's state lock (`st`) and saves it after.
 /// Returns (blocks made valid, blocks made dirty).
@@ -589,27 +635,37 @@ fn commit(
     Ok((added, dirtied))
 }
 
-/// Writes the blocks of `data` (fetched at `start`) that are not cached yet; returns how many.
-pub(super) fn write_fill(o: &CachedObject, os: u64, start: u64, data: &[u8]) -> u64 {
+/// Writes the blocks of `data` (fetched at `start`) that are not cached yet, each run of
+/// consecutive such blocks with one write; returns how many blocks were added.
+pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> u64 {
     let (b0, b1) = CachedObject::block_range(start, data.len() as u64);
+    let end = start + data.len() as u64;
+    // Only whole blocks are cached, or the short block that ends the data (the VDI's end:
+    // fetches are block-aligned everywhere else).
+    let fits = |b: usize| (b as u64 + 1) * BLOCK <= end || b + 1 == b1;
     let mut st = o.state.lock().unwrap();
     let mut added = 0u64;
-    for b in b0..b1 {
-        if st.valid.get(b) {
-            continue; // a write got there first
-        }
-        let s = (b as u64 * BLOCK - start) as usize;
-        let e = (s + BLOCK as usize).min(data.len());
-        // Only whole blocks (or the object's short tail) are cached.
-        if e - s < BLOCK as usize && start + e as u64 != os.min(start + data.len() as u64) {
+    let mut b = b0;
+    while b < b1 {
+        if st.valid.get(b) || !fits(b) {
+            b += 1; // a write got there first
             continue;
         }
-        if o.write_data(&data[s..e], b as u64 * BLOCK).is_err() {
+        let mut e = b + 1;
+        while e < b1 && !st.valid.get(e) && fits(e) {
+            e += 1;
+        }
+        let s = (b as u64 * BLOCK - start) as usize;
+        let t = ((e as u64 * BLOCK).min(end) - start) as usize;
+        if o.write_fill_data(&data[s..t], b as u64 * BLOCK).is_err() {
             break;
         }
-        st.valid.set_range(b, b + 1, true);
-        added += 1;
+        st.valid.set_range(b, e, true);
+        added += (e - b) as u64;
+        b = e;
     }
-    let _ = o.save(&st);
+    if added > 0 {
+        let _ = o.save(&st);
+    }
     added
 }

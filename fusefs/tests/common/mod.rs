@@ -81,6 +81,8 @@ pub fn fio_verify_args(file: &str, size: &str, extra: &[&str]) -> Vec<String> {
         "--direct=1",
         "--verify=crc32c",
         "--verify_fatal=1",
+        // No verify state file left in the working directory.
+        "--verify_state_save=0",
         "--output-format=json",
     ]
     .iter()
