@@ -70,11 +70,7 @@ pub fn human(s: &CacheStats) -> String {
         t.evictions,
         format_size(t.evicted_bytes)
     );
-    let _ = writeln!(
-        o,
-        "Not cached:      {} fetched ranges (full cache and a first miss, or fills behind)",
-        t.skipped_fills
-    );
+    let _ = writeln!(o, "Not cached:      {} fetched ranges", t.skipped_fills);
     let _ = writeln!(o, "Pushed:          {}", format_size(t.pushed_bytes));
     let _ = writeln!(o, "Push errors:     {}", s.push_errors);
     if let Some(e) = &s.last_push_error {
@@ -509,6 +505,7 @@ Misses:          100 requests, 50.0 MiB
 Hit ratio:       75.0% of requests, 75.0% of bytes
 Fills:           100 (50.0 MiB)
 Evictions:       3 (12.0 MiB)
+Not cached:      0 fetched ranges
 Pushed:          1.0 GiB
 Push errors:     2
 Last push error: connection refused by 127.0.0.1:7000
