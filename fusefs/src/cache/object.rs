@@ -93,6 +93,15 @@ impl Drop for AlignedBuf {
 // SAFETY: AlignedBuf uniquely owns its allocation.
 unsafe impl Send for AlignedBuf {}
 
+/// Cache reads are exact block ranges, mostly random: the kernel's read-ahead on the data file
+/// would read (and keep) far more of the disk than asked. Reads of large ranges still go to
+/// the disk as one request.
+fn no_readahead(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain advice on an open descriptor; failure only leaves read-ahead on.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+}
+
 fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
     let d = dir.join(format!("{:06x}", key.0));
     (
@@ -113,6 +122,7 @@ impl CachedObject {
             .create(true)
             .truncate(true)
             .open(&dp)?;
+        no_readahead(&data);
         let meta = OpenOptions::new()
             .read(true)
             .write(true)
@@ -179,7 +189,7 @@ impl CachedObject {
         Ok(CachedObject {
             key,
             object_size,
-            data: open(&dp)?,
+            data: open(&dp).inspect(no_readahead)?,
             meta: open(&mp)?,
             paths: (dp, mp),
             pushing: tokio::sync::Mutex::new(()),

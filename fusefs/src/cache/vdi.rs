@@ -23,7 +23,6 @@ type Fetch = Shared<BoxFuture<'static, Result<Bytes, String>>>;
 /// wait for it instead of fetching again.
 struct Inflight {
     id: u64,
-    idx: u32,
     start: u64,
     end: u64,
     /// [`Inner::bypass_writes`] when the fetch started: after a bypassing write it may hold
@@ -38,8 +37,22 @@ pub struct CachedVdi {
     counters: Arc<Counters>,
     /// Where the last read ended: a read starting there is sequential.
     last_end: AtomicU64,
-    inflight: Arc<Mutex<Vec<Inflight>>>,
+    /// Fetches in flight per object index.
+    inflight: Arc<Mutex<InflightMap>>,
     next_fetch: AtomicU64,
+}
+
+type InflightMap = std::collections::HashMap<u32, Vec<Inflight>>;
+
+/// Forgets fetch `id` of object `idx`.
+fn forget_fetch(map: &Mutex<InflightMap>, idx: u32, id: u64) {
+    let mut map = map.lock().unwrap();
+    if let Some(v) = map.get_mut(&idx) {
+        v.retain(|f| f.id != id);
+        if v.is_empty() {
+            map.remove(&idx);
+        }
+    }
 }
 
 fn io_err(what: &str, e: std::io::Error) -> VdiError {
@@ -172,9 +185,9 @@ impl CachedVdi {
         let obj_end = os.min(self.vdi.size().saturating_sub(base));
         let (fid, fstart, fetch, mine) = {
             let mut inflight = self.inflight.lock().unwrap();
-            match inflight.iter().find(|f| {
-                f.idx == idx
-                    && f.start <= off
+            let here = inflight.entry(idx).or_default();
+            match here.iter().find(|f| {
+                f.start <= off
                     && off + n <= f.end
                     && f.bypass == self.inner.bypass_writes.load(Ordering::SeqCst)
             }) {
@@ -195,9 +208,8 @@ impl CachedVdi {
                     .boxed()
                     .shared();
                     let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
-                    inflight.push(Inflight {
+                    here.push(Inflight {
                         id,
-                        idx,
                         start: fstart,
                         end: fend,
                         bypass,
@@ -213,7 +225,7 @@ impl CachedVdi {
             Ok(f) => f,
             Err(e) => {
                 if mine.is_some() {
-                    self.inflight.lock().unwrap().retain(|f| f.id != fid);
+                    forget_fetch(&self.inflight, idx, fid);
                 }
                 return Err(VdiError::Unavailable {
                     name: self.vdi.header().name,
@@ -241,7 +253,7 @@ impl CachedVdi {
                 data: fetched,
                 bypass,
                 counters: self.counters.clone(),
-                done: Box::new(move || inflight.lock().unwrap().retain(|f| f.id != fid)),
+                done: Box::new(move || forget_fetch(&inflight, idx, fid)),
             });
         }
         Ok(part)
