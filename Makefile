@@ -30,18 +30,18 @@ check:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --lib --bins
 
-## bench: dog vs cp, sheepfs and the cache vs raw/bindfs, placement cost (docs/benchmarks.md).
+## bench: every figure (bench run --profile full, 30-60 min) into target/bench/bench.json, its
+## report in target/bench/bench.md with charts in docs/bench, and the placement cost.
 bench: build
-	./scripts/bench.sh
-	./scripts/bench-sheepfs.sh
-	./scripts/bench-cache.sh
+	$(RELEASE)/bench run --profile full --out target/bench/bench.json
+	$(RELEASE)/bench report target/bench/bench.json --markdown target/bench/bench.md --charts docs/bench
 	$(CARGO) bench -p objstore --bench placement
 
-## bench-quick: the same with small sizes.
+## bench-quick: a subset at small sizes (under 3 minutes) into target/bench/quick.json, charts in
+## target/bench/charts (docs/bench keeps the full run's).
 bench-quick: build
-	BENCH_SIZE_MIB=128 BENCH_ROUNDS=1 ./scripts/bench.sh
-	BENCH_FILE_MIB=256 BENCH_RUNTIME=3 ./scripts/bench-sheepfs.sh
-	BENCH_FILE_MIB=256 BENCH_RUNTIME=3 BENCH_FLUSH_MIB=256 ./scripts/bench-cache.sh
+	$(RELEASE)/bench run --profile quick --out target/bench/quick.json
+	$(RELEASE)/bench report target/bench/quick.json --markdown target/bench/quick.md --charts target/bench/charts
 
 clean:
 	$(CARGO) clean

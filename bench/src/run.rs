@@ -1,9 +1,260 @@
-//! `bench run`: owned by the runner work (to be written).
-use anyhow::Result;
+//! `bench run`: starts real clusters and mounts, measures every figure of the selected groups
+//! with fio and timed commands, and writes them as one JSON report ([`crate::figures`]).
+//!
+//! ```text
+//!   settings (profile + flags) ─► plan ─► main cluster (plan.rs, main_rig.rs)
+//!                                      ─► objsize / scaling clusters (stages.rs)
+//!                                      ─► metadata cluster (metadata.rs)
+//!                                      ─► goals.rs (ratios, goals) ─► JSON
+//! ```
+//!
+//! Everything started is stopped in order on success, on error and on Ctrl-C (the daemons
+//! run in their own process group; the runner notices the signal between jobs): mounts are
+//! unmounted and their daemons stopped (sheepfs pushes its cache) before the nodes, and the
+//! scratch directory is removed.
 
-#[derive(clap::Args)]
-pub struct RunArgs {}
+mod cluster;
+mod fio;
+mod goals;
+mod machine;
+mod main_rig;
+mod metadata;
+mod plan;
+mod proc;
+mod record;
+mod rig;
+mod settings;
+mod stages;
 
-pub fn run(_args: RunArgs) -> Result<()> {
-    anyhow::bail!("bench run is not written yet")
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::figures::{Config, Report, REPORT_VERSION};
+use cluster::{mounts_under, unmount, Bins};
+use record::Recorder;
+use settings::{parse_size_arg, Group, Profile, Settings};
+use stages::OffStage;
+
+/// Options of `bench run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// How much to measure.
+    #[arg(long, value_enum, default_value = "full")]
+    pub profile: Profile,
+    /// Nodes of the main cluster.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Copies of every object.
+    #[arg(long, default_value_t = 3)]
+    pub copies: usize,
+    /// Object size of the main cluster, e.g. 4M.
+    #[arg(long, value_parser = parse_size_arg, default_value = "4M")]
+    pub object_size: u64,
+    /// File/VDI size of the fio jobs, e.g. 1G [profile default: full 1G, quick 256M, smoke 16M].
+    #[arg(long, value_parser = parse_size_arg)]
+    pub size: Option<u64>,
+    /// Seconds per timed fio job [profile default: full 10, quick 2, smoke 1].
+    #[arg(long)]
+    pub runtime: Option<u64>,
+    /// Runs of each key figure [profile default: full 3, quick 1, smoke 1].
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "target/bench/bench.json")]
+    pub out: PathBuf,
+    /// Directory holding sheep, dog, sheepfs and cachectl [default: this executable's directory].
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// Only these groups (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Group>,
+    /// Scratch space; a fresh directory is made inside and removed after. It must be on the
+    /// disk the cache should use [default: the target directory this executable is in].
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let s = Settings::resolve(&args)?;
+    let bin_dir = match &args.bin_dir {
+        Some(d) => d.clone(),
+        None => exe_dir()?,
+    };
+    let bins = Bins::find(&bin_dir)?;
+    check_tools(&s)?;
+    proc::install_signal_handlers();
+    let work = WorkDir::create(args.work_dir.as_deref())?;
+    let started = machine::utc_now();
+    let machine = machine::probe(work.path());
+    let mut rec = Recorder::default();
+    let result = measure(&s, &bins, work.path(), &mut rec);
+    drop(work);
+    let mut figures = rec.into_figures();
+    goals::finish(&mut figures, s.copies);
+    let report = Report {
+        version: REPORT_VERSION,
+        started,
+        finished: machine::utc_now(),
+        command: machine::command_line(),
+        machine,
+        config: Config {
+            nodes: s.nodes,
+            copies: s.copies,
+            object_size: s.object_size,
+            file_mib: s.size >> 20,
+            runtime_s: s.runtime_s,
+            rounds: s.rounds,
+            profile: s.profile.name().into(),
+        },
+        figures,
+    };
+    match result {
+        Ok(()) => {
+            save(&report, &args.out)?;
+            eprintln!(
+                "bench: wrote {} figures to {}",
+                report.figures.len(),
+                args.out.display()
+            );
+            Ok(())
+        }
+        Err(e) if !report.figures.is_empty() => {
+            let partial = args.out.with_extension("partial.json");
+            save(&report, &partial)?;
+            Err(e.context(format!(
+                "stopped; the {} figures measured so far are in {}",
+                report.figures.len(),
+                partial.display()
+            )))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Every stage of the selected groups, in order.
+fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result<()> {
+    let main = plan::MainPlan::build(s);
+    let objsize = s.runs(Group::Objsize).then(|| OffStage::objsize(s));
+    let scaling = s.runs(Group::Scaling).then(|| OffStage::scaling(s));
+    let rss = if s.runs(Group::Cache) { 2 } else { 0 };
+    let main_runs = main.key.len() * s.rounds + main.rest.len() + rss;
+    rec.plan(main.order.iter().map(String::as_str), main_runs);
+    for stage in objsize.iter().chain(&scaling) {
+        stage.plan(rec);
+    }
+    if s.runs(Group::Metadata) {
+        rec.plan([], metadata::FIGURES);
+    }
+    if !main.is_empty() {
+        let dir = work.join("main");
+        let mut rig = main_rig::MainRig::start(bins, &dir, s)?;
+        rig.run_plan(rec, &main, s.rounds)?;
+        if s.runs(Group::Cache) {
+            rig.record_rss(rec)?;
+        }
+        drop(rig);
+        remove(&dir)?;
+    }
+    for stage in objsize.iter().chain(&scaling) {
+        stage.run(bins, work, s.runtime_s, rec)?;
+    }
+    if s.runs(Group::Metadata) {
+        let dir = work.join("metadata");
+        metadata::run(s, bins, &dir, rec)?;
+        remove(&dir)?;
+    }
+    Ok(())
+}
+
+fn remove(dir: &Path) -> Result<()> {
+    std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
+}
+
+fn save(report: &Report, path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    report.save(path)
+}
+
+fn exe_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    exe.parent()
+        .map(Path::to_path_buf)
+        .context("this executable has no directory")
+}
+
+/// fio always; bindfs when a group compares with it; FUSE.
+fn check_tools(s: &Settings) -> Result<()> {
+    let mut needed = vec!["fio", "cp", "ls"];
+    if s.groups.iter().any(|g| g.on_main_cluster()) {
+        needed.push("bindfs");
+    }
+    for tool in needed {
+        if !proc::in_path(tool) {
+            bail!("{tool} is not installed (or not in PATH): scripts/install-deps.sh installs what the benchmarks need");
+        }
+    }
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing: FUSE is needed to mount sheepfs and bindfs");
+    }
+    Ok(())
+}
+
+/// The scratch directory: made fresh, and removed on drop once nothing is mounted below it.
+struct WorkDir {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl WorkDir {
+    fn create(parent: Option<&Path>) -> Result<WorkDir> {
+        let parent = match parent {
+            Some(p) => p.to_path_buf(),
+            None => default_work_parent(),
+        };
+        std::fs::create_dir_all(&parent)
+            .with_context(|| format!("creating the work directory {}", parent.display()))?;
+        let dir = tempfile::Builder::new()
+            .prefix("bench-run-")
+            .tempdir_in(&parent)
+            .with_context(|| format!("making a scratch directory in {}", parent.display()))?;
+        Ok(WorkDir { dir: Some(dir) })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map_or(Path::new("/nonexistent"), |d| d.path())
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        // Never let the removal walk into a mount that is still there.
+        for m in mounts_under(dir.path()) {
+            unmount(&m);
+        }
+        if !mounts_under(dir.path()).is_empty() {
+            eprintln!(
+                "bench: {} still has mounts: leaving it",
+                dir.path().display()
+            );
+            let _ = dir.keep();
+        }
+    }
+}
+
+/// The `target` directory this executable is in (same disk as the build), else the temp dir.
+fn default_work_parent() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .find(|a| a.file_name().is_some_and(|n| n == "target"))
+                .map(Path::to_path_buf)
+        })
+        .unwrap_or_else(std::env::temp_dir)
 }

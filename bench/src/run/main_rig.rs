@@ -1,0 +1,347 @@
+//! The main cluster: the figures of the iops, sweep, throughput, cache, flush and dog groups.
+//!
+//! ```text
+//!   WORK/raw/file ── bindfs --multithreaded ──► WORK/bind/file      (references, same disk)
+//!   sheep × N ── sheepfs (no cache)  ──► WORK/off/bench
+//!            └── sheepfs --cache-dir WORK/cache (10G, writeback) ──► WORK/on/bench (held open)
+//! ```
+//!
+//! `bench` holds the raw file's data. This VM evicts page cache idle for about a minute, so
+//! the target of every job that reads (and of writeback and cold jobs) is prepared right
+//! before it: references by reading the raw file, the cache-off mount by reading the VDI into
+//! the nodes' page cache, `warm` and `writeback` by reading the whole VDI through the cache,
+//! `cold` by flushing and evicting the cache (nodes warmed).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::cluster::{output, timed, Bins, Mount};
+use super::fio::{Engine, FioJob};
+use super::plan::{DogOp, MainPlan, Step, Target, Work};
+use super::proc::Watched;
+use super::record::{Outcome, Recorder};
+use super::rig::{read_whole, run_fio, write_random, Fill, OffRig, Shape, VDI};
+use super::settings::Settings;
+use crate::figures::{median, Figure};
+
+const MIB: u64 = 1 << 20;
+/// The cache's size bound (restored after each sweep point).
+const CACHE_SIZE: &str = "10G";
+/// VDI the flush figure dirties and flushes.
+const FLUSH_VDI: &str = "flush";
+/// VDI of the dog figures.
+const DOG_VDI: &str = "dog";
+
+/// Fields drop in order: open files, then the cache mount (which pushes its dirty data), then
+/// bindfs, then the cache-off mount and the nodes.
+pub struct MainRig {
+    /// Kept open: the VDIs stay attached to the cache.
+    _attached: Vec<File>,
+    cache: Mount,
+    bind: Mount,
+    base: OffRig,
+    dir: PathBuf,
+    cachectl: PathBuf,
+    /// Whether the dog VDI has been written once.
+    dog_written: bool,
+    alloc_runs: u32,
+    /// Measured hit ratios per sweep point, over its runs.
+    hit_ratios: std::collections::HashMap<u32, Vec<f64>>,
+}
+
+impl MainRig {
+    pub fn start(bins: &Bins, dir: &Path, s: &Settings) -> Result<MainRig> {
+        let raw_dir = dir.join("raw");
+        std::fs::create_dir_all(&raw_dir)?;
+        let raw = raw_dir.join("file");
+        eprintln!("bench: writing {} MiB of random data...", s.size / MIB);
+        write_random(&raw, s.size)?;
+        eprintln!("bench: starting {} nodes, {} copies...", s.nodes, s.copies);
+        let shape = Shape {
+            nodes: s.nodes,
+            copies: s.copies,
+            object_size: s.object_size,
+        };
+        let base = OffRig::start(bins, dir, shape, s.size, s.runtime_s, Fill::From(&raw))?;
+        base.cluster.create_vdi(FLUSH_VDI, s.size)?;
+        let bind = Mount::bindfs(&raw_dir, &dir.join("bind"), &dir.join("bindfs.log"))?;
+        let cache_opts = [
+            "--cache-dir".to_string(),
+            dir.join("cache").display().to_string(),
+            "--cache-size".into(),
+            CACHE_SIZE.into(),
+            "--cache-max-dirty".into(),
+            "8G".into(),
+            "--cache-max-dirty-age".into(),
+            "3600".into(),
+        ];
+        let cache = Mount::sheepfs(
+            &base.cluster,
+            &dir.join("on"),
+            &dir.join("sheepfs-on.log"),
+            &cache_opts,
+        )?;
+        // Attach read-write (as qemu would), so the cache serves these VDIs.
+        let attached = [VDI, FLUSH_VDI]
+            .iter()
+            .map(|v| attach(&cache.path(v)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MainRig {
+            _attached: attached,
+            cache,
+            bind,
+            base,
+            dir: dir.into(),
+            cachectl: bins.path("cachectl"),
+            dog_written: false,
+            alloc_runs: 0,
+            hit_ratios: Default::default(),
+        })
+    }
+
+    /// Measures every step: key steps `rounds` times, interleaved, then the rest once.
+    pub fn run_plan(&mut self, rec: &mut Recorder, plan: &MainPlan, rounds: usize) -> Result<()> {
+        for round in 1..=rounds {
+            let note = if rounds > 1 {
+                format!(" (round {round}/{rounds})")
+            } else {
+                String::new()
+            };
+            for step in &plan.key {
+                self.run_step(rec, step, &note)?;
+            }
+        }
+        for step in &plan.rest {
+            self.run_step(rec, step, "")?;
+        }
+        Ok(())
+    }
+
+    fn run_step(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {
+        match &step.work {
+            Work::Fio { job, target } if *target == Target::Off => {
+                self.base.run_off_step(rec, step, job, note)
+            }
+            Work::Fio { job, target } => {
+                rec.announce(&step.fig, note)?;
+                if job.reads() || matches!(target, Target::Cold | Target::Writeback) {
+                    self.prepare(*target)?;
+                }
+                let procs = self.watched(*target);
+                let file = self.file(*target);
+                run_fio(
+                    rec,
+                    step,
+                    job,
+                    &file,
+                    self.base.size,
+                    self.base.runtime_s,
+                    &procs,
+                )
+            }
+            Work::Sweep { pct } => self.sweep(rec, step, *pct, note),
+            Work::Flush => self.flush(rec, &step.fig, note),
+            Work::Dog(op) => self.dog(rec, &step.fig, *op, note),
+        }
+    }
+
+    fn file(&self, t: Target) -> PathBuf {
+        match t {
+            Target::Raw => self.dir.join("raw/file"),
+            Target::Bindfs => self.bind.path("file"),
+            Target::Off => self.base.file(),
+            Target::Cold | Target::Warm | Target::Writeback => self.cache.path(VDI),
+        }
+    }
+
+    fn prepare(&self, t: Target) -> Result<()> {
+        match t {
+            Target::Raw | Target::Bindfs => read_whole(&self.file(Target::Raw), false),
+            Target::Off => self.base.warm(),
+            Target::Cold => {
+                self.ctl(&["flush"])?;
+                self.ctl(&["evict"])?;
+                self.base.warm()
+            }
+            Target::Warm | Target::Writeback => read_whole(&self.cache.path(VDI), true),
+        }
+    }
+
+    fn watched(&self, t: Target) -> Vec<Watched> {
+        let fs = match t {
+            Target::Raw => return Vec::new(),
+            Target::Bindfs => return vec![self.bind.watched()],
+            Target::Off => return self.base.watched(),
+            Target::Cold | Target::Warm | Target::Writeback => self.cache.watched(),
+        };
+        let mut w = vec![fs];
+        w.extend(self.base.cluster.watched());
+        w
+    }
+
+    /// `cachectl --cache-dir WORK/cache ARGS...`; its stdout.
+    fn ctl(&self, args: &[&str]) -> Result<Vec<u8>> {
+        let mut cmd = Command::new(&self.cachectl);
+        cmd.arg("--cache-dir")
+            .arg(self.dir.join("cache"))
+            .args(args);
+        output(cmd, &format!("cachectl {}", args.join(" ")))
+    }
+
+    /// (hits, misses) of the bench VDI so far.
+    fn hits_misses(&self) -> Result<(u64, u64)> {
+        let out = self.ctl(&["--json", "stats", VDI])?;
+        let v: Value = serde_json::from_slice(&out).context("cachectl stats --json")?;
+        let vdis = v["vdis"].as_array().context("cachectl stats: no vdis")?;
+        let e = vdis
+            .iter()
+            .find(|e| e["name"] == VDI)
+            .context("cachectl stats: no line for the bench VDI")?;
+        let n = |k: &str| {
+            e[k].as_u64()
+                .with_context(|| format!("cachectl stats: no {k}"))
+        };
+        Ok((n("hits")?, n("misses")?))
+    }
+
+    fn sweep(&mut self, rec: &mut Recorder, step: &Step, pct: u32, note: &str) -> Result<()> {
+        rec.announce(&step.fig, note)?;
+        let cache_bytes = self.base.size * pct as u64 / 100 + 16 * MIB;
+        self.ctl(&["flush"])?;
+        self.ctl(&["resize", &cache_bytes.to_string()])?;
+        self.ctl(&["evict"])?;
+        read_whole(&self.cache.path(VDI), true)?;
+        let (h0, m0) = self.hits_misses()?;
+        let job = FioJob::timed("randread", 4096, Engine::Libaio(16));
+        let procs = self.watched(Target::Warm);
+        let file = self.cache.path(VDI);
+        run_fio(
+            rec,
+            step,
+            &job,
+            &file,
+            self.base.size,
+            self.base.runtime_s,
+            &procs,
+        )?;
+        let (h1, m1) = self.hits_misses()?;
+        self.ctl(&["resize", CACHE_SIZE])?;
+        let (h, m) = (h1.saturating_sub(h0), m1.saturating_sub(m0));
+        let ratios = self.hit_ratios.entry(pct).or_default();
+        ratios.push(h as f64 / (h + m).max(1) as f64);
+        rec.set_param(
+            &step.fig.id,
+            "hit_ratio_measured",
+            Value::from(median(ratios)),
+        );
+        Ok(())
+    }
+
+    fn flush(&mut self, rec: &mut Recorder, fig: &Figure, note: &str) -> Result<()> {
+        rec.announce(fig, note)?;
+        let size = self.base.size;
+        let fill = FioJob {
+            time_based: false,
+            ..FioJob::timed("write", MIB, Engine::Libaio(4))
+        };
+        fill.run(&self.cache.path(FLUSH_VDI), size, self.base.runtime_s)?;
+        let procs = self.watched(Target::Writeback);
+        rec.measure(fig, &procs, || {
+            let ((), secs) = timed(|| self.ctl(&["flush", FLUSH_VDI]).map(drop))?;
+            Ok(mib_per_s(size, secs))
+        })
+        .map(drop)
+    }
+
+    fn dog(&mut self, rec: &mut Recorder, fig: &Figure, op: DogOp, note: &str) -> Result<()> {
+        rec.announce(fig, note)?;
+        let raw = self.file(Target::Raw);
+        let dst = self.dir.join("copy");
+        let cluster = &self.base.cluster;
+        if matches!(op, DogOp::Read | DogOp::Write) && !self.dog_written {
+            cluster.create_vdi(DOG_VDI, self.base.size)?;
+            cluster.write_vdi(DOG_VDI, &raw)?;
+            self.dog_written = true;
+        }
+        let alloc = format!("alloc{}", self.alloc_runs);
+        if op == DogOp::WriteAlloc {
+            self.alloc_runs += 1;
+            cluster.create_vdi(&alloc, self.base.size)?;
+        }
+        read_whole(&raw, false)?;
+        let procs = match op {
+            DogOp::Copy | DogOp::CopySync => Vec::new(),
+            _ => cluster.watched(),
+        };
+        let size = self.base.size;
+        rec.measure(fig, &procs, || {
+            let t0 = Instant::now();
+            match op {
+                DogOp::Copy | DogOp::CopySync => copy(&raw, &dst, op == DogOp::CopySync)?,
+                DogOp::Read => cluster.read_vdi(DOG_VDI, Some(&dst))?,
+                DogOp::Write => cluster.write_vdi(DOG_VDI, &raw)?,
+                DogOp::WriteAlloc => cluster.write_vdi(&alloc, &raw)?,
+            }
+            Ok(mib_per_s(size, t0.elapsed().as_secs_f64()))
+        })?;
+        let _ = std::fs::remove_file(&dst);
+        if op == DogOp::WriteAlloc {
+            cluster.dog(&["vdi", "delete", &alloc])?;
+        }
+        Ok(())
+    }
+
+    /// The whole-run peak RSS of both sheepfs mounts (figures `cache/sheepfs-rss/*`).
+    pub fn record_rss(&self, rec: &mut Recorder) -> Result<()> {
+        for (target, mount, cache) in [
+            ("cache", &self.cache, CACHE_SIZE),
+            ("off", &self.base.off, "none"),
+        ] {
+            let mut fig = Figure::new("cache", "sheepfs-rss", target, "MiB", Vec::new());
+            fig.higher_is_better = false;
+            fig.params.insert("cache_size".into(), Value::from(cache));
+            rec.announce(&fig, "")?;
+            let kib = rec.lifetime_peak_rss(&mount.watched())?;
+            fig.peak_rss_kib.insert("sheepfs".into(), kib);
+            rec.record(&fig, kib as f64 / 1024.0)?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens a VDI file read-write and keeps it open.
+fn attach(path: &Path) -> Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("attaching {} read-write", path.display()))
+}
+
+fn mib_per_s(bytes: u64, secs: f64) -> Outcome {
+    Outcome {
+        value: bytes as f64 / MIB as f64 / secs.max(1e-9),
+        bytes,
+    }
+}
+
+/// `cp SRC DST` (and an fsync of DST with `sync`).
+fn copy(src: &Path, dst: &Path, sync: bool) -> Result<()> {
+    let mut cmd = Command::new("cp");
+    cmd.arg(src).arg(dst);
+    output(cmd, "cp")?;
+    if sync {
+        File::open(dst)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("syncing {}", dst.display()))?;
+    }
+    if !dst.exists() {
+        bail!("cp left no {}", dst.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! A formatted cluster with a sheepfs mount without cache and one filled VDI (`bench`): the
+//! whole setup of the `objsize` and `scaling` figures, and the base of the main cluster.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::cluster::{Bins, Cluster, Mount};
+use super::fio::{Engine, FioJob, FioResult};
+use super::plan::Step;
+use super::proc::{check_interrupt, Watched};
+use super::record::{Outcome, Recorder};
+
+/// Name of the VDI the fio jobs run on.
+pub const VDI: &str = "bench";
+
+/// How the `bench` VDI gets its data.
+pub enum Fill<'a> {
+    /// `dog vdi write bench < FILE`.
+    From(&'a Path),
+    /// One pass of fio's sequential 1M writes through the mount.
+    Fio,
+}
+
+/// The shape of a cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub nodes: usize,
+    pub copies: usize,
+    pub object_size: u64,
+}
+
+/// Fields drop in order: the mount before the cluster.
+pub struct OffRig {
+    pub off: Mount,
+    pub cluster: Cluster,
+    /// The VDI's size.
+    pub size: u64,
+    pub runtime_s: u64,
+}
+
+impl OffRig {
+    /// Starts the nodes under `dir`, formats, creates and fills `bench`, mounts sheepfs.
+    pub fn start(
+        bins: &Bins,
+        dir: &Path,
+        shape: Shape,
+        size: u64,
+        runtime_s: u64,
+        fill: Fill,
+    ) -> Result<OffRig> {
+        let cluster = Cluster::start(bins, dir, shape.nodes)?;
+        cluster.format(shape.copies, shape.object_size)?;
+        cluster.create_vdi(VDI, size)?;
+        if let Fill::From(src) = fill {
+            cluster.write_vdi(VDI, src)?;
+        }
+        let off = Mount::sheepfs(
+            &cluster,
+            &dir.join("off"),
+            &dir.join("sheepfs-off.log"),
+            &[],
+        )?;
+        let rig = OffRig {
+            off,
+            cluster,
+            size,
+            runtime_s,
+        };
+        if let Fill::Fio = fill {
+            let job = FioJob {
+                time_based: false,
+                ..FioJob::timed("write", 1 << 20, Engine::Libaio(4))
+            };
+            job.run(&rig.file(), size, runtime_s)?;
+        }
+        Ok(rig)
+    }
+
+    /// The VDI through the mount without cache.
+    pub fn file(&self) -> PathBuf {
+        self.off.path(VDI)
+    }
+
+    /// Brings the VDI's objects into the nodes' page cache.
+    pub fn warm(&self) -> Result<()> {
+        self.cluster.read_vdi(VDI, None)
+    }
+
+    /// The mount's sheepfs and every node.
+    pub fn watched(&self) -> Vec<Watched> {
+        let mut w = vec![self.off.watched()];
+        w.extend(self.cluster.watched());
+        w
+    }
+
+    /// Runs a fio step against the mount without cache, warmed first when it reads.
+    pub fn run_off_step(
+        &self,
+        rec: &mut Recorder,
+        step: &Step,
+        job: &FioJob,
+        note: &str,
+    ) -> Result<()> {
+        rec.announce(&step.fig, note)?;
+        if job.reads() {
+            self.warm()?;
+        }
+        let file = self.file();
+        run_fio(
+            rec,
+            step,
+            job,
+            &file,
+            self.size,
+            self.runtime_s,
+            &self.watched(),
+        )
+    }
+}
+
+/// Measures one run of `job` on `file` as a run of `step`'s figure.
+pub fn run_fio(
+    rec: &mut Recorder,
+    step: &Step,
+    job: &FioJob,
+    file: &Path,
+    size: u64,
+    runtime_s: u64,
+    procs: &[Watched],
+) -> Result<()> {
+    let iops = step.fig.unit == "IOPS";
+    rec.measure(&step.fig, procs, || {
+        let r: FioResult = job.run(file, size, runtime_s)?;
+        Ok(Outcome {
+            value: if iops { r.iops } else { r.mib_s },
+            bytes: r.io_bytes,
+        })
+    })
+    .map(drop)
+}
+
+/// Reads a whole file in 1 MiB pieces (with O_DIRECT: through the cache, no page cache).
+pub fn read_whole(path: &Path, direct: bool) -> Result<()> {
+    let mut opts = File::options();
+    opts.read(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let mut f = opts
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // O_DIRECT wants an aligned buffer: take the aligned 1 MiB inside a larger one.
+    let mut storage = vec![0u8; (1 << 20) + 4096];
+    let start = storage.as_ptr().align_offset(4096);
+    let buf = &mut storage[start..start + (1 << 20)];
+    loop {
+        check_interrupt()?;
+        let n = f
+            .read(buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Writes `size` bytes of pseudo-random (incompressible) data to `path`.
+pub fn write_random(path: &Path, size: u64) -> Result<()> {
+    let mut f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ size;
+    let mut block = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        check_interrupt()?;
+        for chunk in block.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])
+            .with_context(|| format!("writing {}", path.display()))?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_file_reads_back() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        write_random(&p, (1 << 20) + 5).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), (1 << 20) + 5);
+        let data = std::fs::read(&p).unwrap();
+        assert_ne!(&data[..8], &data[8..16]);
+        read_whole(&p, false).unwrap();
+        assert!(read_whole(&d.path().join("none"), false).is_err());
+    }
+}
