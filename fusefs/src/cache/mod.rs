@@ -24,6 +24,7 @@ mod admit;
 mod bitmap;
 mod object;
 mod socket;
+mod spare;
 mod vdi;
 
 use std::collections::{HashMap, HashSet};
@@ -161,6 +162,8 @@ pub(crate) struct Inner {
     creating: Mutex<HashSet<Key>>,
     /// Which fetched ranges may displace cached data once the cache is full.
     admission: admit::Admission,
+    /// Emptied files of evicted objects, reused for new ones.
+    spares: spare::Spares,
 }
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket.
@@ -302,6 +305,7 @@ impl Cache {
             fill_tx,
             fill_rx: Mutex::new(Some(fill_rx)),
             admission: admit::Admission::new(cfg.size),
+            spares: spare::Spares::open(dir.join("spare")),
             creating: Mutex::default(),
             cfg,
         };
@@ -727,7 +731,7 @@ impl Inner {
         drop(st);
         self.used.fetch_sub(bytes, Ordering::SeqCst);
         self.dirty.fetch_sub(dirty, Ordering::SeqCst);
-        o.remove_files();
+        o.retire(&self.spares);
         if let Some(t) = &self.index {
             let _ = t.remove(key_bytes(o.key));
         }
@@ -893,7 +897,7 @@ impl Inner {
             }
             std::thread::yield_now();
         }
-        let created = CachedObject::create(&self.obj_dir, key, object_size);
+        let created = CachedObject::create(&self.obj_dir, key, object_size, &self.spares);
         let mut objects = self.objects.lock().unwrap();
         self.creating.lock().unwrap().remove(&key);
         let o = match created {

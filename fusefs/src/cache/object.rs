@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::bitmap::Bitmap;
+use super::spare::Spares;
 
 /// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
 pub const BLOCK: u64 = 4096;
@@ -111,10 +112,16 @@ fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
 }
 
 impl CachedObject {
-    /// Creates an empty cached object.
-    pub fn create(dir: &Path, key: Key, object_size: u64) -> io::Result<CachedObject> {
+    /// Creates an empty cached object, in the files of an evicted one when there are spares.
+    pub fn create(
+        dir: &Path,
+        key: Key,
+        object_size: u64,
+        spares: &Spares,
+    ) -> io::Result<CachedObject> {
         let (dp, mp) = paths(dir, key);
         fs::create_dir_all(dp.parent().unwrap())?;
+        spares.take_into(&dp, &mp);
         let blocks = object_size.div_ceil(BLOCK) as usize;
         let data = OpenOptions::new()
             .read(true)
@@ -307,9 +314,10 @@ impl CachedObject {
         self.meta.sync_data()
     }
 
-    pub fn remove_files(&self) {
-        let _ = fs::remove_file(&self.paths.0);
-        let _ = fs::remove_file(&self.paths.1);
+    /// Gives up the files: emptied and kept as spares (or removed). Nobody else may hold
+    /// this object.
+    pub fn retire(&self, spares: &Spares) {
+        spares.keep((&self.data, &self.meta), &self.paths.0, &self.paths.1);
     }
 
     /// Blocks `[first, last)` covering bytes `[offset, offset+len)`.
@@ -372,7 +380,13 @@ mod tests {
     #[test]
     fn create_save_load() {
         let d = tempfile::tempdir().unwrap();
-        let o = CachedObject::create(d.path(), (1, 2), 1 << 20).unwrap();
+        let o = CachedObject::create(
+            d.path(),
+            (1, 2),
+            1 << 20,
+            &Spares::open(d.path().join("spare")),
+        )
+        .unwrap();
         o.write_data(b"abc", 4096).unwrap();
         {
             let mut st = o.state.lock().unwrap();
@@ -394,7 +408,15 @@ mod tests {
     #[test]
     fn untrusted_meta_is_refused() {
         let d = tempfile::tempdir().unwrap();
-        drop(CachedObject::create(d.path(), (1, 2), 1 << 20).unwrap());
+        drop(
+            CachedObject::create(
+                d.path(),
+                (1, 2),
+                1 << 20,
+                &Spares::open(d.path().join("spare")),
+            )
+            .unwrap(),
+        );
         let (_, mp) = paths(d.path(), (1, 2));
         let mut raw = fs::read(&mp).unwrap();
         raw.truncate(20);

@@ -105,7 +105,8 @@ impl CachedVdi {
         if self.mode() == CacheMode::Off {
             return None;
         }
-        let mut out = vec![0u8; len as usize];
+        // Check every piece before allocating: a miss costs no buffer.
+        let mut found = Vec::new();
         for (idx, off, n, at) in self.pieces(offset, len) {
             let key = (self.vid(), idx);
             // Holding the reference keeps the object from eviction while it is read.
@@ -114,6 +115,10 @@ impl CachedVdi {
             if !o.state.lock().unwrap().valid.all(b0, b1) {
                 return None;
             }
+            found.push((o, off, n, at));
+        }
+        let mut out = vec![0u8; len as usize];
+        for (o, off, n, at) in found {
             // Never wait for the disk on the FUSE thread: the async path reads it then.
             if !o
                 .read_data_nowait(&mut out[at..at + n as usize], off)
@@ -121,7 +126,7 @@ impl CachedVdi {
             {
                 return None;
             }
-            self.inner.touched.lock().unwrap().insert(key);
+            self.inner.touched.lock().unwrap().insert(o.key);
         }
         self.last_end.store(offset + len, Ordering::Relaxed);
         Counters::add(&self.counters.hits, 1);
