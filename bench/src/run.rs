@@ -88,7 +88,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     let started = machine::utc_now();
     let machine = machine::probe(work.path());
     let mut rec = Recorder::default();
-    let result = measure(&s, &bins, work.path(), &mut rec);
+    let mut result = measure(&s, &bins, work.path(), &mut rec);
+    if let Err(e) = result {
+        // Every daemon has stopped by now: their logs are complete.
+        let logs = args.out.with_extension("logs");
+        result = Err(match keep_logs(work.path(), &logs) {
+            Ok(n) if n > 0 => e.context(format!("{n} logs are in {}", logs.display())),
+            _ => e,
+        });
+    }
     drop(work);
     let mut figures = rec.into_figures();
     goals::finish(&mut figures, s.copies);
@@ -163,6 +171,35 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
         let dir = work.join("metadata");
         metadata::run(s, bins, &dir, rec)?;
         remove(&dir)?;
+    }
+    Ok(())
+}
+
+/// Copies every `*.log` below `work` into `dest`, named by their path (`main-node0.log`).
+fn keep_logs(work: &Path, dest: &Path) -> Result<usize> {
+    let mut logs = Vec::new();
+    find_logs(work, &mut logs)?;
+    if !logs.is_empty() {
+        std::fs::create_dir_all(dest)?;
+    }
+    for log in &logs {
+        let rel = log.strip_prefix(work).unwrap_or(log);
+        let name = rel.to_string_lossy().replace('/', "-");
+        std::fs::copy(log, dest.join(name))?;
+    }
+    Ok(logs.len())
+}
+
+fn find_logs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let kind = entry.file_type()?;
+        if kind.is_dir() && !cluster::is_mounted(&path) {
+            find_logs(&path, out)?;
+        } else if kind.is_file() && path.extension().is_some_and(|e| e == "log") {
+            out.push(path);
+        }
     }
     Ok(())
 }

@@ -103,14 +103,17 @@ impl Cluster {
         Ok(c)
     }
 
+    /// An error with the end of its log if a node has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.nodes.iter_mut().try_for_each(Daemon::check_alive)
+    }
+
     fn wait_members(&mut self, n: usize) -> Result<()> {
         wait_for(
             &format!("{n} sheep to join"),
             Duration::from_secs(30),
             || {
-                for node in &mut self.nodes {
-                    node.check_alive()?;
-                }
+                self.check_alive()?;
                 let out = self.dog_cmd(&["cluster", "info", "--json"]).output()?;
                 Ok(out.status.success()
                     && serde_json::from_slice::<Value>(&out.stdout)
@@ -247,6 +250,8 @@ pub fn unmount(dir: &Path) {
 /// A FUSE mount served by a daemon we started: unmounted, then the daemon stopped, on drop.
 pub struct Mount {
     pub dir: PathBuf,
+    /// Key of its process in the figures' `peak_rss_kib`: "sheepfs" or "bindfs".
+    label: &'static str,
     daemon: Daemon,
 }
 
@@ -272,14 +277,16 @@ impl Mount {
         Mount::start("bindfs", cmd, dir, log)
     }
 
-    fn start(name: &str, cmd: Command, dir: &Path, log: &Path) -> Result<Mount> {
+    fn start(label: &'static str, cmd: Command, dir: &Path, log: &Path) -> Result<Mount> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let dir = dir.canonicalize()?;
+        let name = format!("{label} on {}", dir.display());
         let mut m = Mount {
-            daemon: Daemon::spawn(name, cmd, log)?,
+            daemon: Daemon::spawn(&name, cmd, log)?,
+            label,
             dir,
         };
-        let what = format!("{name} to mount {}", m.dir.display());
+        let what = format!("{label} to mount {}", m.dir.display());
         wait_for(&what, Duration::from_secs(30), || {
             m.daemon.check_alive()?;
             Ok(is_mounted(&m.dir))
@@ -293,9 +300,14 @@ impl Mount {
 
     pub fn watched(&self) -> Watched {
         Watched {
-            label: self.daemon.name().into(),
+            label: self.label.into(),
             pid: self.daemon.pid(),
         }
+    }
+
+    /// An error with the end of its log if its daemon has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.daemon.check_alive()
     }
 }
 

@@ -25,7 +25,7 @@ use super::fio::{Engine, FioJob};
 use super::plan::{DogOp, MainPlan, Step, Target, Work};
 use super::proc::Watched;
 use super::record::{Outcome, Recorder};
-use super::rig::{read_whole, run_fio, write_random, Fill, OffRig, Shape, VDI};
+use super::rig::{blame, read_whole, run_fio, write_random, Fill, OffRig, Shape, VDI};
 use super::settings::Settings;
 use crate::figures::{median, Figure};
 
@@ -122,7 +122,19 @@ impl MainRig {
         Ok(())
     }
 
+    /// Measures one run of `step`; a failure names a daemon that died, if one did.
     fn run_step(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {
+        self.measure_step(rec, step, note)
+            .map_err(|e| blame(e, self.check_alive()))
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.cache.check_alive()?;
+        self.bind.check_alive()?;
+        self.base.check_alive()
+    }
+
+    fn measure_step(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {
         match &step.work {
             Work::Fio { job, target } if *target == Target::Off => {
                 self.base.run_off_step(rec, step, job, note)

@@ -80,6 +80,12 @@ impl OffRig {
         Ok(rig)
     }
 
+    /// An error naming the first of its daemons that has exited, with its log's end.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.off.check_alive()?;
+        self.cluster.check_alive()
+    }
+
     /// The VDI through the mount without cache.
     pub fn file(&self) -> PathBuf {
         self.off.path(VDI)
@@ -119,6 +125,14 @@ impl OffRig {
             self.runtime_s,
             &self.watched(),
         )
+    }
+}
+
+/// `err`, led by why a daemon died if `alive` says one did (a failed job is most often that).
+pub fn blame(err: anyhow::Error, alive: Result<()>) -> anyhow::Error {
+    match alive {
+        Err(dead) if check_interrupt().is_ok() => err.context(format!("{dead:#}")),
+        _ => err,
     }
 }
 

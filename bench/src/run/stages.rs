@@ -10,7 +10,7 @@ use super::cluster::Bins;
 use super::fio::{Engine, FioJob};
 use super::plan::{fio_steps, iops_job, seq_job, Step, Target, Work};
 use super::record::Recorder;
-use super::rig::{Fill, OffRig, Shape};
+use super::rig::{blame, Fill, OffRig, Shape};
 use super::settings::{size_label, Group, IopsRw, Settings};
 
 const MIB: u64 = 1 << 20;
@@ -134,10 +134,11 @@ impl OffStage {
                 size_label(shape.object_size),
                 self.file_size / MIB
             );
-            let rig = OffRig::start(bins, &dir, *shape, self.file_size, runtime_s, Fill::Fio)?;
+            let mut rig = OffRig::start(bins, &dir, *shape, self.file_size, runtime_s, Fill::Fio)?;
             for step in steps {
                 if let Work::Fio { job, .. } = &step.work {
-                    rig.run_off_step(rec, step, job, "")?;
+                    rig.run_off_step(rec, step, job, "")
+                        .map_err(|e| blame(e, rig.check_alive()))?;
                 }
             }
             drop(rig);
