@@ -84,6 +84,10 @@ pub struct Figure {
     pub goal: Option<String>,
     /// Whether the goal was met (None without a goal).
     pub goal_met: Option<bool>,
+    /// The ratio the goal checks (e.g. ÷ cache off for cold figures, where `ratio` is ÷
+    /// bindfs); None for a fixed bound.
+    #[serde(default)]
+    pub goal_ratio: Option<f64>,
 }
 
 impl Figure {
@@ -105,6 +109,7 @@ impl Figure {
             peak_rss_kib: BTreeMap::new(),
             goal: None,
             goal_met: None,
+            goal_ratio: None,
         }
     }
 
@@ -152,10 +157,6 @@ impl Report {
     pub fn save(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
-    }
-
-    pub fn figure(&self, id: &str) -> Option<&Figure> {
-        self.figures.iter().find(|f| f.id == id)
     }
 }
 

@@ -196,6 +196,7 @@ fn annotate(figs: &mut [Figure]) {
         if goal > 0.0 && f.group == "iops" && f.job.ends_with("libaio-qd1") {
             f.goal = Some(format!("≥ {goal}× bindfs"));
             f.goal_met = Some(f.ratio.unwrap_or(0.0) >= goal);
+            f.goal_ratio = f.ratio;
         }
         if ["off", "cold", "warm", "writeback", "cache"].contains(&f.target.as_str()) {
             f.cpu_s_per_gib = Some(1.25);
@@ -210,6 +211,7 @@ fn annotate(figs: &mut [Figure]) {
         f.reference = Some("flush/write-1m/off".into());
         f.goal = Some("≥ 0.8× off".into());
         f.goal_met = Some(true);
+        f.goal_ratio = f.ratio;
     }
 }
 

@@ -123,18 +123,30 @@ pub fn finish(figs: &mut [Figure], copies: usize) {
             };
         }
         if let Some(g) = goal_of(&f.id, copies) {
-            f.goal_met = met(f, &g.check, &ratio);
+            let checked = checked_ratio(f, &g.check, &ratio);
+            f.goal_met = match g.check {
+                Check::Reference(min) | Check::Off(min) | Check::Figure(_, min) => {
+                    checked.map(|r| r >= min)
+                }
+                Check::Below(max) => Some(f.value < max),
+            };
+            f.goal_ratio = checked;
             f.goal = Some(g.text);
         }
     }
 }
 
-fn met(f: &Figure, check: &Check, ratio: &impl Fn(f64, &str) -> Option<f64>) -> Option<bool> {
+/// The ratio a goal checks (None for a fixed bound, or when its reference is missing).
+fn checked_ratio(
+    f: &Figure,
+    check: &Check,
+    ratio: &impl Fn(f64, &str) -> Option<f64>,
+) -> Option<f64> {
     match *check {
-        Check::Reference(min) => f.ratio.map(|r| r >= min),
-        Check::Off(min) => f.params.get("ratio_off")?.as_f64().map(|r| r >= min),
-        Check::Figure(id, min) => ratio(f.value, id).map(|r| r >= min),
-        Check::Below(max) => Some(f.value < max),
+        Check::Reference(_) => f.ratio,
+        Check::Off(_) => f.params.get("ratio_off")?.as_f64(),
+        Check::Figure(id, _) => ratio(f.value, id),
+        Check::Below(_) => None,
     }
 }
 
