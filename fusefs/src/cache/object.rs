@@ -334,7 +334,7 @@ impl CachedObject {
     }
 }
 
-/// Every (key) with a meta file under `dir`.
+/// Every (key) with a meta file under `dir`; removes data files without one. Only at start.
 pub fn scan(dir: &Path) -> Vec<Key> {
     let mut out = Vec::new();
     let Ok(vids) = fs::read_dir(dir) else {
@@ -353,9 +353,17 @@ pub fn scan(dir: &Path) -> Vec<Key> {
         };
         for f in files.flatten() {
             let name = f.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(stem) = name.strip_suffix(".data") {
+                // A data file whose meta file is gone (sheepfs died creating or retiring the
+                // object) holds nothing the cache can trust.
+                if !v.path().join(format!("{stem}.meta")).exists() {
+                    let _ = fs::remove_file(f.path());
+                }
+                continue;
+            }
             let Some(idx) = name
-                .to_str()
-                .and_then(|s| s.strip_suffix(".meta"))
+                .strip_suffix(".meta")
                 .and_then(|s| u32::from_str_radix(s, 16).ok())
             else {
                 continue;
@@ -427,5 +435,17 @@ mod tests {
             CachedObject::load(d.path(), (1, 2)).is_err(),
             "zero-length meta"
         );
+    }
+
+    #[test]
+    fn scan_finds_meta_files_and_removes_lone_data_files() {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::open(d.path().join("spare"));
+        drop(CachedObject::create(d.path(), (1, 2), 1 << 20, &spares).unwrap());
+        let lone = d.path().join("000001/00000003.data");
+        fs::write(&lone, b"x").unwrap();
+        assert_eq!(scan(d.path()), vec![(1, 2)]);
+        assert!(!lone.exists(), "a data file without meta is removed");
+        assert!(d.path().join("000001/00000002.data").exists());
     }
 }
