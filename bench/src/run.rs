@@ -88,15 +88,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     let started = machine::utc_now();
     let machine = machine::probe(work.path());
     let mut rec = Recorder::default();
-    let mut result = measure(&s, &bins, work.path(), &mut rec);
-    if let Err(e) = result {
-        // Every daemon has stopped by now: their logs are complete.
-        let logs = args.out.with_extension("logs");
-        result = Err(match keep_logs(work.path(), &logs) {
-            Ok(n) if n > 0 => e.context(format!("{n} logs are in {}", logs.display())),
-            _ => e,
-        });
-    }
+    // Every daemon has stopped when measure returns: the logs kept on failure are complete.
+    let result = measure(&s, &bins, work.path(), &mut rec)
+        .map_err(|e| with_logs(e, work.path(), &args.out.with_extension("logs")));
     drop(work);
     let mut figures = rec.into_figures();
     goals::finish(&mut figures, s.copies);
@@ -106,37 +100,51 @@ pub fn run(args: RunArgs) -> Result<()> {
         finished: machine::utc_now(),
         command: machine::command_line(),
         machine,
-        config: Config {
-            nodes: s.nodes,
-            copies: s.copies,
-            object_size: s.object_size,
-            file_mib: s.size >> 20,
-            runtime_s: s.runtime_s,
-            rounds: s.rounds,
-            profile: s.profile.name().into(),
-        },
+        config: config(&s),
         figures,
     };
+    write(&report, result, &args.out)
+}
+
+fn config(s: &Settings) -> Config {
+    Config {
+        nodes: s.nodes,
+        copies: s.copies,
+        object_size: s.object_size,
+        file_mib: s.size >> 20,
+        runtime_s: s.runtime_s,
+        rounds: s.rounds,
+        profile: s.profile.name().into(),
+    }
+}
+
+/// Saves the report to `out`, or after a failure what was measured to `<out>.partial.json`.
+fn write(report: &Report, result: Result<()>, out: &Path) -> Result<()> {
+    let n = report.figures.len();
     match result {
         Ok(()) => {
-            save(&report, &args.out)?;
-            eprintln!(
-                "bench: wrote {} figures to {}",
-                report.figures.len(),
-                args.out.display()
-            );
+            save(report, out)?;
+            eprintln!("bench: wrote {n} figures to {}", out.display());
             Ok(())
         }
-        Err(e) if !report.figures.is_empty() => {
-            let partial = args.out.with_extension("partial.json");
-            save(&report, &partial)?;
-            Err(e.context(format!(
-                "stopped; the {} figures measured so far are in {}",
-                report.figures.len(),
+        Err(e) if n > 0 => {
+            let partial = out.with_extension("partial.json");
+            save(report, &partial)?;
+            let msg = format!(
+                "stopped; the {n} figures measured so far are in {}",
                 partial.display()
-            )))
+            );
+            Err(e.context(msg))
         }
         Err(e) => Err(e),
+    }
+}
+
+/// `err`, saying where the logs of the run are once copied out of the scratch directory.
+fn with_logs(err: anyhow::Error, work: &Path, dest: &Path) -> anyhow::Error {
+    match keep_logs(work, dest) {
+        Ok(n) if n > 0 => err.context(format!("{n} logs are in {}", dest.display())),
+        _ => err,
     }
 }
 
