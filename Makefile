@@ -30,11 +30,11 @@ check:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --lib --bins
 
-## bench: every figure (bench run --profile full, 30-60 min) into target/bench/bench.json, its
-## report in target/bench/bench.md with charts in docs/bench, and the placement cost.
+## bench: every figure (bench run --profile full, about 45 min) into docs/bench/bench.json, its
+## tables in docs/bench/report.md with charts (SVG, PNG) in docs/bench, and the placement cost.
 bench: build
-	$(RELEASE)/bench run --profile full --out target/bench/bench.json
-	$(RELEASE)/bench report target/bench/bench.json --markdown target/bench/bench.md --charts docs/bench
+	$(RELEASE)/bench run --profile full --out docs/bench/bench.json
+	$(RELEASE)/bench report docs/bench/bench.json --markdown docs/bench/report.md --charts docs/bench
 	$(CARGO) bench -p objstore --bench placement
 
 ## bench-quick: a subset at small sizes (under 3 minutes) into target/bench/quick.json, charts in
