@@ -1006,8 +1006,19 @@ impl Inner {
         let mut done = 0u64;
         progress(0, total);
         use futures::StreamExt;
+        // After a failure no new push starts (the ones under way finish): with the cluster
+        // gone, each would wait out the client's timeout in turn.
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let mut pushes = futures::stream::iter(dirty)
-            .map(|o| async move { self.push_object(&o).await })
+            .map(|o| {
+                let failed = &failed;
+                async move {
+                    if failed.load(Ordering::SeqCst) {
+                        return Ok(0);
+                    }
+                    self.push_object(&o).await
+                }
+            })
             .buffer_unordered(4);
         let mut first_err = None;
         while let Some(r) = pushes.next().await {
@@ -1017,6 +1028,7 @@ impl Inner {
                     progress(done.min(total), total);
                 }
                 Err(e) => {
+                    failed.store(true, Ordering::SeqCst);
                     self.push_failed(e.clone());
                     first_err.get_or_insert(e);
                 }
