@@ -65,6 +65,8 @@ pub struct FioJob {
     pub rwmixread: Option<u32>,
     /// Run for the run's `--runtime` (looping over the file); otherwise one pass of the file.
     pub time_based: bool,
+    /// fsync the file at the end, inside the measured time (`--end_fsync=1`).
+    pub end_fsync: bool,
 }
 
 impl FioJob {
@@ -76,6 +78,7 @@ impl FioJob {
             engine,
             rwmixread: None,
             time_based: true,
+            end_fsync: false,
         }
     }
 
@@ -95,6 +98,9 @@ impl FioJob {
         ];
         if let Some(m) = self.rwmixread {
             p.push(("rwmixread", Value::from(m)));
+        }
+        if self.end_fsync {
+            p.push(("end_fsync", Value::from(true)));
         }
         p
     }
@@ -116,6 +122,9 @@ impl FioJob {
         ];
         if let Some(m) = self.rwmixread {
             a.push(format!("--rwmixread={m}"));
+        }
+        if self.end_fsync {
+            a.push("--end_fsync=1".into());
         }
         if self.time_based {
             a.push(format!("--runtime={runtime_s}"));

@@ -51,7 +51,7 @@ fn goal_of(id: &str, copies: usize) -> Option<Goal> {
         | "iops/randread-4k-libaio-qd1/cold"
         | "iops/randread-4k-libaio-qd16/cold" => goal("≥ 0.9× cache off", Off(0.9)),
         "flush/cachectl-flush/cache" => goal(
-            "≥ 0.8× the cluster's sequential write (throughput/write-1m/off)",
+            "≥ 0.8× the cluster's durable sequential write (flush/write-1m-durable/off)",
             Reference(0.8),
         ),
         "cache/sheepfs-rss/cache" | "cache/sheepfs-rss/off" => goal("< 200 MiB", Below(200.0)),

@@ -304,12 +304,22 @@ fn cache(m: &Matrix) -> Vec<Step> {
     v
 }
 
-/// The cluster's sequential write speed (the flush figure's reference).
-pub const SEQ_WRITE_OFF: &str = "throughput/write-1m/off";
+/// The cluster's durable sequential write speed (the flush figure's reference): one pass of
+/// 1 MiB writes through the cache-off mount, then fsync (which flushes every replica), timed
+/// together, as `cachectl flush` returns once the data is durable in the cluster.
+pub const SEQ_WRITE_OFF: &str = "flush/write-1m-durable/off";
 
 fn flush(size: u64) -> Vec<Step> {
-    let (name, job) = seq_job("write", MIB);
-    let mut v = fio_steps(Group::Throughput, &name, &job, "MiB/s", &[Target::Off]);
+    let (_, mut job) = seq_job("write", MIB);
+    job.time_based = false;
+    job.end_fsync = true;
+    let mut v = fio_steps(
+        Group::Flush,
+        "write-1m-durable",
+        &job,
+        "MiB/s",
+        &[Target::Off],
+    );
     let mut fig = template(
         "flush",
         "cachectl-flush",
