@@ -258,8 +258,17 @@ fn hit_ratio(r: &Report) -> Result<Chart, String> {
             .unwrap_or_default()
     });
     let mut levels = Vec::new();
+    // Without an off figure in the group, the one the sweep points are compared with.
+    let referenced = cache
+        .iter()
+        .find_map(|f| f.params.get("reference_off")?.as_str())
+        .and_then(|id| r.figures.iter().find(|f| f.id == id));
     match off.as_slice() {
-        [] => {}
+        [] => {
+            if let Some(o) = referenced {
+                levels.push(("off (no cache)".to_string(), o.value));
+            }
+        }
         [o] => levels.push(("off (no cache)".to_string(), o.value)),
         several => series.extend(lines_by_target(several, pct, |_| String::new())),
     }

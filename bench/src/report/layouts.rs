@@ -158,7 +158,7 @@ fn sweep_view(figs: &[&Figure]) -> String {
             .find(|o| param_f64(o, "hit_pct") == Some(pct))
             .or(off.first())
             .map(|o| o.value);
-        let ratio = f.ratio.or(off_value.map(|v| f.value / v));
+        let ratio = param_f64(f, "ratio_off").or(off_value.map(|v| f.value / v));
         t.row(vec![
             format!("{pct:.0}%"),
             if several {
