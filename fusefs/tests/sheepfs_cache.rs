@@ -360,7 +360,20 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
     );
     let used = stats(&cache)["used"].as_u64().unwrap();
     assert!(used <= (16 << 20) + 4096, "cache use {used} over its size");
+    let fills = || stats(&cache)["total"]["fills"].as_u64().unwrap();
+    let (fills0, skipped0) = (fills(), skipped());
     pass("second sequential pass (hits and admitted misses)");
+    // Ranges skipped on the first pass miss a second time and are kept now.
+    wait_until(
+        "second misses to be filled",
+        Duration::from_secs(30),
+        || fills() > fills0,
+    );
+    assert!(
+        skipped() - skipped0 < skipped0,
+        "the second pass keeps ranges the first one skipped: {}",
+        stats(&cache)
+    );
     let mut buf = vec![0u8; 4096];
     for i in 0..3000u64 {
         let at = ((i * 7919) % (12 << 10)) * 4096;

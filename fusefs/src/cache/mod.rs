@@ -795,18 +795,18 @@ impl Inner {
         // one eviction makes does not let every next miss in.
         let size = self.size.load(Ordering::SeqCst);
         let full = pending + len > size - size / 8;
-        if full && !self.admission.admit(job.key, (job.start / BLOCK) as usize) {
-            // Full, and this range was not missed recently: it is just not cached.
+        // Not cached: full and not missed recently, or the fill worker too far behind.
+        let skip = |job: FillJob| {
             Counters::add(&job.counters.skipped_fills, 1);
             (job.done)();
-            return;
+        };
+        if full && !self.admission.admit(job.key, (job.start / BLOCK) as usize) {
+            return skip(job);
         }
         let queued = self.fills_queued.fetch_add(len, Ordering::SeqCst);
         if queued + len > FILL_BUDGET {
             self.fills_queued.fetch_sub(len, Ordering::SeqCst);
-            Counters::add(&job.counters.skipped_fills, 1);
-            (job.done)();
-            return;
+            return skip(job);
         }
         if let Err(e) = self.fill_tx.send(job) {
             self.fills_queued.fetch_sub(len, Ordering::SeqCst);
