@@ -3,7 +3,8 @@
 //!
 //! - [`oid`], [`view`], [`size`]: plain data.
 //! - [`placement`]: which nodes hold an object, a pure function.
-//! - [`proto`], [`conn`], [`api`]: the wire protocol, multiplexed connections, JSON bodies.
+//! - [`proto`], [`conn`], [`api`]: the wire protocol, multiplexed connections, JSON bodies;
+//!   [`pagebuf`]: the page-aligned buffers large payloads are received into.
 //! - [`store`]: objects as files on a node's disk.
 //! - [`membership`]: the driver trait and the `local` driver.
 //! - [`node`]: the `sheep` daemon. [`client`]: placement-aware client. [`vdi`]: VDIs on top.
@@ -15,6 +16,7 @@ pub mod lock;
 pub mod membership;
 pub mod node;
 pub mod oid;
+pub mod pagebuf;
 pub mod placement;
 pub mod proto;
 pub mod size;

@@ -14,9 +14,11 @@
 //! payload over [`MAX_PAYLOAD`], a truncated frame) is a [`FrameError`]: the receiver logs it
 //! and closes that connection.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::pagebuf::{PageBuf, PAGE};
 
 pub const MAGIC: u16 = 0x5348; // "SH"
 pub const CLIENT_VERSION: u8 = 1;
@@ -290,20 +292,37 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
         got += n;
     }
     let header = Header::decode(&hb)?;
-    // Read into uninitialised capacity: no zeroing of up to 64 MiB per frame.
+    // Read into uninitialised capacity: no zeroing of up to 64 MiB per frame. Payloads of a
+    // page or more (object data) land page-aligned, so they can go to O_DIRECT files as
+    // they are.
     let want = header.payload_len as usize;
-    let mut payload = BytesMut::with_capacity(want);
-    while payload.len() < want {
-        let mut limited = (&mut *r).take((want - payload.len()) as u64);
-        let n = limited.read_buf(&mut payload).await.map_err(io_err)?;
+    let payload = if want >= PAGE {
+        let mut buf = PageBuf::with_capacity(want);
+        read_payload(r, &mut buf, want).await?;
+        buf.freeze()
+    } else {
+        let mut buf = BytesMut::with_capacity(want);
+        read_payload(r, &mut buf, want).await?;
+        buf.freeze()
+    };
+    Ok(Some(Frame { header, payload }))
+}
+
+async fn read_payload<R: AsyncRead + Unpin, B: BufMut>(
+    r: &mut R,
+    buf: &mut B,
+    want: usize,
+) -> Result<(), FrameError> {
+    let mut got = 0;
+    while got < want {
+        let mut limited = (&mut *r).take((want - got) as u64);
+        let n = limited.read_buf(buf).await.map_err(io_err)?;
         if n == 0 {
-            return Err(FrameError::Truncated(HEADER_LEN + payload.len()));
+            return Err(FrameError::Truncated(HEADER_LEN + got));
         }
+        got += n;
     }
-    Ok(Some(Frame {
-        header,
-        payload: payload.freeze(),
-    }))
+    Ok(())
 }
 
 /// Writes one frame; `payload_len` is set from the payload. Does not flush.

@@ -95,6 +95,14 @@ impl Counters {
 /// range is simply not cached, so a slow cache disk never slows the reads themselves.
 const FILL_BUDGET: u64 = 16 << 20;
 
+/// A fetched range shorter than this (a random read) is written into the cache by the
+/// runtime thread that fetched it, right after its reader has the reply, when no other fill
+/// is queued: a buffered write of a few KiB costs less than waking the fill thread (at
+/// iodepth 1 that wake-up was a fifth of a miss's CPU). It goes to the fill thread after all
+/// when that would mean creating the object's files or evicting; longer ranges (O_DIRECT),
+/// and ranges arriving while others wait (the fill thread is awake then), always do.
+const INLINE_FILL: u64 = object::DIRECT_FILL;
+
 /// A range fetched on a miss, to be written into the cache by the fill worker.
 struct FillJob {
     key: Key,
@@ -146,6 +154,9 @@ pub(crate) struct Inner {
     push_errors: AtomicU64,
     last_push_error: Mutex<Option<String>>,
     touched: Mutex<HashSet<Key>>,
+    /// Objects whose bitmaps fills changed since they were last written (weak: eviction
+    /// does not wait for the flusher).
+    unsaved: Mutex<Vec<std::sync::Weak<CachedObject>>>,
     index: Option<sled::Tree>,
     wake_flusher: Notify,
     push_lock: tokio::sync::Mutex<()>,
@@ -296,6 +307,7 @@ impl Cache {
             push_errors: AtomicU64::new(0),
             last_push_error: Mutex::new(None),
             touched: Mutex::default(),
+            unsaved: Mutex::default(),
             index: open_index(&dir),
             wake_flusher: Notify::new(),
             push_lock: tokio::sync::Mutex::new(()),
@@ -474,6 +486,7 @@ impl Cache {
             }
         }
         let left = inner.dirty.load(Ordering::SeqCst);
+        inner.save_unsaved();
         let objs: Vec<Arc<CachedObject>> = inner
             .objects
             .lock()
@@ -786,7 +799,7 @@ impl Inner {
     }
 
     /// Hands a fetched range to the fill worker, or drops it when too much waits already.
-    fn queue_fill(&self, job: FillJob) {
+    fn queue_fill(self: &Arc<Self>, job: FillJob) {
         let len = job.data.len() as u64;
         // Decided here, on the reader's thread, so a range that is not admitted costs no
         // wake-up of the fill worker.
@@ -808,9 +821,43 @@ impl Inner {
             self.fills_queued.fetch_sub(len, Ordering::SeqCst);
             return skip(job);
         }
+        if len < INLINE_FILL && queued == 0 {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                // Runs on this thread once the current task (the read) is done.
+                let inner = self.clone();
+                rt.spawn(async move {
+                    if fill_one(&inner, &job, true) {
+                        inner.fill_done(job);
+                    } else {
+                        inner.to_fill_thread(job);
+                    }
+                });
+                return;
+            }
+        }
+        self.to_fill_thread(job);
+    }
+
+    fn to_fill_thread(&self, job: FillJob) {
         if let Err(e) = self.fill_tx.send(job) {
-            self.fills_queued.fetch_sub(len, Ordering::SeqCst);
-            (e.0.done)();
+            self.fill_done(e.0);
+        }
+    }
+
+    /// A queued fill is over (done, or dropped).
+    fn fill_done(&self, job: FillJob) {
+        self.fills_queued
+            .fetch_sub(job.data.len() as u64, Ordering::SeqCst);
+        (job.done)();
+    }
+
+    /// Writes the bitmaps that fills changed (deferred from the fills themselves).
+    fn save_unsaved(&self) {
+        let unsaved = std::mem::take(&mut *self.unsaved.lock().unwrap());
+        for o in unsaved.iter().filter_map(std::sync::Weak::upgrade) {
+            if let Err(e) = o.save_if_unsaved() {
+                tracing::warn!("saving the bitmaps of cached object {:?}: {e}", o.key);
+            }
         }
     }
 
@@ -1140,18 +1187,21 @@ impl Inner {
 /// path. A range is skipped if a write bypassed the cache since its fetch started.
 fn fill_worker(inner: &Inner, rx: std::sync::mpsc::Receiver<FillJob>) {
     for job in rx {
-        let len = job.data.len() as u64;
-        if inner.bypass_writes.load(Ordering::SeqCst) == job.bypass {
-            fill_one(inner, &job);
-        }
-        inner.fills_queued.fetch_sub(len, Ordering::SeqCst);
-        (job.done)();
+        fill_one(inner, &job, false);
+        inner.fill_done(job);
     }
 }
 
-fn fill_one(inner: &Inner, job: &FillJob) {
+/// Writes a fetched range into the cache. With `quick`, only if that needs neither creating
+/// the object's files nor evicting (false then, and nothing done): what may block for long
+/// is left to the fill thread.
+fn fill_one(inner: &Inner, job: &FillJob, quick: bool) -> bool {
+    if inner.bypass_writes.load(Ordering::SeqCst) != job.bypass {
+        return true; // a write bypassed the cache meanwhile: this data may be stale
+    }
     let (b0, b1) = CachedObject::block_range(job.start, job.data.len() as u64);
-    let missing = match inner.object_now(job.key, job.object_size, false) {
+    let existing = inner.object_now(job.key, job.object_size, false);
+    let missing = match &existing {
         Some(o) => {
             let st = o.state.lock().unwrap();
             (b0..b1).filter(|&b| !st.valid.get(b)).count()
@@ -1159,22 +1209,39 @@ fn fill_one(inner: &Inner, job: &FillJob) {
         None => b1 - b0,
     };
     if missing == 0 {
-        return;
+        return true;
     }
     let reserved = missing as u64 * BLOCK;
-    if !inner.reserve_now(reserved) {
-        // Only dirty data is left to evict: this range is just not cached.
-        Counters::add(&job.counters.skipped_fills, 1);
-        return;
-    }
-    let Some(o) = inner.object_now(job.key, job.object_size, true) else {
-        inner.settle(reserved, 0);
-        return;
+    let o = if quick {
+        // Holding `existing` keeps it from eviction while it is written.
+        match existing {
+            Some(o) if inner.try_reserve(reserved) => o,
+            _ => return false,
+        }
+    } else {
+        drop(existing);
+        if !inner.reserve_now(reserved) {
+            // Only dirty data is left to evict: this range is just not cached.
+            Counters::add(&job.counters.skipped_fills, 1);
+            return true;
+        }
+        // Looked up again: making room may have evicted it.
+        match inner.object_now(job.key, job.object_size, true) {
+            Some(o) => o,
+            None => {
+                inner.settle(reserved, 0);
+                return true;
+            }
+        }
     };
-    let added = vdi::write_fill(&o, job.start, &job.data);
+    let (added, newly_unsaved) = vdi::write_fill(&o, job.start, &job.data);
+    if newly_unsaved {
+        inner.unsaved.lock().unwrap().push(Arc::downgrade(&o));
+    }
     inner.settle(reserved, added * BLOCK);
     Counters::add(&job.counters.fills, 1);
     Counters::add(&job.counters.fill_bytes, added * BLOCK);
+    true
 }
 
 /// The background flusher: keeps dirty bytes under `max_dirty` and pushes data dirty for
@@ -1187,6 +1254,7 @@ async fn flusher(inner: Arc<Inner>) {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         inner.save_index();
+        inner.save_unsaved();
         let now = Instant::now();
         let over = inner.dirty.load(Ordering::SeqCst) > inner.cfg.max_dirty;
         let mut due: Vec<(Instant, Arc<CachedObject>)> = inner

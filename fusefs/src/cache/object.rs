@@ -34,6 +34,11 @@ pub struct State {
     /// While a push is in flight: blocks written since it took its snapshot.
     pub rewritten: Option<Bitmap>,
     pub dirty_since: Option<Instant>,
+    /// Blocks were filled since the meta file was last written: fills leave the write to the
+    /// flusher (a lost valid bit only costs a fetch), writes never do.
+    pub unsaved: bool,
+    /// The files were given up (evicted): nothing may be written to them any more.
+    pub retired: bool,
 }
 
 impl State {
@@ -148,6 +153,8 @@ impl CachedObject {
                 dirty: Bitmap::new(blocks),
                 rewritten: None,
                 dirty_since: None,
+                unsaved: false,
+                retired: false,
             }),
         };
         let mut head = Vec::with_capacity(META_HEAD);
@@ -205,8 +212,19 @@ impl CachedObject {
                 dirty,
                 rewritten: None,
                 dirty_since,
+                unsaved: false,
+                retired: false,
             }),
         })
+    }
+
+    /// Writes the bitmaps that fills left unsaved, unless the object was retired since.
+    pub fn save_if_unsaved(&self) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap();
+        if st.retired || !std::mem::take(&mut st.unsaved) {
+            return Ok(());
+        }
+        self.save(&st)
     }
 
     /// Writes both bitmaps to the meta file.
@@ -296,6 +314,12 @@ impl CachedObject {
             }
             Err(e) => return Err(e),
         };
+        // Data received from the cluster is page-aligned (objstore's PageBuf), and runs start
+        // at block offsets into it: written as it is, without a copy.
+        let aligned = |n: usize| n.is_multiple_of(BLOCK as usize);
+        if aligned(data.as_ptr() as usize) && aligned(data.len()) {
+            return direct.write_all_at(data, offset);
+        }
         let len = data.len().div_ceil(BLOCK as usize) * BLOCK as usize;
         FILL_BUF.with_borrow_mut(|buf| {
             if buf.as_ref().is_none_or(|b| b.layout.size() < len) {
@@ -317,6 +341,9 @@ impl CachedObject {
     /// Gives up the files: emptied and kept as spares (or removed). Nobody else may hold
     /// this object.
     pub fn retire(&self, spares: &Spares) {
+        // Under the state lock: a deferred meta write in progress finishes first, and none
+        // starts after.
+        self.state.lock().unwrap().retired = true;
         spares.keep((&self.data, &self.meta), &self.paths.0, &self.paths.1);
     }
 

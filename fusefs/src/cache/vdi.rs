@@ -653,8 +653,10 @@ fn commit(
 }
 
 /// Writes the blocks of `data` (fetched at `start`) that are not cached yet, each run of
-/// consecutive such blocks with one write; returns how many blocks were added.
-pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> u64 {
+/// consecutive such blocks with one write; returns how many blocks were added, and whether
+/// the object's bitmaps just became unsaved (the caller has them written later: see
+/// [`super::object::State::unsaved`]).
+pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> (u64, bool) {
     let (b0, b1) = CachedObject::block_range(start, data.len() as u64);
     let end = start + data.len() as u64;
     // Only whole blocks are cached, or the short block that ends the data (the VDI's end:
@@ -681,8 +683,6 @@ pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> u64 {
         added += (e - b) as u64;
         b = e;
     }
-    if added > 0 {
-        let _ = o.save(&st);
-    }
-    added
+    let newly_unsaved = added > 0 && !std::mem::replace(&mut st.unsaved, true);
+    (added, newly_unsaved)
 }
