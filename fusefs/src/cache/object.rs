@@ -475,4 +475,41 @@ mod tests {
         assert!(!lone.exists(), "a data file without meta is removed");
         assert!(d.path().join("000001/00000002.data").exists());
     }
+
+    #[test]
+    fn deferred_bitmaps_are_saved_once_and_never_into_a_retired_objects_files() {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::open(d.path().join("spare"));
+        let o = CachedObject::create(d.path(), (1, 2), 1 << 20, &spares).unwrap();
+        let (_, mp) = paths(d.path(), (1, 2));
+        let saved = || CachedObject::load(d.path(), (1, 2)).unwrap();
+        // A fill: data written, bitmaps changed but not saved yet.
+        let fill = super::super::vdi::write_fill;
+        assert_eq!(fill(&o, 0, &[7u8; 4096]), (1, true));
+        // Already valid: nothing added, and the object is already listed as unsaved.
+        assert_eq!(fill(&o, 0, &[7u8; 4096]), (0, false));
+        assert!(
+            saved().state.lock().unwrap().valid.is_empty(),
+            "not saved yet"
+        );
+        o.save_if_unsaved().unwrap();
+        assert_eq!(saved().state.lock().unwrap().valid.runs(), vec![(0, 1)]);
+        assert!(!o.state.lock().unwrap().unsaved);
+        // Changed again, then evicted before the flusher came: its files (now spares) stay
+        // empty.
+        o.state.lock().unwrap().valid.set_range(1, 2, true);
+        o.state.lock().unwrap().unsaved = true;
+        o.retire(&spares);
+        o.save_if_unsaved().unwrap();
+        assert!(!mp.exists());
+        for e in fs::read_dir(d.path().join("spare")).unwrap() {
+            let p = e.unwrap().path();
+            assert_eq!(
+                fs::metadata(&p).unwrap().len(),
+                0,
+                "{} written after retire",
+                p.display()
+            );
+        }
+    }
 }
