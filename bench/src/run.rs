@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// Only these groups (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Group>,
+    /// Only the figures a goal checks and what they are compared with (of the --only groups),
+    /// each run --rounds times: the goals table in a fraction of the full run's time. The
+    /// objsize, scaling and metadata groups check no goal and are left out.
+    #[arg(long)]
+    pub key_only: bool,
     /// Scratch space; a fresh directory is made inside and removed after. It must be on the
     /// disk the cache should use [default: the target directory this executable is in].
     #[arg(long)]

@@ -114,9 +114,12 @@ impl MainPlan {
                 Group::Objsize | Group::Scaling | Group::Metadata => Vec::new(),
             });
         }
-        let steps = merge(steps);
-        let order = steps.iter().map(|s| s.fig.id.clone()).collect();
+        let mut steps = merge(steps);
         let key_ids = goals::key_ids(steps.iter().map(|s| &s.fig), s.copies);
+        if s.key_only {
+            steps.retain(|s| key_ids.contains(&s.fig.id));
+        }
+        let order = steps.iter().map(|s| s.fig.id.clone()).collect();
         let (key, rest) = steps.into_iter().partition(|s| key_ids.contains(&s.fig.id));
         MainPlan { key, rest, order }
     }
@@ -381,7 +384,27 @@ mod tests {
             runtime_s: 1,
             rounds: 1,
             groups: Group::all().iter().copied().collect(),
+            key_only: false,
             matrix: Matrix::of(profile),
+        }
+    }
+
+    #[test]
+    fn key_only_keeps_the_key_steps_and_what_they_refer_to() {
+        let all = MainPlan::build(&settings(Profile::Full));
+        let key = MainPlan::build(&Settings {
+            key_only: true,
+            ..settings(Profile::Full)
+        });
+        assert!(key.rest.is_empty());
+        let ids =
+            |p: &MainPlan| -> Vec<String> { p.key.iter().map(|s| s.fig.id.clone()).collect() };
+        assert_eq!(ids(&key), ids(&all));
+        assert_eq!(key.order.len(), key.key.len());
+        for s in &key.key {
+            if let Some(r) = &s.fig.reference {
+                assert!(key.order.contains(r), "{} -> {r}", s.fig.id);
+            }
         }
     }
 

@@ -191,6 +191,8 @@ pub struct Settings {
     pub runtime_s: u64,
     pub rounds: usize,
     pub groups: BTreeSet<Group>,
+    /// Only the key steps (goal figures and their references).
+    pub key_only: bool,
     pub matrix: Matrix,
 }
 
@@ -202,11 +204,14 @@ impl Settings {
             Profile::Quick => (256 * MIB, 2, 1),
             Profile::Smoke => (16 * MIB, 1, 1),
         };
-        let groups: BTreeSet<Group> = if args.only.is_empty() {
+        let mut groups: BTreeSet<Group> = if args.only.is_empty() {
             Group::all().iter().copied().collect()
         } else {
             args.only.iter().copied().collect()
         };
+        if args.key_only {
+            groups.retain(|g| !matches!(g, Group::Objsize | Group::Scaling | Group::Metadata));
+        }
         let s = Settings {
             profile: args.profile,
             nodes: args.nodes,
@@ -216,6 +221,7 @@ impl Settings {
             runtime_s: args.runtime.unwrap_or(runtime_s),
             rounds: args.rounds.unwrap_or(rounds),
             groups,
+            key_only: args.key_only,
             matrix: Matrix::of(args.profile),
         };
         s.validate()?;
@@ -314,6 +320,8 @@ mod tests {
         assert!(s.runs(Group::Iops) && s.runs(Group::Dog) && !s.runs(Group::Sweep));
         let s = settings(&["--profile", "smoke"]).unwrap();
         assert_eq!(s.objsize_file(), 16 * MIB);
+        let s = settings(&["--key-only"]).unwrap();
+        assert!(s.key_only && s.runs(Group::Iops) && !s.runs(Group::Metadata));
     }
 
     #[test]
