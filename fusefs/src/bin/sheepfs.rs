@@ -37,10 +37,9 @@ struct Args {
     /// Let other users (e.g. a qemu running as another user) use the mount.
     #[arg(long)]
     allow_other: bool,
-    /// FUSE threads, each with its own /dev/fuse descriptor [default: the number of CPUs,
-    /// from 2 to 8].
-    #[arg(long)]
-    threads: Option<usize>,
+    /// FUSE threads, each with its own /dev/fuse descriptor.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
     /// Log file (default: stderr).
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -212,15 +211,8 @@ fn serve(args: Args) -> anyhow::Result<()> {
         }
     };
     let fs = SheepFs::new(client, cache.clone(), rt.handle().clone());
-    let mut session = fuser::Session::new(
-        fs,
-        &mountpoint,
-        &config(
-            args.allow_other,
-            args.threads.unwrap_or_else(default_threads),
-        ),
-    )
-    .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+    let mut session = fuser::Session::new(fs, &mountpoint, &config(args.allow_other, args.threads))
+        .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -294,11 +286,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// One FUSE thread per CPU, from 2 to 8: requests rarely wait on their thread (misses go to
-/// the runtime), and threads beyond the CPUs only add wake-ups: with 2 CPUs, 4 threads served
-/// 4 KiB cache hits at iodepth 1 about 5% slower than 2 (docs/benchmarks.md).
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
 }
