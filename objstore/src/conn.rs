@@ -15,7 +15,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::proto::{read_frame, write_frame, Frame, Header};
+use crate::proto::{read_frame_aligned, write_frame, Frame, Header};
 
 #[derive(Debug, Error, Clone)]
 #[non_exhaustive]
@@ -70,7 +70,7 @@ impl Conn {
         tokio::spawn(async move {
             let mut r = BufReader::with_capacity(256 << 10, rd);
             loop {
-                match read_frame(&mut r).await {
+                match read_frame_aligned(&mut r).await {
                     Ok(Some(frame)) => {
                         let waiter = pending_r.lock().unwrap().remove(&frame.header.req_id);
                         if let Some(w) = waiter {
