@@ -38,6 +38,19 @@ impl PageBuf {
         PageBuf { ptr, cap, len: 0 }
     }
 
+    /// A buffer holding `len` zero bytes (a staging area to fill through [`AsMut`]).
+    pub fn zeroed(len: usize) -> PageBuf {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size (at least one byte).
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        PageBuf { ptr, cap: len, len }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
     fn layout(cap: usize) -> Layout {
         Layout::from_size_align(cap.max(1), PAGE).expect("a payload-sized layout is valid")
     }
@@ -60,6 +73,13 @@ impl AsRef<[u8]> for PageBuf {
     fn as_ref(&self) -> &[u8] {
         // SAFETY: the first `len` bytes were initialised through `BufMut` (see advance_mut).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl AsMut<[u8]> for PageBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_ref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -116,6 +136,19 @@ mod tests {
                 assert_eq!(bytes.slice(PAGE..).as_ptr() as usize % PAGE, 0);
             }
         }
+    }
+
+    #[test]
+    fn zeroed_buffers_are_aligned_zeros_and_writable() {
+        let mut b = PageBuf::zeroed(3 * PAGE);
+        assert_eq!(
+            (b.len(), b.capacity(), b.remaining_mut()),
+            (3 * PAGE, 3 * PAGE, 0)
+        );
+        assert_eq!(b.as_ref().as_ptr() as usize % PAGE, 0);
+        assert!(b.as_ref().iter().all(|&x| x == 0));
+        b.as_mut()[PAGE] = 7;
+        assert_eq!(b.freeze()[PAGE], 7);
     }
 
     #[test]

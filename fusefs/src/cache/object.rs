@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use objstore::pagebuf::PageBuf;
+
 use super::bitmap::Bitmap;
 use super::spare::Spares;
 
@@ -61,43 +63,11 @@ pub struct CachedObject {
 }
 
 thread_local! {
-    /// The fill thread's staging buffer for O_DIRECT writes, reused (a fresh large allocation
-    /// per fill would be mapped and faulted in every time).
-    static FILL_BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+    /// The fill thread's staging buffer for O_DIRECT writes of data that is not page-aligned
+    /// already, reused (a fresh large allocation per fill would be mapped and faulted in
+    /// every time).
+    static FILL_BUF: std::cell::RefCell<Option<PageBuf>> = const { std::cell::RefCell::new(None) };
 }
-
-/// A zeroed buffer aligned to [`BLOCK`], as O_DIRECT wants.
-struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    layout: std::alloc::Layout,
-}
-
-impl AlignedBuf {
-    fn new(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), BLOCK as usize)
-            .expect("block-aligned layout");
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, layout }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr owns `layout.size()` initialised (zeroed) bytes for our lifetime.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this very layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-// SAFETY: AlignedBuf uniquely owns its allocation.
-unsafe impl Send for AlignedBuf {}
 
 /// Cache reads are exact block ranges, mostly random: the kernel's read-ahead on the data file
 /// would read (and keep) far more of the disk than asked. Reads of large ranges still go to
@@ -322,10 +292,10 @@ impl CachedObject {
         }
         let len = data.len().div_ceil(BLOCK as usize) * BLOCK as usize;
         FILL_BUF.with_borrow_mut(|buf| {
-            if buf.as_ref().is_none_or(|b| b.layout.size() < len) {
-                *buf = Some(AlignedBuf::new(len));
+            if buf.as_ref().is_none_or(|b| b.capacity() < len) {
+                *buf = Some(PageBuf::zeroed(len));
             }
-            let b = &mut buf.as_mut().expect("just made").as_mut_slice()[..len];
+            let b = &mut buf.as_mut().expect("just made").as_mut()[..len];
             b[..data.len()].copy_from_slice(data);
             b[data.len()..].fill(0);
             direct.write_all_at(b, offset)
@@ -511,5 +481,26 @@ mod tests {
                 p.display()
             );
         }
+    }
+
+    #[test]
+    fn direct_fills_write_aligned_and_unaligned_sources_alike() {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::open(d.path().join("spare"));
+        let o = CachedObject::create(d.path(), (1, 2), 4 << 20, &spares).unwrap();
+        let n = DIRECT_FILL as usize;
+        let data: Vec<u8> = (0..n + 100).map(|i| (i % 251) as u8).collect();
+        // Page-aligned, as received from the cluster: written as it is.
+        let mut aligned = PageBuf::with_capacity(n);
+        bytes::BufMut::put_slice(&mut aligned, &data[..n]);
+        o.write_fill_data(&aligned.freeze(), 0).unwrap();
+        // Not aligned, and a length that is not a whole number of blocks: staged.
+        o.write_fill_data(&data[1..], 1 << 20).unwrap();
+        let mut back = vec![0u8; n];
+        o.read_data(&mut back, 0).unwrap();
+        assert_eq!(back, data[..n]);
+        let mut back = vec![0u8; n + 99];
+        o.read_data(&mut back, 1 << 20).unwrap();
+        assert_eq!(back, data[1..]);
     }
 }
