@@ -29,22 +29,31 @@ unsafe impl Send for PageBuf {}
 unsafe impl Sync for PageBuf {}
 
 impl PageBuf {
-    /// An empty buffer with room for `cap` bytes.
+    /// An empty buffer with room for `cap` bytes (not zeroed: filled through [`BufMut`]).
     pub fn with_capacity(cap: usize) -> PageBuf {
-        let layout = Self::layout(cap);
-        // SAFETY: the layout has a non-zero size (at least one byte).
-        let raw = unsafe { std::alloc::alloc(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        PageBuf { ptr, cap, len: 0 }
+        Self::alloc(cap, false)
     }
 
     /// A buffer holding `len` zero bytes (a staging area to fill through [`AsMut`]).
     pub fn zeroed(len: usize) -> PageBuf {
-        let layout = Self::layout(len);
+        Self::alloc(len, true)
+    }
+
+    /// `cap` bytes of page-aligned memory; with `zeroed`, all of them initialised (`len` =
+    /// `cap`), else none (`len` = 0).
+    fn alloc(cap: usize, zeroed: bool) -> PageBuf {
+        let layout = Self::layout(cap);
         // SAFETY: the layout has a non-zero size (at least one byte).
-        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let raw = unsafe {
+            if zeroed {
+                std::alloc::alloc_zeroed(layout)
+            } else {
+                std::alloc::alloc(layout)
+            }
+        };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        PageBuf { ptr, cap: len, len }
+        let len = if zeroed { cap } else { 0 };
+        PageBuf { ptr, cap, len }
     }
 
     pub fn capacity(&self) -> usize {
@@ -71,7 +80,8 @@ impl PageBuf {
 
 impl AsRef<[u8]> for PageBuf {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: the first `len` bytes were initialised through `BufMut` (see advance_mut).
+        // SAFETY: the first `len` bytes are initialised: zeroed, or written through `BufMut`
+        // (see advance_mut).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -85,7 +95,7 @@ impl AsMut<[u8]> for PageBuf {
 
 impl Drop for PageBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `with_capacity` with this very layout.
+        // SAFETY: allocated in `alloc` with this very layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
     }
 }

@@ -624,6 +624,47 @@ mod tests {
 
     // ---- refusals ----
 
+    /// Object-sized payloads (the property test's are too small to take the aligned path):
+    /// both readers return the same frames, the aligned one page-aligned; a cut payload is
+    /// a truncation error either way.
+    #[tokio::test]
+    async fn large_payloads_read_alike_and_aligned_through_read_frame_aligned() {
+        let mut wire = Vec::new();
+        let payloads: Vec<Vec<u8>> = [PAGE, 3 * PAGE + 5, 100]
+            .iter()
+            .map(|&n| (0..n).map(|i| (i % 251) as u8).collect())
+            .collect();
+        for p in &payloads {
+            let h = golden_read().response(ResultCode::Ok, 0);
+            write_frame(&mut wire, &h, p).await.unwrap();
+        }
+        let plain = read_all(&mut Trickle {
+            data: &wire,
+            step: 1000,
+        })
+        .await;
+        // read_all_with asserts the alignment of every payload of a page or more.
+        let aligned = read_all_with(
+            &mut Trickle {
+                data: &wire,
+                step: 1000,
+            },
+            true,
+        )
+        .await;
+        assert_eq!(plain, aligned);
+        let (frames, err) = aligned;
+        assert!(err.is_none());
+        let got: Vec<&Vec<u8>> = frames.iter().map(|(_, p)| p).collect();
+        assert_eq!(got, payloads.iter().collect::<Vec<_>>());
+
+        let cut = &wire[..HEADER_LEN + PAGE / 2];
+        assert_eq!(
+            read_frame_aligned(&mut &cut[..]).await.unwrap_err(),
+            FrameError::Truncated(cut.len())
+        );
+    }
+
     #[tokio::test]
     async fn clean_eof_at_a_frame_boundary() {
         assert!(read_one(&[]).await.unwrap().is_none());

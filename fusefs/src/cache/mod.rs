@@ -103,7 +103,8 @@ const FILL_BUDGET: u64 = 16 << 20;
 /// and ranges arriving while others wait (the fill thread is awake then), always do.
 const INLINE_FILL: u64 = object::DIRECT_FILL;
 
-/// A range fetched on a miss, to be written into the cache by the fill worker.
+/// A range fetched on a miss, to be written into the cache (by the fill thread, or right on
+/// the runtime thread that fetched it: see [`INLINE_FILL`]).
 struct FillJob {
     key: Key,
     object_size: u64,
@@ -798,7 +799,8 @@ impl Inner {
         }
     }
 
-    /// Hands a fetched range to the fill worker, or drops it when too much waits already.
+    /// Has a fetched range written into the cache (see [`INLINE_FILL`] for where), or drops
+    /// it when it is not admitted or too much waits already.
     fn queue_fill(self: &Arc<Self>, job: FillJob) {
         let len = job.data.len() as u64;
         // Decided here, on the reader's thread, so a range that is not admitted costs no

@@ -465,6 +465,11 @@ mod tests {
         o.save_if_unsaved().unwrap();
         assert_eq!(saved().state.lock().unwrap().valid.runs(), vec![(0, 1)]);
         assert!(!o.state.lock().unwrap().unsaved);
+        // Saved once: with nothing marked unsaved, it writes nothing.
+        o.state.lock().unwrap().valid.set_range(2, 3, true);
+        o.save_if_unsaved().unwrap();
+        assert_eq!(saved().state.lock().unwrap().valid.runs(), vec![(0, 1)]);
+        o.state.lock().unwrap().valid.set_range(2, 3, false);
         // Changed again, then evicted before the flusher came: its files (now spares) stay
         // empty.
         o.state.lock().unwrap().valid.set_range(1, 2, true);
