@@ -1,25 +1,34 @@
 //! Admission into a full cache: a fetched range may displace cached data only on its second
-//! miss within a while (a "ghost" list of recent misses as long as the cache holds blocks).
+//! miss within a while (a "ghost" list of recent misses as long as the cache holds blocks),
+//! and only when it came back sooner than the data it would displace was last used.
 //!
 //! While the cache has room, everything fetched is kept. Once it is full, caching every miss
 //! would evict as fast as it fills: with reads spread wider than the cache (low hit ratios)
 //! each miss would pay for writing data that is evicted before it is read again, and the cache
 //! would be slower than no cache. Remembering misses costs a few dozen bytes each and lets
 //! ranges that come back in, while one-off reads pass through.
+//!
+//! A second miss alone is not enough: eviction frees a whole object (many blocks), so a range
+//! is kept only when its reuse interval (between its last two misses) is shorter than the time
+//! the least recently used object has gone unused. Reads spread evenly over more than the
+//! cache keep every cached object in use and are not worth displacing it for (the cache keeps
+//! serving what it holds instead of churning); when the reader moves on, what it left behind
+//! goes idle and new ranges come in.
 
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
 
 use lru::LruCache;
 
-use super::object::{Key, BLOCK};
+use super::object::{clock_ms, Key, BLOCK};
 
 /// Ghost entries kept at most (about 16 MiB of memory).
 const MAX_GHOSTS: usize = 256 * 1024;
 const MIN_GHOSTS: usize = 1024;
 
 pub(super) struct Admission {
-    ghosts: Mutex<LruCache<(Key, usize), ()>>,
+    /// Recent misses and when they happened ([`clock_ms`]).
+    ghosts: Mutex<LruCache<(Key, usize), u64>>,
 }
 
 fn capacity(cache_size: u64) -> NonZeroUsize {
@@ -40,13 +49,22 @@ impl Admission {
     }
 
     /// Whether the range fetched from block `block` of object `key` may displace cached data:
-    /// true when it missed before and is still remembered; otherwise it is remembered now.
-    pub fn admit(&self, key: Key, block: usize) -> bool {
+    /// true when it missed before, is still remembered, and came back within `idle()`
+    /// milliseconds (how long the data it would displace has gone unused; None: nothing to
+    /// displace). Otherwise this miss is remembered.
+    pub fn admit(&self, key: Key, block: usize, idle: impl FnOnce() -> Option<u64>) -> bool {
+        let now = clock_ms();
         let mut ghosts = self.ghosts.lock().unwrap();
-        if ghosts.pop(&(key, block)).is_some() {
+        let Some(missed_at) = ghosts.pop(&(key, block)) else {
+            ghosts.put((key, block), now);
+            return false;
+        };
+        drop(ghosts);
+        if idle().is_none_or(|idle| idle >= now.saturating_sub(missed_at)) {
             return true;
         }
-        ghosts.put((key, block), ());
+        // Not now: the next miss is measured from this one.
+        self.ghosts.lock().unwrap().put((key, block), now);
         false
     }
 }
@@ -55,26 +73,44 @@ impl Admission {
 mod tests {
     use super::*;
 
+    const NOTHING_TO_DISPLACE: fn() -> Option<u64> = || None;
+
     #[test]
     fn second_miss_is_admitted_once() {
         let a = Admission::new(64 << 20);
-        assert!(!a.admit((1, 2), 3));
-        assert!(a.admit((1, 2), 3));
+        let admit = |k, b| a.admit(k, b, NOTHING_TO_DISPLACE);
+        assert!(!admit((1, 2), 3));
+        assert!(admit((1, 2), 3));
         // Admitted ranges are forgotten: a third miss starts over.
-        assert!(!a.admit((1, 2), 3));
-        assert!(!a.admit((1, 2), 4));
-        assert!(!a.admit((2, 2), 3));
+        assert!(!admit((1, 2), 3));
+        assert!(!admit((1, 2), 4));
+        assert!(!admit((2, 2), 3));
     }
 
     #[test]
     fn remembers_as_many_misses_as_the_cache_has_blocks() {
         let a = Admission::new(MIN_GHOSTS as u64 * BLOCK);
         for b in 0..=MIN_GHOSTS {
-            assert!(!a.admit((1, 0), b));
+            assert!(!a.admit((1, 0), b, NOTHING_TO_DISPLACE));
         }
         // The oldest miss was pushed out, the newest is remembered.
-        assert!(!a.admit((1, 0), 0));
-        assert!(a.admit((1, 0), MIN_GHOSTS));
+        assert!(!a.admit((1, 0), 0, NOTHING_TO_DISPLACE));
+        assert!(a.admit((1, 0), MIN_GHOSTS, NOTHING_TO_DISPLACE));
+    }
+
+    #[test]
+    fn displaces_only_data_idle_longer_than_the_reuse_interval() {
+        let a = Admission::new(64 << 20);
+        assert!(!a.admit((1, 0), 0, || panic!("no victim asked on a first miss")));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        // Came back after >= 30 ms; the victim was used 5 ms ago: kept out, remembered again.
+        assert!(!a.admit((1, 0), 0, || Some(5)));
+        // Back at once now; the victim is idle for longer: admitted.
+        assert!(a.admit((1, 0), 0, || Some(10)));
+        // A victim idle for longer than the interval, at a second miss after a pause.
+        assert!(!a.admit((1, 0), 1, NOTHING_TO_DISPLACE));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(a.admit((1, 0), 1, || Some(60_000)));
     }
 
     #[test]

@@ -154,7 +154,8 @@ pub(crate) struct Inner {
     counters: Mutex<HashMap<u32, Arc<Counters>>>,
     push_errors: AtomicU64,
     last_push_error: Mutex<Option<String>>,
-    touched: Mutex<HashSet<Key>>,
+    /// When the index last recorded the objects' last uses ([`object::clock_ms`]).
+    index_saved_at: AtomicU64,
     /// Objects whose bitmaps fills changed since they were last written (weak: eviction
     /// does not wait for the flusher).
     unsaved: Mutex<Vec<std::sync::Weak<CachedObject>>>,
@@ -307,7 +308,7 @@ impl Cache {
             counters: Mutex::default(),
             push_errors: AtomicU64::new(0),
             last_push_error: Mutex::new(None),
-            touched: Mutex::default(),
+            index_saved_at: AtomicU64::new(0),
             unsaved: Mutex::default(),
             index: open_index(&dir),
             wake_flusher: Notify::new(),
@@ -603,14 +604,35 @@ impl Inner {
         }
     }
 
+    /// Records in the index when each object used since the last save was last used (as wall
+    /// time, for the LRU order of the next mount).
     fn save_index(&self) {
         let Some(t) = &self.index else { return };
-        let touched: Vec<Key> = self.touched.lock().unwrap().drain().collect();
-        let now = now_ms().to_be_bytes();
-        for k in touched {
-            let _ = t.insert(key_bytes(k), &now);
+        let now = object::clock_ms();
+        let since = self.index_saved_at.swap(now, Ordering::Relaxed);
+        let wall = now_ms();
+        let used: Vec<(Key, u64)> = self
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            // 0: loaded at mount and unused since, its recorded time stands.
+            .filter(|(_, o)| o.used_at() > 0 && o.used_at() >= since)
+            .map(|(k, o)| (*k, wall.saturating_sub(now - o.used_at())))
+            .collect();
+        for (k, at) in used {
+            let _ = t.insert(key_bytes(k), &at.to_be_bytes());
         }
         let _ = t.flush();
+    }
+
+    /// How long the least recently used object has gone unused, in milliseconds (None: the
+    /// cache holds none). What a displacing fill would evict first, unless it is dirty or
+    /// being read.
+    fn lru_idle_ms(&self) -> Option<u64> {
+        let objects = self.objects.lock().unwrap();
+        let (_, o) = objects.peek_lru()?;
+        Some(object::clock_ms().saturating_sub(o.used_at()))
     }
 
     fn counters(&self, vid: u32) -> Arc<Counters> {
@@ -815,7 +837,8 @@ impl Inner {
             Counters::add(&job.counters.skipped_fills, 1);
             (job.done)();
         };
-        if full && !self.admission.admit(job.key, (job.start / BLOCK) as usize) {
+        let block = (job.start / BLOCK) as usize;
+        if full && !self.admission.admit(job.key, block, || self.lru_idle_ms()) {
             return skip(job);
         }
         let queued = self.fills_queued.fetch_add(len, Ordering::SeqCst);
@@ -926,7 +949,7 @@ impl Inner {
     /// [`Inner::object`] without waiting (nothing in it waits).
     fn object_now(&self, key: Key, object_size: u64, create: bool) -> Option<Arc<CachedObject>> {
         if let Some(o) = self.objects.lock().unwrap().get(&key) {
-            self.touched.lock().unwrap().insert(key);
+            o.touch();
             return Some(o.clone());
         }
         if !create {
@@ -957,7 +980,6 @@ impl Inner {
             }
         };
         objects.put(key, o.clone());
-        self.touched.lock().unwrap().insert(key);
         Some(o)
     }
 

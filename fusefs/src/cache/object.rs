@@ -12,7 +12,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use objstore::pagebuf::PageBuf;
@@ -60,6 +61,15 @@ pub struct CachedObject {
     /// One push of this object at a time: a second pusher (fsync, flush) waits for the first
     /// and then pushes what is still dirty, so it never returns before its data is out.
     pub pushing: tokio::sync::Mutex<()>,
+    /// When it was last read or written ([`clock_ms`]; 0: not since this mount started).
+    used_at: AtomicU64,
+}
+
+/// Milliseconds on a monotonic clock that starts at 1 when first asked: when cached objects
+/// were last used and when ranges last missed (admission compares the two).
+pub fn clock_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 thread_local! {
@@ -87,6 +97,19 @@ fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
 }
 
 impl CachedObject {
+    /// Records a use now (a store only when the clock moved: hits on other CPUs share the line).
+    pub fn touch(&self) {
+        let now = clock_ms();
+        if self.used_at.load(Ordering::Relaxed) != now {
+            self.used_at.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// When it was last used ([`clock_ms`]; 0: not since this mount started).
+    pub fn used_at(&self) -> u64 {
+        self.used_at.load(Ordering::Relaxed)
+    }
+
     /// Creates an empty cached object, in the files of an evicted one when there are spares.
     pub fn create(
         dir: &Path,
@@ -118,6 +141,7 @@ impl CachedObject {
             meta,
             paths: (dp, mp),
             pushing: tokio::sync::Mutex::new(()),
+            used_at: AtomicU64::new(clock_ms()),
             state: Mutex::new(State {
                 valid: Bitmap::new(blocks),
                 dirty: Bitmap::new(blocks),
@@ -177,6 +201,7 @@ impl CachedObject {
             meta: open(&mp)?,
             paths: (dp, mp),
             pushing: tokio::sync::Mutex::new(()),
+            used_at: AtomicU64::new(0),
             state: Mutex::new(State {
                 valid,
                 dirty,

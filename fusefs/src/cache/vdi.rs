@@ -34,6 +34,8 @@ struct Inflight {
 pub struct CachedVdi {
     inner: Arc<Inner>,
     vdi: Arc<Vdi>,
+    /// The VDI's id (fixed; read on every request, where the header would be cloned).
+    vid: u32,
     counters: Arc<Counters>,
     /// Where the last read ended: a read starting there is sequential.
     last_end: AtomicU64,
@@ -64,10 +66,12 @@ fn io_err(what: &str, e: std::io::Error) -> VdiError {
 
 impl CachedVdi {
     pub(super) fn new(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
-        let counters = inner.counters(vdi.header().vid);
+        let vid = vdi.header().vid;
+        let counters = inner.counters(vid);
         CachedVdi {
             inner,
             vdi,
+            vid,
             counters,
             last_end: AtomicU64::new(u64::MAX),
             inflight: Arc::default(),
@@ -80,7 +84,7 @@ impl CachedVdi {
     }
 
     fn vid(&self) -> u32 {
-        self.vdi.header().vid
+        self.vid
     }
 
     fn mode(&self) -> CacheMode {
@@ -126,7 +130,7 @@ impl CachedVdi {
             {
                 return None;
             }
-            self.inner.touched.lock().unwrap().insert(o.key);
+            o.touch();
         }
         self.last_end.store(offset + len, Ordering::Relaxed);
         Counters::add(&self.counters.hits, 1);
