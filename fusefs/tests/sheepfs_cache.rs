@@ -326,6 +326,27 @@ fn bounded_size_lru_and_no_dirty_lost() {
     assert!(stats(&cache)["total"]["evictions"].as_u64().unwrap() > 0);
 }
 
+/// A small cache under random writes evicts and re-creates the same objects all the time: an
+/// object's files are only made again once those of its evicted self are gone (retiring them
+/// once took the new object's files along, and its blocks read back as zeros).
+#[test]
+fn objects_evicted_and_created_again_keep_their_data() {
+    let (_tmp, rig, cache) = rig_with_cache(3, "16M");
+    rig.cluster.dog_ok(&["vdi", "create", "t", "64M"]);
+    let f = rig.path("t");
+    for round in 0..3 {
+        let v = fio(&strs(&fio_job(
+            &f,
+            "64M",
+            &["--rw=randwrite", "--do_verify=1", "--number_ios=6000"],
+        )));
+        assert_eq!(v["jobs"][0]["error"], 0, "round {round}");
+    }
+    let s = stats(&cache);
+    assert!(s["total"]["evictions"].as_u64().unwrap() > 0, "{s}");
+    assert!(s["used"].as_u64().unwrap() <= (16 << 20) + 4096, "{s}");
+}
+
 /// The LRU order outlives the mount: the index records when each object was last used, and
 /// the next mount evicts in that order. Run both ways round, so an order that ignored the
 /// index (the files' order on disk) could not pass both.

@@ -102,6 +102,12 @@ const FILL_BUDGET: u64 = 16 << 20;
 /// when that would mean creating the object's files or evicting; longer ranges (O_DIRECT),
 /// and ranges arriving while others wait (the fill thread is awake then), always do.
 const INLINE_FILL: u64 = object::DIRECT_FILL;
+/// The most the fill thread writes at once (queued ranges that continue each other, merged).
+const MAX_FILL_BATCH: u64 = 4 << 20;
+/// Threads writing fills (each O_DIRECT write waits for the disk: two keep it busier).
+const FILL_THREADS: usize = 2;
+/// Queued ranges the fill thread takes at once to look for ranges to merge.
+const MAX_FILL_JOBS: usize = 64;
 
 /// A range fetched on a miss, to be written into the cache (by the fill thread, or right on
 /// the runtime thread that fetched it: see [`INLINE_FILL`]).
@@ -171,7 +177,9 @@ pub(crate) struct Inner {
     unflushed: std::sync::atomic::AtomicBool,
     fill_tx: std::sync::mpsc::Sender<FillJob>,
     fill_rx: Mutex<Option<std::sync::mpsc::Receiver<FillJob>>>,
-    /// Keys whose files are being created.
+    /// Keys whose files are being created or retired: a key's files are made only once
+    /// those of the object it had before are gone (retiring renames them by path, which would
+    /// otherwise take the new object's files).
     creating: Mutex<HashSet<Key>>,
     /// Which fetched ranges may displace cached data once the cache is full.
     admission: admit::Admission,
@@ -382,14 +390,17 @@ impl Cache {
         rt.spawn(socket::serve(self.clone(), sock));
         rt.spawn(flusher(self.inner.clone()));
         if let Some(rx) = self.inner.fill_rx.lock().unwrap().take() {
-            let inner = self.inner.clone();
-            std::thread::Builder::new()
-                .name("cache-fill".into())
-                .spawn(move || fill_worker(&inner, rx))
-                .map_err(|e| CacheError::Dir {
-                    dir: self.inner.cfg.dir.clone(),
-                    what: format!("starting the fill thread: {e}"),
-                })?;
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..FILL_THREADS {
+                let (inner, rx) = (self.inner.clone(), rx.clone());
+                std::thread::Builder::new()
+                    .name(format!("cache-fill-{i}"))
+                    .spawn(move || fill_worker(&inner, &rx))
+                    .map_err(|e| CacheError::Dir {
+                        dir: self.inner.cfg.dir.clone(),
+                        what: format!("starting the fill threads: {e}"),
+                    })?;
+            }
         }
         // VDIs with unpushed writes, and VDIs the last mount attached without releasing (a
         // kill -9): attach them again so the writes are pushed and the locks end up released.
@@ -754,12 +765,27 @@ impl Inner {
                 })
                 .map(|(k, _)| *k)
                 .collect();
-            keys.iter().filter_map(|k| objects.pop(k)).collect()
+            keys.iter()
+                .filter_map(|k| self.take_out(&mut objects, *k))
+                .collect()
         };
         victims.iter().map(|o| self.forget(o)).sum()
     }
 
-    /// Accounting and files of an object already taken out of the LRU; returns its bytes.
+    /// Takes `key`'s object out of the LRU (whose lock the caller holds) for
+    /// [`Inner::forget`]; until that is done, nobody creates the key's files again.
+    fn take_out(
+        &self,
+        objects: &mut LruCache<Key, Arc<CachedObject>>,
+        key: Key,
+    ) -> Option<Arc<CachedObject>> {
+        let o = objects.pop(&key)?;
+        self.creating.lock().unwrap().insert(key);
+        Some(o)
+    }
+
+    /// Accounting and files of an object [`Inner::take_out`] took out of the LRU; returns its
+    /// bytes.
     fn forget(&self, o: &CachedObject) -> u64 {
         let st = o.state.lock().unwrap();
         let bytes = o.bytes_of(st.valid.count());
@@ -771,6 +797,7 @@ impl Inner {
         if let Some(t) = &self.index {
             let _ = t.remove(key_bytes(o.key));
         }
+        self.creating.lock().unwrap().remove(&o.key);
         bytes
     }
 
@@ -851,7 +878,7 @@ impl Inner {
                 // Runs on this thread once the current task (the read) is done.
                 let inner = self.clone();
                 rt.spawn(async move {
-                    if fill_one(&inner, &job, true) {
+                    if fill_one(&inner, std::slice::from_ref(&job), true) {
                         inner.fill_done(job);
                     } else {
                         inner.to_fill_thread(job);
@@ -912,7 +939,7 @@ impl Inner {
                     Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
                 })
                 .map(|(k, _)| *k);
-            key.and_then(|k| objects.pop(&k))
+            key.and_then(|k| self.take_out(&mut objects, k))
         };
         let Some(o) = victim else { return false };
         let freed = self.forget(&o);
@@ -1207,23 +1234,56 @@ impl Inner {
     }
 }
 
-/// The fill worker: writes fetched ranges into the cache, one at a time, off every reader's
-/// path. A range is skipped if a write bypassed the cache since its fetch started.
-fn fill_worker(inner: &Inner, rx: std::sync::mpsc::Receiver<FillJob>) {
-    for job in rx {
-        fill_one(inner, &job, false);
-        inner.fill_done(job);
+/// The fill worker: writes fetched ranges into the cache, off every reader's path. It takes
+/// whatever is queued at once and writes ranges that continue each other in one object (a
+/// sequential read and its read-ahead, whose fetches finish in any order) together, up to
+/// [`MAX_FILL_BATCH`]: larger writes reach the disk faster, so fewer ranges are dropped for
+/// the budget on a first read.
+fn fill_worker(inner: &Inner, rx: &Mutex<std::sync::mpsc::Receiver<FillJob>>) {
+    loop {
+        let mut jobs = {
+            let rx = rx.lock().unwrap();
+            let Ok(first) = rx.recv() else { return };
+            let mut jobs = vec![first];
+            jobs.extend(rx.try_iter().take(MAX_FILL_JOBS));
+            jobs
+        };
+        jobs.sort_by_key(|j| (j.key, j.start));
+        let mut jobs = jobs.into_iter().peekable();
+        while let Some(job) = jobs.next() {
+            let mut len = job.data.len() as u64;
+            let mut run = vec![job];
+            while let Some(next) =
+                jobs.next_if(|n| len < MAX_FILL_BATCH && continues(run.last().expect("one"), n))
+            {
+                len += next.data.len() as u64;
+                run.push(next);
+            }
+            fill_one(inner, &run, false);
+            for job in run {
+                inner.fill_done(job);
+            }
+        }
     }
 }
 
-/// Writes a fetched range into the cache. With `quick`, only if that needs neither creating
-/// the object's files nor evicting (false then, and nothing done): what may block for long
-/// is left to the fill thread.
-fn fill_one(inner: &Inner, job: &FillJob, quick: bool) -> bool {
+/// Whether `b` starts where `a` ends, in the same object and fetched under the same bypass
+/// count (so they can be filled as one range).
+fn continues(a: &FillJob, b: &FillJob) -> bool {
+    a.key == b.key && a.bypass == b.bypass && a.start + a.data.len() as u64 == b.start
+}
+
+/// Writes fetched ranges that continue each other (`jobs`, in order, in one object) into the
+/// cache. With `quick`, only if that needs neither creating the object's files nor evicting
+/// (false then, and nothing done): what may block for long is left to the fill thread.
+fn fill_one(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
+    let job = &jobs[0];
     if inner.bypass_writes.load(Ordering::SeqCst) != job.bypass {
         return true; // a write bypassed the cache meanwhile: this data may be stale
     }
-    let (b0, b1) = CachedObject::block_range(job.start, job.data.len() as u64);
+    let parts: Vec<&[u8]> = jobs.iter().map(|j| &j.data[..]).collect();
+    let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let (b0, b1) = CachedObject::block_range(job.start, len);
     let existing = inner.object_now(job.key, job.object_size, false);
     let missing = match &existing {
         Some(o) => {
@@ -1245,8 +1305,8 @@ fn fill_one(inner: &Inner, job: &FillJob, quick: bool) -> bool {
     } else {
         drop(existing);
         if !inner.reserve_now(reserved) {
-            // Only dirty data is left to evict: this range is just not cached.
-            Counters::add(&job.counters.skipped_fills, 1);
+            // Only dirty data is left to evict: these ranges are just not cached.
+            Counters::add(&job.counters.skipped_fills, jobs.len() as u64);
             return true;
         }
         // Looked up again: making room may have evicted it.
@@ -1258,12 +1318,12 @@ fn fill_one(inner: &Inner, job: &FillJob, quick: bool) -> bool {
             }
         }
     };
-    let (added, newly_unsaved) = vdi::write_fill(&o, job.start, &job.data);
+    let (added, newly_unsaved) = vdi::write_fill(&o, job.start, &parts);
     if newly_unsaved {
         inner.unsaved.lock().unwrap().push(Arc::downgrade(&o));
     }
     inner.settle(reserved, added * BLOCK);
-    Counters::add(&job.counters.fills, 1);
+    Counters::add(&job.counters.fills, jobs.len() as u64);
     Counters::add(&job.counters.fill_bytes, added * BLOCK);
     true
 }

@@ -79,6 +79,41 @@ thread_local! {
     static FILL_BUF: std::cell::RefCell<Option<PageBuf>> = const { std::cell::RefCell::new(None) };
 }
 
+/// `pwritev` of all of `parts` at `offset`, again after a short write.
+fn write_all_vectored_at(f: &File, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    use std::io::IoSlice;
+    use std::os::fd::AsRawFd;
+    let mut slices: Vec<IoSlice> = parts.iter().map(|p| IoSlice::new(p)).collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        let n = rest.len().min(libc::UIO_MAXIOV as usize) as libc::c_int;
+        // SAFETY: IoSlice is ABI-compatible with iovec, and the slices borrow `parts`, which
+        // outlive the call.
+        let r = unsafe {
+            libc::pwritev(
+                f.as_raw_fd(),
+                rest.as_ptr().cast(),
+                n,
+                offset as libc::off_t,
+            )
+        };
+        match r {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            r if r > 0 => {
+                offset += r as u64;
+                IoSlice::advance_slices(&mut rest, r as usize);
+            }
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Cache reads are exact block ranges, mostly random: the kernel's read-ahead on the data file
 /// would read (and keep) far more of the disk than asked. Reads of large ranges still go to
 /// the disk as one request.
@@ -286,17 +321,28 @@ impl CachedObject {
         self.data.write_all_at(data, offset)
     }
 
-    /// Writes data fetched from the cluster at a block-aligned `offset`. Runs of at least
-    /// [`DIRECT_FILL`] (sequential reads, read-ahead) go straight to the disk with O_DIRECT,
-    /// a short tail padded with zeros: streaming data then costs no page-cache work on the
-    /// CPUs the reader needs, and does not push hotter pages out; later reads find it on disk
-    /// (then in the page cache). Smaller runs (random reads, likely re-read) are written
-    /// through the page cache. Falls back to buffered where the filesystem refuses O_DIRECT.
-    pub fn write_fill_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
+    /// Writes data fetched from the cluster at a block-aligned `offset`: `parts` one after
+    /// the other (several fetches that continue each other go out as one write). Runs of at
+    /// least [`DIRECT_FILL`] (sequential reads, read-ahead) go straight to the disk with
+    /// O_DIRECT, a short tail padded with zeros: streaming data then costs no page-cache work
+    /// on the CPUs the reader needs, and does not push hotter pages out; later reads find it
+    /// on disk (then in the page cache). Smaller runs (random reads, likely re-read) are
+    /// written through the page cache. Falls back to buffered where the filesystem refuses
+    /// O_DIRECT.
+    pub fn write_fill_data(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         debug_assert_eq!(offset % BLOCK, 0);
-        if (data.len() as u64) < DIRECT_FILL {
-            return self.write_data(data, offset);
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let buffered = |f: &File| {
+            let mut at = offset;
+            for p in parts {
+                f.write_all_at(p, at)?;
+                at += p.len() as u64;
+            }
+            Ok(())
+        };
+        if (len as u64) < DIRECT_FILL {
+            return buffered(&self.data);
         }
         let direct = OpenOptions::new()
             .write(true)
@@ -304,25 +350,30 @@ impl CachedObject {
             .open(&self.paths.0);
         let direct = match direct {
             Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                return self.write_data(data, offset);
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return buffered(&self.data),
             Err(e) => return Err(e),
         };
         // Data received from the cluster is page-aligned (objstore's PageBuf), and runs start
         // at block offsets into it: written as it is, without a copy.
         let aligned = |n: usize| n.is_multiple_of(BLOCK as usize);
-        if aligned(data.as_ptr() as usize) && aligned(data.len()) {
-            return direct.write_all_at(data, offset);
+        if parts
+            .iter()
+            .all(|p| aligned(p.as_ptr() as usize) && aligned(p.len()))
+        {
+            return write_all_vectored_at(&direct, parts, offset);
         }
-        let len = data.len().div_ceil(BLOCK as usize) * BLOCK as usize;
+        let padded = len.div_ceil(BLOCK as usize) * BLOCK as usize;
         FILL_BUF.with_borrow_mut(|buf| {
-            if buf.as_ref().is_none_or(|b| b.capacity() < len) {
-                *buf = Some(PageBuf::zeroed(len));
+            if buf.as_ref().is_none_or(|b| b.capacity() < padded) {
+                *buf = Some(PageBuf::zeroed(padded));
             }
-            let b = &mut buf.as_mut().expect("just made").as_mut()[..len];
-            b[..data.len()].copy_from_slice(data);
-            b[data.len()..].fill(0);
+            let b = &mut buf.as_mut().expect("just made").as_mut()[..padded];
+            let mut at = 0;
+            for p in parts {
+                b[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            b[len..].fill(0);
             direct.write_all_at(b, offset)
         })
     }
@@ -480,9 +531,9 @@ mod tests {
         let saved = || CachedObject::load(d.path(), (1, 2)).unwrap();
         // A fill: data written, bitmaps changed but not saved yet.
         let fill = super::super::vdi::write_fill;
-        assert_eq!(fill(&o, 0, &[7u8; 4096]), (1, true));
+        assert_eq!(fill(&o, 0, &[&[7u8; 4096]]), (1, true));
         // Already valid: nothing added, and the object is already listed as unsaved.
-        assert_eq!(fill(&o, 0, &[7u8; 4096]), (0, false));
+        assert_eq!(fill(&o, 0, &[&[7u8; 4096]]), (0, false));
         assert!(
             saved().state.lock().unwrap().valid.is_empty(),
             "not saved yet"
@@ -514,6 +565,26 @@ mod tests {
     }
 
     #[test]
+    fn fills_of_several_parts_skip_valid_blocks_across_part_boundaries() {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::open(d.path().join("spare"));
+        let o = CachedObject::create(d.path(), (1, 2), 1 << 20, &spares).unwrap();
+        let b = BLOCK as usize;
+        // Block 2 was written by the user meanwhile: its bytes must stay.
+        o.write_data(&vec![9u8; b], 2 * BLOCK).unwrap();
+        o.state.lock().unwrap().valid.set_range(2, 3, true);
+        let (p1, p2) = (vec![1u8; 3 * b - 100], vec![2u8; 2 * b + 100]);
+        let fill = super::super::vdi::write_fill;
+        assert_eq!(fill(&o, 0, &[&p1, &p2]), (4, true));
+        assert_eq!(o.state.lock().unwrap().valid.runs(), vec![(0, 5)]);
+        let mut back = vec![0u8; 5 * b];
+        o.read_data(&mut back, 0).unwrap();
+        let mut want = [p1.as_slice(), p2.as_slice()].concat();
+        want[2 * b..3 * b].fill(9);
+        assert_eq!(back, want);
+    }
+
+    #[test]
     fn direct_fills_write_aligned_and_unaligned_sources_alike() {
         let d = tempfile::tempdir().unwrap();
         let spares = Spares::open(d.path().join("spare"));
@@ -523,14 +594,30 @@ mod tests {
         // Page-aligned, as received from the cluster: written as it is.
         let mut aligned = PageBuf::with_capacity(n);
         bytes::BufMut::put_slice(&mut aligned, &data[..n]);
-        o.write_fill_data(&aligned.freeze(), 0).unwrap();
+        o.write_fill_data(&[&aligned.freeze()], 0).unwrap();
         // Not aligned, and a length that is not a whole number of blocks: staged.
-        o.write_fill_data(&data[1..], 1 << 20).unwrap();
+        o.write_fill_data(&[&data[1..]], 1 << 20).unwrap();
         let mut back = vec![0u8; n];
         o.read_data(&mut back, 0).unwrap();
         assert_eq!(back, data[..n]);
         let mut back = vec![0u8; n + 99];
         o.read_data(&mut back, 1 << 20).unwrap();
         assert_eq!(back, data[1..]);
+        // Several aligned parts, one write; then parts of which one is not aligned.
+        let part = |from: usize, len: usize| {
+            let mut b = PageBuf::with_capacity(len);
+            bytes::BufMut::put_slice(&mut b, &data[from..from + len]);
+            b.freeze()
+        };
+        let (p1, p2) = (part(0, n / 2), part(n / 2, n / 2));
+        o.write_fill_data(&[&p1, &p2], 2 << 20).unwrap();
+        let mut back = vec![0u8; n];
+        o.read_data(&mut back, 2 << 20).unwrap();
+        assert_eq!(back, data[..n]);
+        o.write_fill_data(&[&p1, &data[n / 2..n + 100]], 3 << 20)
+            .unwrap();
+        let mut back = vec![0u8; n + 100];
+        o.read_data(&mut back, 3 << 20).unwrap();
+        assert_eq!(back, data);
     }
 }

@@ -656,13 +656,14 @@ fn commit(
     Ok((added, dirtied))
 }
 
-/// Writes the blocks of `data` (fetched at `start`) that are not cached yet, each run of
-/// consecutive such blocks with one write; returns how many blocks were added, and whether
-/// the object's bitmaps just became unsaved (the caller has them written later: see
-/// [`super::object::State::unsaved`]).
-pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> (u64, bool) {
-    let (b0, b1) = CachedObject::block_range(start, data.len() as u64);
-    let end = start + data.len() as u64;
+/// Writes the blocks of the data fetched at `start` (`parts`, one after the other: fetches
+/// that continue each other) that are not cached yet, each run of consecutive such blocks
+/// with one write; returns how many blocks were added, and whether the object's bitmaps just
+/// became unsaved (the caller has them written later: see [`super::object::State::unsaved`]).
+pub(super) fn write_fill(o: &CachedObject, start: u64, parts: &[&[u8]]) -> (u64, bool) {
+    let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let (b0, b1) = CachedObject::block_range(start, len);
+    let end = start + len;
     // Only whole blocks are cached, or the short block that ends the data (the VDI's end:
     // fetches are block-aligned everywhere else).
     let fits = |b: usize| (b as u64 + 1) * BLOCK <= end || b + 1 == b1;
@@ -678,9 +679,11 @@ pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> (u64, boo
         while e < b1 && !st.valid.get(e) && fits(e) {
             e += 1;
         }
-        let s = (b as u64 * BLOCK - start) as usize;
-        let t = ((e as u64 * BLOCK).min(end) - start) as usize;
-        if o.write_fill_data(&data[s..t], b as u64 * BLOCK).is_err() {
+        let s = b as u64 * BLOCK - start;
+        let t = (e as u64 * BLOCK).min(end) - start;
+        if o.write_fill_data(&slice_parts(parts, s, t), b as u64 * BLOCK)
+            .is_err()
+        {
             break;
         }
         st.valid.set_range(b, e, true);
@@ -689,4 +692,19 @@ pub(super) fn write_fill(o: &CachedObject, start: u64, data: &[u8]) -> (u64, boo
     }
     let newly_unsaved = added > 0 && !std::mem::replace(&mut st.unsaved, true);
     (added, newly_unsaved)
+}
+
+/// Bytes `[s, t)` of `parts` taken one after the other.
+fn slice_parts<'a>(parts: &[&'a [u8]], s: u64, t: u64) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for p in parts {
+        let (ps, pe) = (at, at + p.len() as u64);
+        at = pe;
+        if pe <= s || ps >= t {
+            continue;
+        }
+        out.push(&p[(s.max(ps) - ps) as usize..(t.min(pe) - ps) as usize]);
+    }
+    out
 }
