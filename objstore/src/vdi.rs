@@ -411,6 +411,12 @@ pub struct Vdi {
     client: Arc<Client>,
     header: RwLock<InodeHeader>,
     map: RwLock<Vec<u32>>,
+    /// Held shared by every change of the inode made through this handle (an object mapped
+    /// or unmapped, the size grown) from its write to the cluster until the copy here has it
+    /// too, and exclusively by [`Vdi::refresh`]: a refresh that read the inode before such a
+    /// change landed would otherwise put the older inode back over it (a freshly allocated
+    /// object would then read as a hole, zeros).
+    changes: tokio::sync::RwLock<()>,
 }
 
 impl Vdi {
@@ -421,6 +427,7 @@ impl Vdi {
             client,
             header: RwLock::new(header),
             map: RwLock::new(map),
+            changes: tokio::sync::RwLock::new(()),
         })
     }
 
@@ -431,6 +438,7 @@ impl Vdi {
             let h = self.header.read().unwrap();
             (h.name.clone(), h.vid)
         };
+        let _no_changes = self.changes.write().await;
         if lookup(&self.client, &name).await? != vid {
             return Err(VdiError::NotFound(name));
         }
@@ -561,6 +569,7 @@ impl Vdi {
 
     /// Records in the inode that `index` is now held by object `vid` (0: a hole).
     async fn record(&self, index: u64, vid: u32) -> Result<(), VdiError> {
+        let _changing = self.changes.read().await;
         let inode = ObjectId::inode(self.header.read().unwrap().vid);
         let at = INODE_HEADER_LEN as u64 + 4 * index;
         self.client
@@ -576,6 +585,7 @@ impl Vdi {
 
     /// Grows the VDI to `new_size` bytes; shrinking is refused, the same size is a no-op.
     pub async fn grow(&self, new_size: u64) -> Result<(), VdiError> {
+        let _changing = self.changes.read().await;
         let mut h = self.header();
         if new_size < h.size {
             return Err(VdiError::InvalidSize {
