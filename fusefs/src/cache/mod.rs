@@ -859,13 +859,17 @@ impl Inner {
         // one eviction makes does not let every next miss in.
         let size = self.size.load(Ordering::SeqCst);
         let full = pending + len > size - size / 8;
+        // Whether the range would displace cached data (only then is the data it would
+        // displace weighed against it).
+        let displaces = pending + len > size;
         // Not cached: full and not missed recently, or the fill worker too far behind.
         let skip = |job: FillJob| {
             Counters::add(&job.counters.skipped_fills, 1);
             (job.done)();
         };
         let block = (job.start / BLOCK) as usize;
-        if full && !self.admission.admit(job.key, block, || self.lru_idle_ms()) {
+        let idle = || displaces.then(|| self.lru_idle_ms()).flatten();
+        if full && !self.admission.admit(job.key, block, idle) {
             return skip(job);
         }
         let queued = self.fills_queued.fetch_add(len, Ordering::SeqCst);
