@@ -458,6 +458,14 @@ pub fn remove_key(dir: &Path, key: Key) {
 mod tests {
     use super::*;
 
+    /// Object (1, 2) of `size` bytes, created in a fresh directory with its spare pool.
+    fn object_1_2(size: u64) -> (tempfile::TempDir, Spares, CachedObject) {
+        let d = tempfile::tempdir().unwrap();
+        let spares = Spares::open(d.path().join("spare"));
+        let o = CachedObject::create(d.path(), (1, 2), size, &spares).unwrap();
+        (d, spares, o)
+    }
+
     #[test]
     fn create_save_load() {
         let d = tempfile::tempdir().unwrap();
@@ -524,9 +532,7 @@ mod tests {
 
     #[test]
     fn deferred_bitmaps_are_saved_once_and_never_into_a_retired_objects_files() {
-        let d = tempfile::tempdir().unwrap();
-        let spares = Spares::open(d.path().join("spare"));
-        let o = CachedObject::create(d.path(), (1, 2), 1 << 20, &spares).unwrap();
+        let (d, spares, o) = object_1_2(1 << 20);
         let (_, mp) = paths(d.path(), (1, 2));
         let saved = || CachedObject::load(d.path(), (1, 2)).unwrap();
         // A fill: data written, bitmaps changed but not saved yet.
@@ -566,9 +572,7 @@ mod tests {
 
     #[test]
     fn fills_of_several_parts_skip_valid_blocks_across_part_boundaries() {
-        let d = tempfile::tempdir().unwrap();
-        let spares = Spares::open(d.path().join("spare"));
-        let o = CachedObject::create(d.path(), (1, 2), 1 << 20, &spares).unwrap();
+        let (_d, _spares, o) = object_1_2(1 << 20);
         let b = BLOCK as usize;
         // Block 2 was written by the user meanwhile: its bytes must stay.
         o.write_data(&vec![9u8; b], 2 * BLOCK).unwrap();
@@ -586,9 +590,7 @@ mod tests {
 
     #[test]
     fn direct_fills_write_aligned_and_unaligned_sources_alike() {
-        let d = tempfile::tempdir().unwrap();
-        let spares = Spares::open(d.path().join("spare"));
-        let o = CachedObject::create(d.path(), (1, 2), 4 << 20, &spares).unwrap();
+        let (_d, _spares, o) = object_1_2(4 << 20);
         let n = DIRECT_FILL as usize;
         let data: Vec<u8> = (0..n + 100).map(|i| (i % 251) as u8).collect();
         // Page-aligned, as received from the cluster: written as it is.
