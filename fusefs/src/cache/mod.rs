@@ -1250,7 +1250,7 @@ impl Inner {
 }
 
 /// The fill worker: writes fetched ranges into the cache, off every reader's path. It takes
-/// whatever is queued at once and writes ranges that continue each other in one object (a
+/// what is queued at once (up to [`MAX_FILL_JOBS`] more than the first) and writes ranges that continue each other in one object (a
 /// sequential read and its read-ahead, whose fetches finish in any order) together, up to
 /// [`MAX_FILL_BATCH`]: larger writes reach the disk faster, so fewer ranges are dropped for
 /// the budget on a first read.
