@@ -85,24 +85,51 @@ impl Cluster {
         format!("127.0.0.1:{}", self.ports[i])
     }
 
-    /// Starts (or restarts) node `i` on its own data directory.
+    /// Starts (or restarts) node `i` on its own data directory. A first start whose port was
+    /// taken meanwhile (ports come from [`free_port`], which lets go of them, and tests run in
+    /// parallel) moves to another port; another test's node answering there would otherwise
+    /// pass for this one.
     pub fn start_node(&mut self, i: usize) {
-        let mut cmd = Command::new(&self.bins.sheep);
-        cmd.arg("--dir")
-            .arg(self.node_dir(i))
-            .arg("--listen")
-            .arg(self.addr(i))
-            .arg("--cluster")
-            .arg(format!("local:{}", self.state_dir().display()))
-            .env("RUST_LOG", "info");
-        let log = self.dir.path().join(format!("node{i}.log"));
-        self.nodes[i] = Some(Proc::spawn(&format!("sheep{i}"), cmd, &log));
-        let addr = self.addr(i);
-        wait_until(
-            &format!("sheep{i} to answer on {addr}"),
-            Duration::from_secs(20),
-            || self.dog_at(&addr, &["node", "list"]).status.success(),
-        );
+        let first_start = self.nodes[i].is_none() && !self.node_dir(i).exists();
+        for attempt in 0.. {
+            let mut cmd = Command::new(&self.bins.sheep);
+            cmd.arg("--dir")
+                .arg(self.node_dir(i))
+                .arg("--listen")
+                .arg(self.addr(i))
+                .arg("--cluster")
+                .arg(format!("local:{}", self.state_dir().display()))
+                .env("RUST_LOG", "info");
+            let log = self.dir.path().join(format!("node{i}.log"));
+            let mut node = Proc::spawn(&format!("sheep{i}"), cmd, &log);
+            let addr = self.addr(i);
+            // Serving: its own log says so, for this address.
+            let serving = format!("objects at {addr},");
+            let mut exited = false;
+            wait_until(
+                &format!("sheep{i} to serve on {addr}"),
+                Duration::from_secs(20),
+                || {
+                    exited = !node.running();
+                    exited || crate::log_tail(&log, 1 << 16).contains(&serving)
+                },
+            );
+            if exited {
+                let tail = crate::log_tail(&log, 1 << 16);
+                if first_start && attempt < 5 && tail.contains("in use") {
+                    self.ports[i] = free_port();
+                    continue;
+                }
+                panic!("sheep{i} exited while starting on {addr}:\n{tail}");
+            }
+            self.nodes[i] = Some(node);
+            wait_until(
+                &format!("sheep{i} to answer on {addr}"),
+                Duration::from_secs(20),
+                || self.dog_at(&addr, &["node", "list"]).status.success(),
+            );
+            return;
+        }
     }
 
     pub fn kill9(&mut self, i: usize) {
