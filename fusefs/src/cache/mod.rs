@@ -104,10 +104,6 @@ const FILL_BUDGET: u64 = 16 << 20;
 const INLINE_FILL: u64 = object::DIRECT_FILL;
 /// The most the fill thread writes at once (queued ranges that continue each other, merged).
 const MAX_FILL_BATCH: u64 = 4 << 20;
-/// Threads writing fills. Two kept the disk busier on a first sequential read (more of it
-/// cached), but made cold random reads at depth 16 collapse to about 0.6x in some harness
-/// rounds (2 of 3, 1 of 2, 1 of 3, against none with one thread).
-const FILL_THREADS: usize = 1;
 /// Queued ranges the fill thread takes at once to look for ranges to merge.
 const MAX_FILL_JOBS: usize = 64;
 
@@ -395,17 +391,17 @@ impl Cache {
         rt.spawn(socket::serve(self.clone(), sock));
         rt.spawn(flusher(self.inner.clone()));
         if let Some(rx) = self.inner.fill_rx.lock().unwrap().take() {
-            let rx = Arc::new(Mutex::new(rx));
-            for i in 0..FILL_THREADS {
-                let (inner, rx) = (self.inner.clone(), rx.clone());
-                std::thread::Builder::new()
-                    .name(format!("cache-fill-{i}"))
-                    .spawn(move || fill_worker(&inner, &rx))
-                    .map_err(|e| CacheError::Dir {
-                        dir: self.inner.cfg.dir.clone(),
-                        what: format!("starting the fill threads: {e}"),
-                    })?;
-            }
+            // One fill thread. Two kept the disk busier on a first sequential read (more of it
+            // cached), but cold random reads at depth 16 fell to about 0.6x cache-off in some
+            // harness rounds (2 of 3, 1 of 2, 1 of 3; none with one thread).
+            let inner = self.inner.clone();
+            std::thread::Builder::new()
+                .name("cache-fill".into())
+                .spawn(move || fill_worker(&inner, rx))
+                .map_err(|e| CacheError::Dir {
+                    dir: self.inner.cfg.dir.clone(),
+                    what: format!("starting the fill thread: {e}"),
+                })?;
         }
         // VDIs with unpushed writes, and VDIs the last mount attached without releasing (a
         // kill -9): attach them again so the writes are pushed and the locks end up released.
@@ -1250,19 +1246,14 @@ impl Inner {
 }
 
 /// The fill worker: writes fetched ranges into the cache, off every reader's path. It takes
-/// what is queued at once (up to [`MAX_FILL_JOBS`] more than the first) and writes ranges that continue each other in one object (a
-/// sequential read and its read-ahead, whose fetches finish in any order) together, up to
-/// [`MAX_FILL_BATCH`]: larger writes reach the disk faster, so fewer ranges are dropped for
-/// the budget on a first read.
-fn fill_worker(inner: &Inner, rx: &Mutex<std::sync::mpsc::Receiver<FillJob>>) {
-    loop {
-        let mut jobs = {
-            let rx = rx.lock().unwrap();
-            let Ok(first) = rx.recv() else { return };
-            let mut jobs = vec![first];
-            jobs.extend(rx.try_iter().take(MAX_FILL_JOBS));
-            jobs
-        };
+/// what is queued at once (up to [`MAX_FILL_JOBS`] more than the first) and writes ranges
+/// that continue each other in one object (a sequential read and its read-ahead, whose
+/// fetches finish in any order) together, up to [`MAX_FILL_BATCH`]: larger writes reach the
+/// disk faster, so fewer ranges are dropped for the budget on a first read.
+fn fill_worker(inner: &Inner, rx: std::sync::mpsc::Receiver<FillJob>) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        jobs.extend(rx.try_iter().take(MAX_FILL_JOBS));
         jobs.sort_by_key(|j| (j.key, j.start));
         let mut jobs = jobs.into_iter().peekable();
         while let Some(job) = jobs.next() {
