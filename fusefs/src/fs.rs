@@ -91,6 +91,9 @@ fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
 
 const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
+/// How long `rm` of an open VDI waits for it to be closed (a release still on its way)
+/// before it is refused with EBUSY.
+const UNLINK_WAIT: Duration = Duration::from_secs(1);
 const MAX_READAHEAD: u32 = 128 << 10;
 /// Requests the kernel keeps in flight (fuser's default is 16; aio depth beyond it queues).
 const MAX_BACKGROUND: u16 = 128;
@@ -438,11 +441,17 @@ impl Filesystem for SheepFs {
             Ok(n) => n,
             Err(_) => return reply.error(Errno::ENOENT),
         };
-        if self.sh.is_open(&name) {
-            tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
-            return reply.error(Errno::EBUSY);
-        }
         self.spawn(move |sh| async move {
+            // The kernel sends the release of a closed file on its own time: an `rm` right
+            // after the last close can arrive first. Give that release a moment.
+            let deadline = tokio::time::Instant::now() + UNLINK_WAIT;
+            while sh.is_open(&name) {
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
+                    return reply.error(Errno::EBUSY);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             if let Some(cache) = &sh.cache {
                 // Deleting: what this mount cached of it (dirty too) goes, and so does its lock.
                 cache.forget_vdi(&name).await;

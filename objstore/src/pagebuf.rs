@@ -5,8 +5,16 @@
 //! received into a page-aligned buffer can be written as it is, where a heap buffer would
 //! first be copied into an aligned one: a second copy of every byte on the read path.
 
+//!
+//! Buffers of 64 KiB to 4 MiB are pooled: a freed one is kept (up to [`POOL_BYTES`] in all)
+//! and handed out again, most recently freed first. Memory returned to the allocator and
+//! taken back is faulted in anew, page by page, inside the receive copy; a reused buffer is
+//! mapped already, and likely still in the CPU's caches.
+
 use std::alloc::Layout;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use bytes::buf::UninitSlice;
 use bytes::{BufMut, Bytes};
@@ -14,6 +22,24 @@ use bytes::{BufMut, Bytes};
 /// Alignment of every [`PageBuf`]: one page, what O_DIRECT asks of memory on the
 /// filesystems we run on.
 pub const PAGE: usize = 4096;
+
+/// Smallest pooled capacity (smaller buffers come and go through the allocator).
+const POOL_MIN: usize = 64 << 10;
+/// Pooled capacities, powers of two from [`POOL_MIN`]: 64 KiB … 4 MiB.
+const POOL_CLASSES: usize = 7;
+/// Bytes of free buffers kept, at most.
+const POOL_BYTES: usize = 32 << 20;
+
+/// Free buffers per capacity class (their addresses), and the bytes they hold together.
+static POOL: [Mutex<Vec<usize>>; POOL_CLASSES] = [const { Mutex::new(Vec::new()) }; POOL_CLASSES];
+static POOLED: AtomicUsize = AtomicUsize::new(0);
+
+/// The pool class for a buffer of `cap` bytes (None: not pooled), and its capacity.
+fn class_of(cap: usize) -> Option<(usize, usize)> {
+    let size = cap.max(POOL_MIN).checked_next_power_of_two()?;
+    let class = (size / POOL_MIN).trailing_zeros() as usize;
+    (class < POOL_CLASSES && cap >= POOL_MIN / 2).then_some((class, size))
+}
 
 /// A fixed-capacity byte buffer whose start is [`PAGE`]-aligned, filled through
 /// [`BufMut`] without zeroing first and frozen into [`Bytes`] without a copy.
@@ -29,8 +55,21 @@ unsafe impl Send for PageBuf {}
 unsafe impl Sync for PageBuf {}
 
 impl PageBuf {
-    /// An empty buffer with room for `cap` bytes (not zeroed: filled through [`BufMut`]).
+    /// An empty buffer with room for at least `cap` bytes (not zeroed: filled through
+    /// [`BufMut`]); pooled sizes are rounded up to their class (a power of two).
     pub fn with_capacity(cap: usize) -> PageBuf {
+        if let Some((class, size)) = class_of(cap) {
+            if let Some(addr) = POOL[class].lock().unwrap().pop() {
+                POOLED.fetch_sub(size, Ordering::Relaxed);
+                let ptr = NonNull::new(addr as *mut u8).expect("pooled buffers are non-null");
+                return PageBuf {
+                    ptr,
+                    cap: size,
+                    len: 0,
+                };
+            }
+            return Self::alloc(size, false);
+        }
         Self::alloc(cap, false)
     }
 
@@ -95,7 +134,19 @@ impl AsMut<[u8]> for PageBuf {
 
 impl Drop for PageBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `alloc` with this very layout.
+        if let Some((class, size)) = class_of(self.cap).filter(|&(_, size)| size == self.cap) {
+            let kept = POOLED
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                    (p + size <= POOL_BYTES).then_some(p + size)
+                })
+                .is_ok();
+            if kept {
+                POOL[class].lock().unwrap().push(self.ptr.as_ptr() as usize);
+                return;
+            }
+        }
+        // SAFETY: allocated in `alloc` with this very layout (pooled buffers too: a pooled
+        // capacity is the one it was allocated with).
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
     }
 }
@@ -159,6 +210,29 @@ mod tests {
         assert!(b.as_ref().iter().all(|&x| x == 0));
         b.as_mut()[PAGE] = 7;
         assert_eq!(b.freeze()[PAGE], 7);
+    }
+
+    #[test]
+    fn pooled_buffers_come_back_empty_with_their_class_capacity() {
+        assert_eq!(class_of(1 << 20), Some((4, 1 << 20)));
+        assert_eq!(class_of((1 << 20) + 1), Some((5, 2 << 20)));
+        assert_eq!(class_of(4 << 20), Some((6, 4 << 20)));
+        assert_eq!(class_of((4 << 20) + 1), None);
+        assert_eq!(class_of(PAGE), None);
+        for round in 0..3u8 {
+            let bufs: Vec<PageBuf> = (0..8).map(|_| PageBuf::with_capacity(300 << 10)).collect();
+            for mut b in bufs {
+                assert_eq!((b.len(), b.capacity()), (0, 512 << 10));
+                b.put_bytes(round, 300 << 10);
+                let bytes = b.freeze();
+                assert_eq!(bytes.as_ptr() as usize % PAGE, 0);
+                assert!(bytes.iter().all(|&x| x == round));
+            }
+        }
+        // Far more freed than the pool keeps: the rest goes back to the allocator.
+        let many: Vec<PageBuf> = (0..40).map(|_| PageBuf::with_capacity(4 << 20)).collect();
+        drop(many);
+        assert!(POOLED.load(Ordering::Relaxed) <= POOL_BYTES);
     }
 
     #[test]

@@ -630,7 +630,8 @@ impl Inner {
             .iter()
             // 0: loaded at mount and unused since, its recorded time stands.
             .filter(|(_, o)| o.used_at() > 0 && o.used_at() >= since)
-            .map(|(k, o)| (*k, wall.saturating_sub(now - o.used_at())))
+            // Used after `now` was read (on another thread): now.
+            .map(|(k, o)| (*k, wall.saturating_sub(now.saturating_sub(o.used_at()))))
             .collect();
         for (k, at) in used {
             let _ = t.insert(key_bytes(k), &at.to_be_bytes());
@@ -1324,13 +1325,18 @@ fn fill_one(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
             }
         }
     };
-    let (added, newly_unsaved) = vdi::write_fill(&o, job.start, &parts);
+    // Checked again once no write can come between: a write that bypassed the cache after
+    // the check above has its blocks forgotten after this fill, one before it is seen here.
+    let fresh = || inner.bypass_writes.load(Ordering::SeqCst) == job.bypass;
+    let (added, newly_unsaved) = vdi::write_fill(&o, job.start, &parts, fresh);
     if newly_unsaved {
         inner.unsaved.lock().unwrap().push(Arc::downgrade(&o));
     }
     inner.settle(reserved, added * BLOCK);
-    Counters::add(&job.counters.fills, jobs.len() as u64);
-    Counters::add(&job.counters.fill_bytes, added * BLOCK);
+    if added > 0 {
+        Counters::add(&job.counters.fills, jobs.len() as u64);
+        Counters::add(&job.counters.fill_bytes, added * BLOCK);
+    }
     true
 }
 

@@ -58,6 +58,10 @@ pub struct CachedObject {
     meta: File,
     paths: (PathBuf, PathBuf),
     pub state: Mutex<State>,
+    /// Held by whoever writes the data file (then `state`, to change the bits): writes and
+    /// fills of the object take turns, while readers, which need only `state`, do not wait
+    /// for a fill's disk write.
+    pub writing: Mutex<()>,
     /// One push of this object at a time: a second pusher (fsync, flush) waits for the first
     /// and then pushes what is still dirty, so it never returns before its data is out.
     pub pushing: tokio::sync::Mutex<()>,
@@ -175,6 +179,7 @@ impl CachedObject {
             data,
             meta,
             paths: (dp, mp),
+            writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
             used_at: AtomicU64::new(clock_ms()),
             state: Mutex::new(State {
@@ -235,6 +240,7 @@ impl CachedObject {
             data: open(&dp).inspect(no_readahead)?,
             meta: open(&mp)?,
             paths: (dp, mp),
+            writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
             used_at: AtomicU64::new(0),
             state: Mutex::new(State {
@@ -536,7 +542,9 @@ mod tests {
         let (_, mp) = paths(d.path(), (1, 2));
         let saved = || CachedObject::load(d.path(), (1, 2)).unwrap();
         // A fill: data written, bitmaps changed but not saved yet.
-        let fill = super::super::vdi::write_fill;
+        let fill = |o: &CachedObject, start: u64, parts: &[&[u8]]| {
+            super::super::vdi::write_fill(o, start, parts, || true)
+        };
         assert_eq!(fill(&o, 0, &[&[7u8; 4096]]), (1, true));
         // Already valid: nothing added, and the object is already listed as unsaved.
         assert_eq!(fill(&o, 0, &[&[7u8; 4096]]), (0, false));
@@ -578,7 +586,9 @@ mod tests {
         o.write_data(&vec![9u8; b], 2 * BLOCK).unwrap();
         o.state.lock().unwrap().valid.set_range(2, 3, true);
         let (p1, p2) = (vec![1u8; 3 * b - 100], vec![2u8; 2 * b + 100]);
-        let fill = super::super::vdi::write_fill;
+        let fill = |o: &CachedObject, start: u64, parts: &[&[u8]]| {
+            super::super::vdi::write_fill(o, start, parts, || true)
+        };
         assert_eq!(fill(&o, 0, &[&p1, &p2]), (4, true));
         assert_eq!(o.state.lock().unwrap().valid.runs(), vec![(0, 5)]);
         let mut back = vec![0u8; 5 * b];

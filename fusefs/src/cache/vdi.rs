@@ -334,6 +334,7 @@ impl CachedVdi {
             self.inner.settle(reserved, 0);
             return false;
         };
+        let _writing = o.writing.lock().unwrap();
         let mut st = o.state.lock().unwrap();
         if !edges_ok(Some(&st)) {
             drop(st);
@@ -452,8 +453,9 @@ impl CachedVdi {
                     old_blocks.push((b, self.vdi.read_at(base + bs, be - bs).await?));
                 }
             }
-            // Data and bits change together under the object's lock, so a concurrent fill
+            // Data and bits change together under the object's locks, so a concurrent fill
             // can never put older bytes over this write.
+            let _writing = o.writing.lock().unwrap();
             let mut st = o.state.lock().unwrap();
             let mut skip = Vec::new();
             for &b in &edges {
@@ -497,6 +499,8 @@ impl CachedVdi {
         for (idx, off, n, _) in self.pieces(offset, len) {
             let Some(o) = self.peek(idx) else { continue };
             let (b0, b1) = CachedObject::block_range(off, n);
+            // After any fill in progress, which may have started before the change.
+            let _writing = o.writing.lock().unwrap();
             let mut st = o.state.lock().unwrap();
             let before = (st.valid.count(), st.dirty.count());
             st.valid.set_range(b0, b1, false);
@@ -534,6 +538,7 @@ impl CachedVdi {
             }
             let (idx, off) = ((s / os) as u32, s % os);
             if let Some(o) = self.peek(idx) {
+                let _writing = o.writing.lock().unwrap();
                 let st = o.state.lock().unwrap();
                 if st.valid.get((off / BLOCK) as usize) {
                     o.write_data(&vec![0u8; (e - s) as usize], off)
@@ -558,6 +563,7 @@ impl CachedVdi {
     fn update_cached(&self, idx: u32, off: u64, data: &[u8]) {
         let Some(o) = self.peek(idx) else { return };
         let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
+        let _writing = o.writing.lock().unwrap();
         let st = o.state.lock().unwrap();
         for b in b0..b1 {
             if !st.valid.get(b) {
@@ -660,25 +666,49 @@ fn commit(
 /// that continue each other) that are not cached yet, each run of consecutive such blocks
 /// with one write; returns how many blocks were added, and whether the object's bitmaps just
 /// became unsaved (the caller has them written later: see [`super::object::State::unsaved`]).
-pub(super) fn write_fill(o: &CachedObject, start: u64, parts: &[&[u8]]) -> (u64, bool) {
+/// Nothing is written unless `fresh()` (asked once no write to the object can come between
+/// the check and the marking) says the data is still what the cluster holds.
+///
+/// The object's write lock is held throughout, its state lock only to pick the blocks and
+/// to mark them: readers of the object never wait for the disk write (a 4 MiB fill takes
+/// milliseconds, and a sequential reader wants the object being filled next).
+pub(super) fn write_fill(
+    o: &CachedObject,
+    start: u64,
+    parts: &[&[u8]],
+    fresh: impl Fn() -> bool,
+) -> (u64, bool) {
     let len: u64 = parts.iter().map(|p| p.len() as u64).sum();
     let (b0, b1) = CachedObject::block_range(start, len);
     let end = start + len;
     // Only whole blocks are cached, or the short block that ends the data (the VDI's end:
     // fetches are block-aligned everywhere else).
     let fits = |b: usize| (b as u64 + 1) * BLOCK <= end || b + 1 == b1;
-    let mut st = o.state.lock().unwrap();
-    let mut added = 0u64;
-    let mut b = b0;
-    while b < b1 {
-        if st.valid.get(b) || !fits(b) {
-            b += 1; // a write got there first
-            continue;
+    let _writing = o.writing.lock().unwrap();
+    if !fresh() {
+        return (0, false);
+    }
+    let mut runs = Vec::new();
+    {
+        let st = o.state.lock().unwrap();
+        let mut b = b0;
+        while b < b1 {
+            if st.valid.get(b) || !fits(b) {
+                b += 1; // a write got there first
+                continue;
+            }
+            let mut e = b + 1;
+            while e < b1 && !st.valid.get(e) && fits(e) {
+                e += 1;
+            }
+            runs.push((b, e));
+            b = e;
         }
-        let mut e = b + 1;
-        while e < b1 && !st.valid.get(e) && fits(e) {
-            e += 1;
-        }
+    }
+    // Nobody else writes these blocks meanwhile: writers hold the write lock, and a block
+    // that is not valid is read by nobody.
+    let mut written = Vec::new();
+    for (b, e) in runs {
         let s = b as u64 * BLOCK - start;
         let t = (e as u64 * BLOCK).min(end) - start;
         if o.write_fill_data(&slice_parts(parts, s, t), b as u64 * BLOCK)
@@ -686,9 +716,13 @@ pub(super) fn write_fill(o: &CachedObject, start: u64, parts: &[&[u8]]) -> (u64,
         {
             break;
         }
+        written.push((b, e));
+    }
+    let mut st = o.state.lock().unwrap();
+    let mut added = 0u64;
+    for (b, e) in written {
         st.valid.set_range(b, e, true);
         added += (e - b) as u64;
-        b = e;
     }
     let newly_unsaved = added > 0 && !std::mem::replace(&mut st.unsaved, true);
     (added, newly_unsaved)

@@ -109,9 +109,27 @@ pub fn log_tail(path: &Path, bytes: u64) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// The first panic message in a log (the line and the two after it), if any: a backtrace
+/// after it can push it out of the tail.
+pub fn first_panic(path: &Path) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    let text = String::from_utf8_lossy(&text);
+    let mut lines = text.lines().skip_while(|l| !l.contains("panicked at"));
+    let first = lines.next()?;
+    Some(
+        std::iter::once(first)
+            .chain(lines.take(2))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            if let Some(p) = first_panic(&self.log) {
+                eprintln!("---- {} (pid {}) panicked ----\n{p}", self.name, self.pid());
+            }
             eprintln!(
                 "---- {} (pid {}) log tail ----\n{}",
                 self.name,
