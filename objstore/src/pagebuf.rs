@@ -73,9 +73,22 @@ impl PageBuf {
         Self::alloc(cap, false)
     }
 
-    /// A buffer holding `len` zero bytes (a staging area to fill through [`AsMut`]).
+    /// A buffer holding `len` zero bytes (a staging area to fill through [`AsMut`]); pooled
+    /// sizes come from the pool as [`PageBuf::with_capacity`] does.
     pub fn zeroed(len: usize) -> PageBuf {
-        Self::alloc(len, true)
+        if class_of(len).is_none() {
+            return Self::alloc(len, true);
+        }
+        let mut b = Self::with_capacity(len);
+        // SAFETY: `len` fits the capacity; write_bytes initialises those bytes.
+        unsafe { std::ptr::write_bytes(b.ptr.as_ptr(), 0, len) };
+        b.len = len;
+        b
+    }
+
+    /// Keeps only the first `len` bytes (no-op if it holds fewer).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
     }
 
     /// `cap` bytes of page-aligned memory; with `zeroed`, all of them initialised (`len` =
@@ -196,6 +209,19 @@ mod tests {
             if cap > PAGE {
                 assert_eq!(bytes.slice(PAGE..).as_ptr() as usize % PAGE, 0);
             }
+        }
+    }
+
+    #[test]
+    fn pooled_zeroed_buffers_are_zeros_again_and_truncate() {
+        for _ in 0..3 {
+            let mut b = PageBuf::zeroed(3 << 20);
+            assert_eq!(b.len(), 3 << 20);
+            assert!(b.as_ref().iter().all(|&x| x == 0));
+            b.as_mut().fill(0xAB);
+            b.truncate(5);
+            b.truncate(9);
+            assert_eq!(&b.freeze()[..], &[0xAB; 5]);
         }
     }
 

@@ -1058,8 +1058,9 @@ impl Inner {
         for (s, e) in snapshot.runs() {
             let off = s as u64 * BLOCK;
             let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
-            let mut buf = vec![0u8; len as usize];
-            if let Err(e) = o.read_data(&mut buf, off) {
+            // Pooled: a push of 4 MiB runs would otherwise fault in fresh memory each time.
+            let mut buf = objstore::pagebuf::PageBuf::zeroed(len as usize);
+            if let Err(e) = o.read_data(buf.as_mut(), off) {
                 result = Err(format!("reading cached object {:?}: {e}", o.key));
                 break;
             }
@@ -1069,7 +1070,7 @@ impl Inner {
                 continue;
             }
             buf.truncate((end - base - off) as usize);
-            if let Err(e) = vdi.write_at(base + off, bytes::Bytes::from(buf)).await {
+            if let Err(e) = vdi.write_at(base + off, buf.freeze()).await {
                 result = Err(format!("writing VDI '{}': {e}", vdi.header().name));
                 break;
             }

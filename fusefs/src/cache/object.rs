@@ -370,7 +370,7 @@ impl CachedObject {
         }
         let padded = len.div_ceil(BLOCK as usize) * BLOCK as usize;
         FILL_BUF.with_borrow_mut(|buf| {
-            if buf.as_ref().is_none_or(|b| b.capacity() < padded) {
+            if buf.as_ref().is_none_or(|b| b.len() < padded) {
                 *buf = Some(PageBuf::zeroed(padded));
             }
             let b = &mut buf.as_mut().expect("just made").as_mut()[..padded];
