@@ -851,12 +851,11 @@ impl Inner {
         }
     }
 
-    /// Has a fetched range written into the cache (see [`INLINE_FILL`] for where), or drops
-    /// it when it is not admitted or too much waits already.
-    fn queue_fill(self: &Arc<Self>, job: FillJob) {
-        let len = job.data.len() as u64;
-        // Decided here, on the reader's thread, so a range that is not admitted costs no
-        // wake-up of the fill worker.
+    /// Whether a range of `len` bytes from block `block` of `key`, about to be fetched on a
+    /// miss, is to be kept in the cache: always while there is room, else per admission
+    /// (which remembers this miss). Asked before the fetch, so a range that will not be
+    /// kept is fetched for its reader alone, with nothing registered or queued.
+    fn keeps(&self, key: Key, block: usize, len: u64) -> bool {
         let pending = self.used.load(Ordering::SeqCst) + self.fills_queued.load(Ordering::SeqCst);
         // Eviction frees whole objects: "full" starts an eighth below the size, so the room
         // one eviction makes does not let every next miss in.
@@ -865,20 +864,20 @@ impl Inner {
         // Whether the range would displace cached data (only then is the data it would
         // displace weighed against it).
         let displaces = pending + len > size;
-        // Not cached: full and not missed recently, or the fill worker too far behind.
-        let skip = |job: FillJob| {
-            Counters::add(&job.counters.skipped_fills, 1);
-            (job.done)();
-        };
-        let block = (job.start / BLOCK) as usize;
         let idle = || displaces.then(|| self.lru_idle_ms()).flatten();
-        if full && !self.admission.admit(job.key, block, idle) {
-            return skip(job);
-        }
+        !full || self.admission.admit(key, block, idle)
+    }
+
+    /// Has a fetched range that [`Inner::keeps`] admitted written into the cache (see
+    /// [`INLINE_FILL`] for where), or drops it when too much waits already.
+    fn queue_fill(self: &Arc<Self>, job: FillJob) {
+        let len = job.data.len() as u64;
         let queued = self.fills_queued.fetch_add(len, Ordering::SeqCst);
         if queued + len > FILL_BUDGET {
+            // The fill worker is too far behind: not cached.
             self.fills_queued.fetch_sub(len, Ordering::SeqCst);
-            return skip(job);
+            Counters::add(&job.counters.skipped_fills, 1);
+            return (job.done)();
         }
         if len < INLINE_FILL && queued == 0 {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {

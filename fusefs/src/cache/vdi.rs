@@ -192,41 +192,55 @@ impl CachedVdi {
         // Miss: wait for a fetch already covering the range, or fetch the blocks the read
         // needs (more ahead when small reads are sequential).
         let obj_end = os.min(self.vdi.size().saturating_sub(base));
-        let (fid, fstart, fetch, mine) = {
-            let mut inflight = self.inflight.lock().unwrap();
-            let here = inflight.entry(idx).or_default();
-            match here.iter().find(|f| {
-                f.start <= off
-                    && off + n <= f.end
-                    && f.bypass == self.inner.bypass_writes.load(Ordering::SeqCst)
-            }) {
-                Some(f) => (f.id, f.start, f.fetch.clone(), None),
-                None => {
-                    let fstart = b0 as u64 * BLOCK;
-                    let mut fend = (b1 as u64 * BLOCK).min(obj_end);
-                    if sequential && n < READ_AHEAD {
-                        fend = (fend + READ_AHEAD).min(obj_end);
-                    }
-                    let vdi = self.vdi.clone();
-                    let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
-                    let fetch: Fetch = async move {
-                        vdi.read_at(base + fstart, fend - fstart)
-                            .await
-                            .map_err(|e| e.to_string())
-                    }
-                    .boxed()
-                    .shared();
-                    let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
-                    here.push(Inflight {
+        let fstart = b0 as u64 * BLOCK;
+        let mut fend = (b1 as u64 * BLOCK).min(obj_end);
+        if sequential && n < READ_AHEAD {
+            fend = (fend + READ_AHEAD).min(obj_end);
+        }
+        let joined = {
+            let inflight = self.inflight.lock().unwrap();
+            let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
+            inflight.get(&idx).and_then(|here| {
+                here.iter()
+                    .find(|f| f.start <= off && off + n <= f.end && f.bypass == bypass)
+                    .map(|f| (f.id, f.start, f.fetch.clone()))
+            })
+        };
+        if joined.is_none() && !self.inner.keeps(key, b0, fend - fstart) {
+            // Not to be cached: fetched for this reader alone, only what it asked for.
+            Counters::add(&self.counters.misses, 1);
+            Counters::add(&self.counters.miss_bytes, n);
+            Counters::add(&self.counters.skipped_fills, 1);
+            let fetched = self.vdi.read_at(base + off, n).await?;
+            return self.with_cached(obj.as_deref(), fetched, off, b0, b1);
+        }
+        let (fid, fstart, fetch, mine) = match joined {
+            Some((id, start, fetch)) => (id, start, fetch, None),
+            None => {
+                let vdi = self.vdi.clone();
+                let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
+                let fetch: Fetch = async move {
+                    vdi.read_at(base + fstart, fend - fstart)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                .boxed()
+                .shared();
+                let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
+                self.inflight
+                    .lock()
+                    .unwrap()
+                    .entry(idx)
+                    .or_default()
+                    .push(Inflight {
                         id,
                         start: fstart,
                         end: fend,
                         bypass,
                         fetch: fetch.clone(),
                     });
-                    Counters::add(&self.counters.miss_bytes, fend - fstart);
-                    (id, fstart, fetch, Some(bypass))
-                }
+                Counters::add(&self.counters.miss_bytes, fend - fstart);
+                (id, fstart, fetch, Some(bypass))
             }
         };
         Counters::add(&self.counters.misses, 1);
@@ -242,15 +256,8 @@ impl CachedVdi {
                 });
             }
         };
-        // Blocks already cached (possibly dirty) win over what the cluster had.
         let mine_part = fetched.slice((off - fstart) as usize..(off - fstart + n) as usize);
-        let overlay = obj
-            .as_ref()
-            .filter(|o| o.state.lock().unwrap().valid.any(b0, b1));
-        let part = match overlay {
-            None => mine_part,
-            Some(o) => self.overlay_cached(o, mine_part, off, b0, b1)?,
-        };
+        let part = self.with_cached(obj.as_deref(), mine_part, off, b0, b1)?;
         // Fill the cache off the reader's path (once per fetch); the fetch stays visible to
         // other readers until its blocks are in the cache.
         if let Some(bypass) = mine {
@@ -268,8 +275,24 @@ impl CachedVdi {
         Ok(part)
     }
 
-    /// `fetched` (read from the cluster at `off`, blocks `b0..b1`) with the blocks the cache
-    /// holds laid over it: cached blocks, possibly dirty, are newer than the cluster's.
+    /// `fetched` (read from the cluster at `off`, blocks `b0..b1`) as it is, or with the
+    /// blocks `o` holds of it laid over it: cached blocks, possibly dirty, are newer than the
+    /// cluster's.
+    fn with_cached(
+        &self,
+        o: Option<&CachedObject>,
+        fetched: Bytes,
+        off: u64,
+        b0: usize,
+        b1: usize,
+    ) -> Result<Bytes, VdiError> {
+        match o.filter(|o| o.state.lock().unwrap().valid.any(b0, b1)) {
+            None => Ok(fetched),
+            Some(o) => self.overlay_cached(o, fetched, off, b0, b1),
+        }
+    }
+
+    /// `fetched` with the blocks the cache holds laid over it (see [`CachedVdi::with_cached`]).
     fn overlay_cached(
         &self,
         o: &CachedObject,
