@@ -197,14 +197,16 @@ impl CachedVdi {
         if sequential && n < READ_AHEAD {
             fend = (fend + READ_AHEAD).min(obj_end);
         }
+        // A fetch in flight that covers the range and started after the last bypassing write.
+        let covering = |here: &[Inflight]| {
+            let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
+            here.iter()
+                .find(|f| f.start <= off && off + n <= f.end && f.bypass == bypass)
+                .map(|f| (f.id, f.start, f.fetch.clone()))
+        };
         let joined = {
             let inflight = self.inflight.lock().unwrap();
-            let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
-            inflight.get(&idx).and_then(|here| {
-                here.iter()
-                    .find(|f| f.start <= off && off + n <= f.end && f.bypass == bypass)
-                    .map(|f| (f.id, f.start, f.fetch.clone()))
-            })
+            inflight.get(&idx).and_then(|here| covering(here))
         };
         if joined.is_none() && !self.inner.keeps(key, b0, fend - fstart) {
             // Not to be cached: fetched for this reader alone, only what it asked for.
@@ -214,33 +216,34 @@ impl CachedVdi {
             let fetched = self.vdi.read_at(base + off, n).await?;
             return self.with_cached(obj.as_deref(), fetched, off, b0, b1);
         }
-        let (fid, fstart, fetch, mine) = match joined {
-            Some((id, start, fetch)) => (id, start, fetch, None),
-            None => {
-                let vdi = self.vdi.clone();
-                let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
-                let fetch: Fetch = async move {
-                    vdi.read_at(base + fstart, fend - fstart)
-                        .await
-                        .map_err(|e| e.to_string())
-                }
-                .boxed()
-                .shared();
-                let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
-                self.inflight
-                    .lock()
-                    .unwrap()
-                    .entry(idx)
-                    .or_default()
-                    .push(Inflight {
+        let (fid, fstart, fetch, mine) = {
+            // Looked up again under the same lock as the registration: another reader may
+            // have started a covering fetch since.
+            let mut inflight = self.inflight.lock().unwrap();
+            let here = inflight.entry(idx).or_default();
+            match covering(here) {
+                Some((id, start, fetch)) => (id, start, fetch, None),
+                None => {
+                    let vdi = self.vdi.clone();
+                    let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
+                    let fetch: Fetch = async move {
+                        vdi.read_at(base + fstart, fend - fstart)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                    .boxed()
+                    .shared();
+                    let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
+                    here.push(Inflight {
                         id,
                         start: fstart,
                         end: fend,
                         bypass,
                         fetch: fetch.clone(),
                     });
-                Counters::add(&self.counters.miss_bytes, fend - fstart);
-                (id, fstart, fetch, Some(bypass))
+                    Counters::add(&self.counters.miss_bytes, fend - fstart);
+                    (id, fstart, fetch, Some(bypass))
+                }
             }
         };
         Counters::add(&self.counters.misses, 1);
