@@ -4,10 +4,10 @@
 //! cache writes fetched ranges that way), and O_DIRECT wants the memory aligned. A payload
 //! received into a page-aligned buffer can be written as it is, where a heap buffer would
 //! first be copied into an aligned one: a second copy of every byte on the read path.
-
 //!
-//! Buffers of 64 KiB to 4 MiB are pooled: a freed one is kept (up to [`POOL_BYTES`] in all)
-//! and handed out again, most recently freed first. Memory returned to the allocator and
+//! Requests of 32 KiB to 4 MiB get a pooled buffer, sized to the next power of two from
+//! 64 KiB (at most half of it unused): a freed one is kept (up to [`POOL_BYTES`] in all) and
+//! handed out again, most recently freed first. Memory returned to the allocator and
 //! taken back is faulted in anew, page by page, inside the receive copy; a reused buffer is
 //! mapped already, and likely still in the CPU's caches.
 
@@ -23,7 +23,7 @@ use bytes::{BufMut, Bytes};
 /// filesystems we run on.
 pub const PAGE: usize = 4096;
 
-/// Smallest pooled capacity (smaller buffers come and go through the allocator).
+/// Smallest pooled capacity; requests under half of it come and go through the allocator.
 const POOL_MIN: usize = 64 << 10;
 /// Pooled capacities, powers of two from [`POOL_MIN`]: 64 KiB … 4 MiB.
 const POOL_CLASSES: usize = 7;

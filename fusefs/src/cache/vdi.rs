@@ -197,35 +197,23 @@ impl CachedVdi {
         if sequential && n < READ_AHEAD {
             fend = (fend + READ_AHEAD).min(obj_end);
         }
-        // A fetch in flight that covers the range and started after the last bypassing write.
-        let covering = |here: &[Inflight]| {
-            let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
-            here.iter()
-                .find(|f| f.start <= off && off + n <= f.end && f.bypass == bypass)
-                .map(|f| (f.id, f.start, f.fetch.clone()))
-        };
-        let joined = {
-            let inflight = self.inflight.lock().unwrap();
-            inflight.get(&idx).and_then(|here| covering(here))
-        };
-        if joined.is_none() && !self.inner.keeps(key, b0, fend - fstart) {
-            // Not to be cached: fetched for this reader alone, only what it asked for.
-            Counters::add(&self.counters.misses, 1);
-            Counters::add(&self.counters.miss_bytes, n);
-            Counters::add(&self.counters.skipped_fills, 1);
-            let fetched = self.vdi.read_at(base + off, n).await?;
-            return self.with_cached(obj.as_deref(), fetched, off, b0, b1);
-        }
-        let (fid, fstart, fetch, mine) = {
-            // Looked up again under the same lock as the registration: another reader may
-            // have started a covering fetch since.
+        // Join a fetch in flight that covers the range (started after the last bypassing
+        // write), or start one if the range is to be kept; all under the fetch table's lock,
+        // so two readers of a range never both fetch it. That lock is taken before the
+        // admission's and the LRU's (in `keeps`), never after them.
+        let planned = {
             let mut inflight = self.inflight.lock().unwrap();
-            let here = inflight.entry(idx).or_default();
-            match covering(here) {
-                Some((id, start, fetch)) => (id, start, fetch, None),
+            let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
+            let joined = inflight.get(&idx).and_then(|here| {
+                here.iter()
+                    .find(|f| f.start <= off && off + n <= f.end && f.bypass == bypass)
+                    .map(|f| (f.id, f.start, f.fetch.clone(), None))
+            });
+            match joined {
+                Some(j) => Some(j),
+                None if !self.inner.keeps(key, b0, fend - fstart) => None,
                 None => {
                     let vdi = self.vdi.clone();
-                    let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
                     let fetch: Fetch = async move {
                         vdi.read_at(base + fstart, fend - fstart)
                             .await
@@ -234,7 +222,7 @@ impl CachedVdi {
                     .boxed()
                     .shared();
                     let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
-                    here.push(Inflight {
+                    inflight.entry(idx).or_default().push(Inflight {
                         id,
                         start: fstart,
                         end: fend,
@@ -242,9 +230,17 @@ impl CachedVdi {
                         fetch: fetch.clone(),
                     });
                     Counters::add(&self.counters.miss_bytes, fend - fstart);
-                    (id, fstart, fetch, Some(bypass))
+                    Some((id, fstart, fetch, Some(bypass)))
                 }
             }
+        };
+        let Some((fid, fstart, fetch, mine)) = planned else {
+            // Not to be cached: fetched for this reader alone, only what it asked for.
+            Counters::add(&self.counters.misses, 1);
+            Counters::add(&self.counters.miss_bytes, n);
+            Counters::add(&self.counters.skipped_fills, 1);
+            let fetched = self.vdi.read_at(base + off, n).await?;
+            return self.with_cached(obj.as_deref(), fetched, off, b0, b1);
         };
         Counters::add(&self.counters.misses, 1);
         let fetched = match fetch.await {
