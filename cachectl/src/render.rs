@@ -40,6 +40,14 @@ pub fn human(s: &CacheStats) -> String {
         format_size(s.max_dirty),
         s.max_dirty_age_secs
     );
+    let cutoff = match s.sequential_cutoff {
+        0 => "none (streams are cached on their first pass)".to_string(),
+        n => format!(
+            "{} (longer streams are cached on their second pass)",
+            format_size(n)
+        ),
+    };
+    let _ = writeln!(o, "Stream cutoff:   {cutoff}");
     let _ = writeln!(
         o,
         "Hits:            {} requests, {}",
@@ -71,6 +79,11 @@ pub fn human(s: &CacheStats) -> String {
         format_size(t.evicted_bytes)
     );
     let _ = writeln!(o, "Not cached:      {} fetched ranges", t.skipped_fills);
+    let _ = writeln!(
+        o,
+        "Stream passes:   {} misses fetched past the cache (a stream's first pass)",
+        t.stream_bypasses
+    );
     let _ = writeln!(o, "Pushed:          {}", format_size(t.pushed_bytes));
     let _ = writeln!(o, "Push errors:     {}", s.push_errors);
     if let Some(e) = &s.last_push_error {
@@ -175,7 +188,7 @@ pub fn prometheus(s: &CacheStats) -> String {
     let t = &s.total;
     let mut o = String::new();
     let one = |v: u64| vec![(String::new(), v)];
-    let cache: [(&str, &str, &str, u64); 17] = [
+    let cache: [(&str, &str, &str, u64); 19] = [
         (
             "sheepfs_cache_size_bytes",
             "gauge",
@@ -211,6 +224,12 @@ pub fn prometheus(s: &CacheStats) -> String {
             "gauge",
             "Age after which dirty data is flushed.",
             s.max_dirty_age_secs,
+        ),
+        (
+            "sheepfs_cache_sequential_cutoff_bytes",
+            "gauge",
+            "Sequential runs longer than this are cached on their second pass (0: first).",
+            s.sequential_cutoff,
         ),
         (
             "sheepfs_cache_hits_total",
@@ -265,6 +284,12 @@ pub fn prometheus(s: &CacheStats) -> String {
             "counter",
             "Fetched ranges not written into the cache (full and first miss, or fills behind).",
             t.skipped_fills,
+        ),
+        (
+            "sheepfs_cache_stream_bypasses_total",
+            "counter",
+            "Misses of long sequential streams fetched past the cache (their first pass).",
+            t.stream_bypasses,
         ),
         (
             "sheepfs_cache_pushed_bytes_total",
@@ -385,6 +410,7 @@ mod tests {
             flush_backlog: 16 << 20,
             max_dirty: 256 << 20,
             max_dirty_age_secs: 30,
+            sequential_cutoff: 16 << 20,
             default_mode: Some(CacheMode::Writeback),
             push_errors: 2,
             last_push_error: Some("connection refused\nby 127.0.0.1:7000".into()),
@@ -500,12 +526,14 @@ Used:            300.0 MiB (29.3%)
 Dirty:           48.0 MiB
 Flush backlog:   16.0 MiB
 Max dirty:       256.0 MiB, flushed after 30s
+Stream cutoff:   16.0 MiB (longer streams are cached on their second pass)
 Hits:            300 requests, 150.0 MiB
 Misses:          100 requests, 50.0 MiB
 Hit ratio:       75.0% of requests, 75.0% of bytes
 Fills:           100 (50.0 MiB)
 Evictions:       3 (12.0 MiB)
 Not cached:      0 fetched ranges
+Stream passes:   0 misses fetched past the cache (a stream's first pass)
 Pushed:          1.0 GiB
 Push errors:     2
 Last push error: connection refused by 127.0.0.1:7000

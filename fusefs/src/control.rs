@@ -94,6 +94,10 @@ pub struct VdiStats {
     /// recently (admission), or the fill worker was too far behind.
     #[serde(default)]
     pub skipped_fills: u64,
+    /// Misses of long sequential streams fetched past the cache: the stream's first pass
+    /// through their object (see `sheepfs --cache-sequential-cutoff`).
+    #[serde(default)]
+    pub stream_bypasses: u64,
     /// Bytes pushed to the cluster by flushes.
     pub pushed_bytes: u64,
 }
@@ -108,6 +112,9 @@ pub struct CacheStats {
     pub flush_backlog: u64,
     pub max_dirty: u64,
     pub max_dirty_age_secs: u64,
+    /// Sequential runs longer than this are cached on their second pass (0: first).
+    #[serde(default)]
+    pub sequential_cutoff: u64,
     pub default_mode: Option<CacheMode>,
     /// Failed pushes since start, and the last failure (data stays dirty and is retried).
     pub push_errors: u64,

@@ -496,6 +496,106 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
     pass("after evict");
 }
 
+/// A sequential read longer than `--cache-sequential-cutoff` (16 MiB by default) is a stream:
+/// past the cutoff, its first pass through an object is fetched past the cache, the second
+/// pass caches it, and the third is all hits. `cachectl evict` forgets the first pass; with
+/// a cutoff of 0, the first pass is cached.
+#[test]
+fn a_stream_is_cached_on_its_second_pass() {
+    const MIB: u64 = 1 << 20;
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "s", "40M"]);
+    let data = pseudo_random(40 << 20, 11);
+    rig.cluster.write_vdi("s", 0, &data);
+    let open = |rig: &Rig| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(rig.path("s"))
+            .unwrap()
+    };
+    let pass = |file: &std::fs::File, what: &str| {
+        let mut buf = vec![0u8; MIB as usize];
+        for i in 0..40 {
+            file.read_exact_at(&mut buf, i * MIB).unwrap();
+            assert!(
+                buf[..] == data[(i * MIB) as usize..][..MIB as usize],
+                "{what}: MiB {i} differs"
+            );
+        }
+    };
+    let total = |k: &str| stats(&cache)["total"][k].as_u64().unwrap();
+    let used = || stats(&cache)["used"].as_u64().unwrap();
+    // Fills of what a pass keeps land in the background: wait for them to settle.
+    let settled = || {
+        let mut last = u64::MAX;
+        wait_until("fills to settle", Duration::from_secs(30), || {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = used();
+            std::mem::replace(&mut last, now) == now
+        });
+        last
+    };
+    assert_eq!(stats(&cache)["sequential_cutoff"], 16 * MIB);
+    let file = open(&rig);
+    let first = |what: &str| {
+        let bypassed = total("stream_bypasses");
+        pass(&file, what);
+        let kept = settled();
+        assert!(
+            kept <= 18 * MIB,
+            "{what}: a stream's first pass keeps only its first 16 MiB, not {kept}: {}",
+            stats(&cache)
+        );
+        assert!(
+            total("stream_bypasses") >= bypassed + 20,
+            "{what}: the rest was fetched past the cache: {}",
+            stats(&cache)
+        );
+    };
+    first("first pass");
+    pass(&file, "second pass");
+    assert_eq!(settled(), 40 * MIB, "the second pass keeps everything");
+    let misses = total("misses");
+    pass(&file, "third pass");
+    assert_eq!(total("misses"), misses, "the third pass is all hits");
+
+    let out = cachectl(&cache, &["evict", "s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    first("first pass after an evict");
+    drop(file);
+
+    // --cache-sequential-cutoff 0: every stream is cached on its first pass.
+    rig.mount.unmount_and_wait();
+    let mut args = cache_args(&cache, "64M");
+    args.extend(["--cache-sequential-cutoff".into(), "0".into()]);
+    rig.mount = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(0),
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join("sheepfs-cutoff0.log"),
+        &strs(&args),
+    );
+    let out = cachectl(&cache, &["evict"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = open(&rig);
+    pass(&file, "first pass, no cutoff");
+    assert_eq!(
+        settled(),
+        40 * MIB,
+        "with no cutoff, the first pass keeps everything"
+    );
+    assert_eq!(total("stream_bypasses"), 0);
+}
+
 #[test]
 fn evict_and_flush_during_fio_verify() {
     let (_tmp, rig, cache) = rig_with_cache(3, "32M");

@@ -60,6 +60,12 @@ struct Args {
     /// Seconds after which dirty data is pushed even below --cache-max-dirty.
     #[arg(long, default_value_t = 10)]
     cache_max_dirty_age: u64,
+    /// A sequential read of a VDI longer than this is a stream (a copy, a backup, a scan):
+    /// past it, an object the stream misses is cached only the second time a stream passes
+    /// through it, so a one-off pass neither slows down to fill the cache nor pushes hotter
+    /// data out. 0 caches every stream on its first pass.
+    #[arg(long, value_parser = size_arg, default_value = "16M")]
+    cache_sequential_cutoff: u64,
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -161,7 +167,7 @@ fn raise_fd_limit() {
 fn serve(args: Args) -> anyhow::Result<()> {
     init_logs(args.log_file.as_ref())?;
     if args.cache_dir.is_none() && std::env::args().any(|a| a.starts_with("--cache-")) {
-        bail!("--cache-size, --cache-mode and --cache-max-dirty* need --cache-dir");
+        bail!("--cache-size, --cache-mode, --cache-max-dirty* and --cache-sequential-cutoff need --cache-dir");
     }
     if args.cache_size < 16 << 20 {
         bail!(
@@ -202,6 +208,7 @@ fn serve(args: Args) -> anyhow::Result<()> {
                     .unwrap_or(args.cache_size / 4)
                     .min(args.cache_size),
                 max_dirty_age: Duration::from_secs(args.cache_max_dirty_age),
+                sequential_cutoff: args.cache_sequential_cutoff,
             };
             let _guard = rt.enter();
             let cache = Cache::open(cfg, client.clone())

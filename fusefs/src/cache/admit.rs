@@ -67,7 +67,39 @@ impl Admission {
         self.ghosts.lock().unwrap().put((key, block), now);
         false
     }
+
+    /// Forgets the misses and streams of VDI `vid`.
+    pub fn forget(&self, vid: u32) {
+        let mut ghosts = self.ghosts.lock().unwrap();
+        let keys: Vec<_> = ghosts
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|((v, _), _)| *v == vid)
+            .collect();
+        for k in keys {
+            ghosts.pop(&k);
+        }
+    }
+
+    /// Whether a long sequential stream other than `stream` (an id unique to a stream)
+    /// passed through object `key` before, and is still remembered among the misses: the
+    /// misses of a stream are cached on its second pass. On a first pass, the object is
+    /// remembered as passed by `stream`.
+    pub fn streamed_before(&self, key: Key, stream: u64) -> bool {
+        let mut ghosts = self.ghosts.lock().unwrap();
+        match ghosts.get(&(key, STREAM)) {
+            Some(&by) => by != stream,
+            None => {
+                ghosts.put((key, STREAM), stream);
+                false
+            }
+        }
+    }
 }
+
+/// The ghost "block" that marks an object a stream passed through (no block has this index);
+/// its value is the stream's id, where block entries hold the time of their miss.
+const STREAM: usize = usize::MAX;
 
 #[cfg(test)]
 mod tests {
@@ -111,6 +143,29 @@ mod tests {
         assert!(!a.admit((1, 0), 1, NOTHING_TO_DISPLACE));
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(a.admit((1, 0), 1, || Some(60_000)));
+    }
+
+    #[test]
+    fn a_stream_is_let_in_on_its_second_pass() {
+        let a = Admission::new(64 << 20);
+        // The first pass: none of its misses of an object, first or later.
+        assert!(!a.streamed_before((1, 0), 7));
+        assert!(!a.streamed_before((1, 0), 7));
+        assert!(!a.streamed_before((1, 1), 7));
+        // A second stream: every miss of an object the first one passed.
+        assert!(a.streamed_before((1, 0), 8));
+        assert!(a.streamed_before((1, 0), 8));
+        assert!(!a.streamed_before((2, 0), 8));
+        // Block misses of the object are remembered apart from its stream mark.
+        assert!(!a.admit((1, 1), 0, NOTHING_TO_DISPLACE));
+        assert!(a.streamed_before((1, 1), 9));
+        // Forgetting a VDI forgets its streams and misses, not other VDIs'.
+        assert!(!a.admit((2, 5), 0, NOTHING_TO_DISPLACE));
+        a.forget(1);
+        assert!(!a.streamed_before((1, 0), 10));
+        assert!(!a.admit((1, 1), 0, NOTHING_TO_DISPLACE));
+        assert!(a.streamed_before((2, 0), 10));
+        assert!(a.admit((2, 5), 0, NOTHING_TO_DISPLACE));
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub struct CacheConfig {
     pub mode: CacheMode,
     pub max_dirty: u64,
     pub max_dirty_age: Duration,
+    /// Sequential runs longer than this are streams, cached on their second pass (0: on
+    /// their first); see [`CachedVdi`]'s stream tracking.
+    pub sequential_cutoff: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +85,7 @@ struct Counters {
     evictions: AtomicU64,
     evicted_bytes: AtomicU64,
     skipped_fills: AtomicU64,
+    stream_bypasses: AtomicU64,
     pushed_bytes: AtomicU64,
 }
 
@@ -181,8 +185,11 @@ pub(crate) struct Inner {
     creating: Mutex<HashSet<Key>>,
     /// Signalled when a key leaves `creating`.
     created: std::sync::Condvar,
-    /// Which fetched ranges may displace cached data once the cache is full.
+    /// Which fetched ranges may displace cached data once the cache is full, and which
+    /// objects streams passed through.
     admission: admit::Admission,
+    /// The next stream id ([`Inner::next_stream`]).
+    streams: AtomicU64,
     /// Emptied files of evicted objects, reused for new ones.
     spares: spare::Spares,
 }
@@ -327,6 +334,7 @@ impl Cache {
             fill_tx,
             fill_rx: Mutex::new(Some(fill_rx)),
             admission: admit::Admission::new(cfg.size),
+            streams: AtomicU64::new(0),
             spares: spare::Spares::open(dir.join("spare")),
             creating: Mutex::default(),
             created: std::sync::Condvar::new(),
@@ -753,9 +761,11 @@ impl Inner {
         Ok(attached.entry(vid).or_insert(vdi).clone())
     }
 
-    /// Removes cached objects of `vid` (dirty ones only if `discard_dirty`); returns the bytes
-    /// dropped.
+    /// Removes cached objects of `vid` (dirty ones only if `discard_dirty`) and forgets how
+    /// it was read (admission's memory of its misses and streams: after an evict, the next
+    /// read finds the VDI as cold as a new one); returns the bytes dropped.
     fn drop_vdi(&self, vid: u32, discard_dirty: bool) -> u64 {
+        self.admission.forget(vid);
         let victims: Vec<Arc<CachedObject>> = {
             let mut objects = self.objects.lock().unwrap();
             let keys: Vec<Key> = objects
@@ -849,6 +859,11 @@ impl Inner {
                 None => tokio::time::sleep(Duration::from_millis(5)).await,
             }
         }
+    }
+
+    /// An id for a new sequential run of reads, unique in this cache.
+    fn next_stream(&self) -> u64 {
+        self.streams.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Whether a range of `len` bytes from block `block` of `key`, about to be fetched on a
@@ -1181,6 +1196,7 @@ impl Inner {
             e.evictions = g(&c.evictions);
             e.evicted_bytes = g(&c.evicted_bytes);
             e.skipped_fills = g(&c.skipped_fills);
+            e.stream_bypasses = g(&c.stream_bypasses);
             e.pushed_bytes = g(&c.pushed_bytes);
         }
         let records = self.records.lock().unwrap();
@@ -1217,6 +1233,7 @@ impl Inner {
             total.evictions += v.evictions;
             total.evicted_bytes += v.evicted_bytes;
             total.skipped_fills += v.skipped_fills;
+            total.stream_bypasses += v.stream_bypasses;
             total.pushed_bytes += v.pushed_bytes;
         }
         let dirty = self.dirty.load(Ordering::SeqCst);
@@ -1228,6 +1245,7 @@ impl Inner {
             flush_backlog: dirty,
             max_dirty: self.cfg.max_dirty,
             max_dirty_age_secs: self.cfg.max_dirty_age.as_secs(),
+            sequential_cutoff: self.cfg.sequential_cutoff,
             default_mode: Some(self.cfg.mode),
             push_errors: self.push_errors.load(Ordering::Relaxed),
             last_push_error: self.last_push_error.lock().unwrap().clone(),

@@ -17,6 +17,10 @@ use crate::control::CacheMode;
 /// Sequential misses fetch this far ahead (within the object).
 const READ_AHEAD: u64 = 1 << 20;
 
+/// A read starting within this distance of where the current sequential run has reached
+/// continues it: readers with several requests in flight have them served out of order.
+const STREAM_SLACK: u64 = 4 << 20;
+
 type Fetch = Shared<BoxFuture<'static, Result<Bytes, String>>>;
 
 /// A fetch from the cluster in flight (and until its fill lands): later reads of its range
@@ -31,6 +35,15 @@ struct Inflight {
     fetch: Fetch,
 }
 
+/// What a read is, for the pieces it is cut into.
+#[derive(Clone, Copy)]
+struct Read {
+    /// It starts where the last one ended (small ones read ahead).
+    sequential: bool,
+    /// The id of the stream it is part of ([`CachedVdi::in_stream`]).
+    stream: Option<u64>,
+}
+
 pub struct CachedVdi {
     inner: Arc<Inner>,
     vdi: Arc<Vdi>,
@@ -39,6 +52,10 @@ pub struct CachedVdi {
     counters: Arc<Counters>,
     /// Where the last read ended: a read starting there is sequential.
     last_end: AtomicU64,
+    /// The current sequential run of reads: (start, furthest end, id). Longer than the
+    /// sequential cutoff, it is a stream (a copy, a backup, a scan), whose misses are cached
+    /// only in objects another stream passed through before.
+    run: Mutex<(u64, u64, u64)>,
     /// Fetches in flight per object index.
     inflight: Arc<Mutex<InflightMap>>,
     next_fetch: AtomicU64,
@@ -68,12 +85,14 @@ impl CachedVdi {
     pub(super) fn new(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
         let vid = vdi.header().vid;
         let counters = inner.counters(vid);
+        let run = Mutex::new((0, 0, inner.next_stream()));
         CachedVdi {
             inner,
             vdi,
             vid,
             counters,
             last_end: AtomicU64::new(u64::MAX),
+            run,
             inflight: Arc::default(),
             next_fetch: AtomicU64::new(1),
         }
@@ -144,15 +163,19 @@ impl CachedVdi {
             return self.vdi.read_at(offset, len).await;
         }
         let sequential = self.last_end.swap(offset + len, Ordering::Relaxed) == offset;
+        let how = Read {
+            sequential,
+            stream: self.in_stream(offset, len),
+        };
         let pieces = self.pieces(offset, len);
         if let [(idx, off, n, _)] = pieces[..] {
-            return self.read_piece(idx, off, n, sequential).await;
+            return self.read_piece(idx, off, n, how).await;
         }
         let mut out = BytesMut::zeroed(len as usize);
         let parts = futures::future::join_all(
             pieces
                 .iter()
-                .map(|&(idx, off, n, _)| self.read_piece(idx, off, n, sequential)),
+                .map(|&(idx, off, n, _)| self.read_piece(idx, off, n, how)),
         )
         .await;
         for (&(_, _, n, at), part) in pieces.iter().zip(parts) {
@@ -161,13 +184,24 @@ impl CachedVdi {
         Ok(out.freeze())
     }
 
-    async fn read_piece(
-        &self,
-        idx: u32,
-        off: u64,
-        n: u64,
-        sequential: bool,
-    ) -> Result<Bytes, VdiError> {
+    /// The stream a read of `len` bytes at `offset` belongs to, if any: a sequential run
+    /// (allowing for requests served out of order) longer than the sequential cutoff.
+    fn in_stream(&self, offset: u64, len: u64) -> Option<u64> {
+        let cutoff = self.inner.cfg.sequential_cutoff;
+        if cutoff == 0 {
+            return None;
+        }
+        let mut run = self.run.lock().unwrap();
+        let end = offset + len;
+        if offset.abs_diff(run.1) > STREAM_SLACK {
+            *run = (offset, end, self.inner.next_stream());
+        } else {
+            *run = (run.0.min(offset), run.1.max(end), run.2);
+        }
+        (run.1 - run.0 > cutoff).then_some(run.2)
+    }
+
+    async fn read_piece(&self, idx: u32, off: u64, n: u64, how: Read) -> Result<Bytes, VdiError> {
         let os = self.vdi.object_size() as u64;
         let key = (self.vid(), idx);
         let base = idx as u64 * os;
@@ -194,13 +228,14 @@ impl CachedVdi {
         let obj_end = os.min(self.vdi.size().saturating_sub(base));
         let fstart = b0 as u64 * BLOCK;
         let mut fend = (b1 as u64 * BLOCK).min(obj_end);
-        if sequential && n < READ_AHEAD {
+        if how.sequential && n < READ_AHEAD {
             fend = (fend + READ_AHEAD).min(obj_end);
         }
         // Join a fetch in flight that covers the range (started after the last bypassing
         // write), or start one if the range is to be kept; all under the fetch table's lock,
         // so two readers of a range never both fetch it. That lock is taken before the
-        // admission's and the LRU's (in `keeps`), never after them.
+        // admission's and the LRU's (in `keeps`), never after them. A range not kept is
+        // told by the counter that says why.
         let planned = {
             let mut inflight = self.inflight.lock().unwrap();
             let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
@@ -210,8 +245,16 @@ impl CachedVdi {
                     .map(|f| (f.id, f.start, f.fetch.clone(), None))
             });
             match joined {
-                Some(j) => Some(j),
-                None if !self.inner.keeps(key, b0, fend - fstart) => None,
+                Some(j) => Ok(j),
+                None if how
+                    .stream
+                    .is_some_and(|id| !self.inner.admission.streamed_before(key, id)) =>
+                {
+                    Err(&self.counters.stream_bypasses)
+                }
+                None if !self.inner.keeps(key, b0, fend - fstart) => {
+                    Err(&self.counters.skipped_fills)
+                }
                 None => {
                     let vdi = self.vdi.clone();
                     let fetch: Fetch = async move {
@@ -230,17 +273,20 @@ impl CachedVdi {
                         fetch: fetch.clone(),
                     });
                     Counters::add(&self.counters.miss_bytes, fend - fstart);
-                    Some((id, fstart, fetch, Some(bypass)))
+                    Ok((id, fstart, fetch, Some(bypass)))
                 }
             }
         };
-        let Some((fid, fstart, fetch, mine)) = planned else {
-            // Not to be cached: fetched for this reader alone, only what it asked for.
-            Counters::add(&self.counters.misses, 1);
-            Counters::add(&self.counters.miss_bytes, n);
-            Counters::add(&self.counters.skipped_fills, 1);
-            let fetched = self.vdi.read_at(base + off, n).await?;
-            return self.with_cached(obj.as_deref(), fetched, off, b0, b1);
+        let (fid, fstart, fetch, mine) = match planned {
+            Ok(p) => p,
+            Err(not_kept) => {
+                // Fetched for this reader alone, only what it asked for.
+                Counters::add(&self.counters.misses, 1);
+                Counters::add(&self.counters.miss_bytes, n);
+                Counters::add(not_kept, 1);
+                let fetched = self.vdi.read_at(base + off, n).await?;
+                return self.with_cached(obj.as_deref(), fetched, off, b0, b1);
+            }
         };
         Counters::add(&self.counters.misses, 1);
         let fetched = match fetch.await {
