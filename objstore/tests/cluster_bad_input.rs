@@ -201,6 +201,29 @@ fn bad_names_sizes_ranges_and_formats() {
     let out = c.dog_at("nonsense", &["cluster", "info"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("nonsense"));
 
+    // A reader that goes away (`dog ... | head -1`) ends dog quietly, without a panic.
+    for args in [
+        &["vdi", "list"][..],
+        &["cluster", "info", "--json"],
+        &["vdi", "read", "ok"],
+    ] {
+        let mut child = std::process::Command::new(&bins().dog)
+            .arg("--address")
+            .arg(c.addr(0))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run dog");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !e.contains("panicked"),
+            "dog {args:?} into a closed pipe: {e}"
+        );
+    }
+
     // The nodes still serve.
     c.dog_ok(&["node", "list"]);
 }

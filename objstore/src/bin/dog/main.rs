@@ -106,6 +106,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Output into a pipe whose reader has gone (`dog vdi list | head -1`) ends dog quietly,
+    // as it ends cat, instead of failing on the next print.
+    // SAFETY: restoring the default action of a signal, before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
