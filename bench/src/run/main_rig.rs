@@ -222,15 +222,31 @@ impl MainRig {
         output(cmd, &format!("cachectl {}", args.join(" ")))
     }
 
-    /// (hits, misses) of the bench VDI so far.
     /// Reads the bench VDI through the cache until it is cached as far as the cache's size
-    /// allows: twice, as a whole-file read is a stream (`--cache-sequential-cutoff`), kept
-    /// on its second pass.
+    /// allows: a whole-VDI read is a stream (`--cache-sequential-cutoff`), cached on its
+    /// second pass, and ranges that come while the fill thread is 16 MiB behind are left out
+    /// of that one; so passes go on (at most 5) until one adds nothing or the cache is full
+    /// (where a next pass would start displacing what the last one kept).
     fn fill_cache(&self) -> Result<()> {
-        read_whole(&self.cache.path(VDI), true)?;
-        read_whole(&self.cache.path(VDI), true)
+        let mut last = None;
+        for _ in 0..5 {
+            read_whole(&self.cache.path(VDI), true)?;
+            let out = self.ctl(&["--json", "stats"])?;
+            let v: Value = serde_json::from_slice(&out).context("cachectl stats --json")?;
+            let n = |k: &str| {
+                v[k].as_u64()
+                    .with_context(|| format!("cachectl stats: no {k}"))
+            };
+            let (used, size) = (n("used")?, n("size")?);
+            if last == Some(used) || used + 4 * MIB >= size - size / 8 {
+                break;
+            }
+            last = Some(used);
+        }
+        Ok(())
     }
 
+    /// (hits, misses) of the bench VDI so far.
     fn hits_misses(&self) -> Result<(u64, u64)> {
         let out = self.ctl(&["--json", "stats", VDI])?;
         let v: Value = serde_json::from_slice(&out).context("cachectl stats --json")?;

@@ -761,11 +761,11 @@ impl Inner {
         Ok(attached.entry(vid).or_insert(vdi).clone())
     }
 
-    /// Removes cached objects of `vid` (dirty ones only if `discard_dirty`) and forgets how
-    /// it was read (admission's memory of its misses and streams: after an evict, the next
-    /// read finds the VDI as cold as a new one); returns the bytes dropped.
+    /// Removes cached objects of `vid` (dirty ones only if `discard_dirty`) and forgets
+    /// which of its objects streams passed through (after an evict, a stream over the VDI is
+    /// a first pass again); returns the bytes dropped.
     fn drop_vdi(&self, vid: u32, discard_dirty: bool) -> u64 {
-        self.admission.forget(vid);
+        self.admission.forget_streams(vid);
         let victims: Vec<Arc<CachedObject>> = {
             let mut objects = self.objects.lock().unwrap();
             let keys: Vec<Key> = objects
