@@ -78,6 +78,15 @@ fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
     );
 }
 
+/// Opens a VDI's file read-write, as qemu does: the attachment that lets the cache serve it.
+fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
 /// A verifying random-write fio run on another thread.
 fn fio_verify_in_background(
     path: String,
@@ -234,15 +243,8 @@ fn lost_or_corrupt_index_is_rebuilt() {
     };
     for tag in ["deleted", "corrupt"] {
         restart(&mut rig, tag);
-        // Read-write, as qemu opens it: the attachment that lets the cache serve it.
         let mut back = vec![0u8; data.len()];
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(rig.path("i"))
-            .unwrap()
-            .read_exact_at(&mut back, 0)
-            .unwrap();
+        open_rw(rig.path("i")).read_exact_at(&mut back, 0).unwrap();
         assert!(back == data, "{tag} index: data differs");
         assert!(
             rig.cluster.read_vdi("i", 0, 16 << 20) == data,
@@ -356,13 +358,7 @@ fn lru_order_survives_a_remount() {
     rig.cluster.dog_ok(&["vdi", "create", "o", "32M"]);
     let data = pseudo_random(32 << 20, 5);
     rig.cluster.write_vdi("o", 0, &data);
-    let open = |rig: &Rig| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(rig.path("o"))
-            .unwrap()
-    };
+    let open = |rig: &Rig| open_rw(rig.path("o"));
     let read = |file: &std::fs::File, from: u64, mib: u64| {
         let mut buf = vec![0u8; 1 << 20];
         for i in from..from + mib {
@@ -426,12 +422,7 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
     rig.cluster.dog_ok(&["vdi", "create", "r", "48M"]);
     let data = pseudo_random(48 << 20, 7);
     rig.cluster.write_vdi("r", 0, &data);
-    // Opened read-write: the cache serves VDIs this mount attached.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(rig.path("r"))
-        .unwrap();
+    let file = open_rw(rig.path("r"));
     let total = |k: &str| stats(&cache)["total"][k].as_u64().unwrap();
     let read_mib = |i: u64, what: &str| {
         let mut buf = vec![0u8; 1 << 20];
@@ -507,13 +498,7 @@ fn a_stream_is_cached_on_its_second_pass() {
     rig.cluster.dog_ok(&["vdi", "create", "s", "40M"]);
     let data = pseudo_random(40 << 20, 11);
     rig.cluster.write_vdi("s", 0, &data);
-    let open = |rig: &Rig| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(rig.path("s"))
-            .unwrap()
-    };
+    let open = |rig: &Rig| open_rw(rig.path("s"));
     let pass = |file: &std::fs::File, what: &str| {
         let mut buf = vec![0u8; MIB as usize];
         for i in 0..40 {
