@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use super::cluster::{output, timed, Bins, Mount};
 use super::fio::{Engine, FioJob};
-use super::plan::{DogOp, MainPlan, Step, Target, Work, SEQ_WRITE_OFF};
+use super::plan::{DogOp, MainPlan, Step, Target, Work};
 use super::proc::Watched;
 use super::record::{Outcome, Recorder};
 use super::rig::{blame, read_whole, run_fio, write_random, Fill, OffRig, Shape, VDI};
@@ -143,9 +143,6 @@ impl MainRig {
     fn measure_step(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {
         match &step.work {
             Work::Fio { job, target } if *target == Target::Off => {
-                if step.fig.id == SEQ_WRITE_OFF {
-                    self.write_pass(&self.base.file())?;
-                }
                 self.base.run_off_step(rec, step, job, note)
             }
             Work::Fio { job, target } => {
@@ -295,28 +292,13 @@ impl MainRig {
         Ok(())
     }
 
-    /// One untimed pass of 1 MiB writes over `file`.
-    ///
-    /// Before the flush figure and its reference, a pass through the cache-off mount over
-    /// the VDI each then writes: both then overwrite objects every node has just written,
-    /// wherever they come in a run. Otherwise, in a whole run, the reference overwrote
-    /// objects the groups before had just used, and the flush objects idle since the start,
-    /// whose pages this VM's kernel had dropped (0.61x, against 1.27x in a flush-only run).
-    /// On the profiling rig, a flush after dropping the page cache ran at 310 MiB/s for
-    /// 4.4 CPU s, the next one at 440 MiB/s for 2.8.
-    fn write_pass(&self, file: &Path) -> Result<()> {
-        let job = FioJob {
-            time_based: false,
-            ..FioJob::timed("write", MIB, Engine::Libaio(4))
-        };
-        job.run(file, self.base.size, self.base.runtime_s).map(drop)
-    }
-
     fn flush(&mut self, rec: &mut Recorder, fig: &Figure, note: &str) -> Result<()> {
         rec.announce(fig, note)?;
         let size = self.base.size;
-        self.write_pass(&self.base.off.path(FLUSH_VDI))?;
-        self.write_pass(&self.cache.path(FLUSH_VDI))?;
+        // Its reference (a write timed to durability) overwrites objects every node has just
+        // written (see `OffRig::write_pass`): so does the flush.
+        self.base.write_pass(&self.base.off.path(FLUSH_VDI))?;
+        self.base.write_pass(&self.cache.path(FLUSH_VDI))?;
         let procs = self.watched(Target::Writeback);
         rec.measure(fig, &procs, || {
             let ((), secs) = timed(|| self.ctl(&["flush", FLUSH_VDI]).map(drop))?;
