@@ -163,6 +163,7 @@ impl MainRig {
                 )
             }
             Work::Sweep { pct } => self.sweep(rec, step, *pct, note),
+            Work::SweepModeOff => self.sweep_mode_off(rec, step, note),
             Work::Flush => self.flush(rec, &step.fig, note),
             Work::Dog(op) => self.dog(rec, &step.fig, *op, note),
         }
@@ -290,6 +291,28 @@ impl MainRig {
             Value::from(median(ratios)),
         );
         Ok(())
+    }
+
+    /// The sweep's job through the cache mount with the bench VDI in mode `off` (nodes
+    /// warmed as for the cache-off mount); the mode is set back to writeback after.
+    fn sweep_mode_off(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {
+        rec.announce(&step.fig, note)?;
+        self.base.warm()?;
+        self.ctl(&["mode", VDI, "off"])?;
+        let job = FioJob::timed("randread", 4096, Engine::Libaio(16));
+        let procs = self.watched(Target::Warm);
+        let file = self.cache.path(VDI);
+        let measured = run_fio(
+            rec,
+            step,
+            &job,
+            &file,
+            self.base.size,
+            self.base.runtime_s,
+            &procs,
+        );
+        self.ctl(&["mode", VDI, "writeback"])?;
+        measured
     }
 
     fn flush(&mut self, rec: &mut Recorder, fig: &Figure, note: &str) -> Result<()> {

@@ -79,6 +79,9 @@ pub enum Work {
     Sweep {
         pct: u32,
     },
+    /// The sweep's job on the cache mount with the bench VDI in mode `off`: the same
+    /// process and connections as the sweep points, without the cache's work.
+    SweepModeOff,
     /// `cachectl flush` of a VDI holding `--size` of dirty data.
     Flush,
     Dog(DogOp),
@@ -236,10 +239,27 @@ fn iops(m: &Matrix) -> Vec<Step> {
 /// The reference of the sweep: 4k random reads at qd16.
 const SWEEP_BASE: &str = "randread-4k-libaio-qd16";
 
+/// The sweep's job on the cache mount in mode `off` ([`Work::SweepModeOff`]): no goal, a
+/// second reference for the sweep points (`ratio_mode_off`).
+pub const SWEEP_MODE_OFF: &str = "sweep/randread-4k-modeoff/cache";
+
 fn sweep(m: &Matrix) -> Vec<Step> {
     let (name, job) = iops_job(IopsRw::Read, Engine::Libaio(16));
     let refs = [Target::Bindfs, Target::Off];
     let mut v = fio_steps(Group::Iops, &name, &job, "IOPS", &refs);
+    let mut fig = template(
+        "sweep",
+        "randread-4k-modeoff",
+        "cache",
+        "IOPS",
+        job.params(),
+    );
+    debug_assert_eq!(fig.id, SWEEP_MODE_OFF);
+    fig.reference = Some(format!("iops/{SWEEP_BASE}/off"));
+    v.push(Step {
+        fig,
+        work: Work::SweepModeOff,
+    });
     for &pct in &m.sweep_pcts {
         let mut params = job.params();
         params.push(("hit_pct", Value::from(pct)));
@@ -255,6 +275,8 @@ fn sweep(m: &Matrix) -> Vec<Step> {
             "reference_off".into(),
             Value::from(format!("iops/{SWEEP_BASE}/off")),
         );
+        fig.params
+            .insert("reference_mode_off".into(), Value::from(SWEEP_MODE_OFF));
         v.push(Step {
             fig,
             work: Work::Sweep { pct },
@@ -426,13 +448,13 @@ mod tests {
     fn full_profile_shape() {
         let plan = MainPlan::build(&settings(Profile::Full));
         let ids: Vec<&str> = plan.steps().map(|s| s.fig.id.as_str()).collect();
-        // 16 iops jobs × 5 targets, 10 throughput jobs × 4, 5 sweep points.
+        // 16 iops jobs × 5 targets, 10 throughput jobs × 4, 5 sweep points and mode off.
         assert_eq!(ids.iter().filter(|i| i.starts_with("iops/")).count(), 80);
         assert_eq!(
             ids.iter().filter(|i| i.starts_with("throughput/")).count(),
             40
         );
-        assert_eq!(ids.iter().filter(|i| i.starts_with("sweep/")).count(), 5);
+        assert_eq!(ids.iter().filter(|i| i.starts_with("sweep/")).count(), 6);
         let warm = plan
             .key
             .iter()
