@@ -268,18 +268,7 @@ impl MainRig {
         self.ctl(&["evict"])?;
         self.fill_cache()?;
         let (h0, m0) = self.hits_misses()?;
-        let job = FioJob::timed("randread", 4096, Engine::Libaio(16));
-        let procs = self.watched(Target::Warm);
-        let file = self.cache.path(VDI);
-        run_fio(
-            rec,
-            step,
-            &job,
-            &file,
-            self.base.size,
-            self.base.runtime_s,
-            &procs,
-        )?;
+        self.sweep_job(rec, step)?;
         let (h1, m1) = self.hits_misses()?;
         self.ctl(&["resize", CACHE_SIZE])?;
         let (h, m) = (h1.saturating_sub(h0), m1.saturating_sub(m0));
@@ -299,20 +288,23 @@ impl MainRig {
         rec.announce(&step.fig, note)?;
         self.base.warm()?;
         self.ctl(&["mode", VDI, "off"])?;
+        let measured = self.sweep_job(rec, step);
+        self.ctl(&["mode", VDI, "writeback"])?;
+        measured
+    }
+
+    /// The sweep's job (4k random reads at iodepth 16) through the cache mount.
+    fn sweep_job(&self, rec: &mut Recorder, step: &Step) -> Result<()> {
         let job = FioJob::timed("randread", 4096, Engine::Libaio(16));
-        let procs = self.watched(Target::Warm);
-        let file = self.cache.path(VDI);
-        let measured = run_fio(
+        run_fio(
             rec,
             step,
             &job,
-            &file,
+            &self.cache.path(VDI),
             self.base.size,
             self.base.runtime_s,
-            &procs,
-        );
-        self.ctl(&["mode", VDI, "writeback"])?;
-        measured
+            &self.watched(Target::Warm),
+        )
     }
 
     fn flush(&mut self, rec: &mut Recorder, fig: &Figure, note: &str) -> Result<()> {
