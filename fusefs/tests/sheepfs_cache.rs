@@ -489,16 +489,27 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
 
 /// A sequential read longer than `--cache-sequential-cutoff` (16 MiB by default) is a stream:
 /// past the cutoff, its first pass through an object is fetched past the cache, the second
-/// pass caches it, and the third is all hits. `cachectl evict` forgets the first pass; with
-/// a cutoff of 0, the first pass is cached.
+/// pass caches it, and the third is all hits. A block written but not yet pushed reads back
+/// new from a pass that goes past the cache. `cachectl evict` forgets the first pass; with a
+/// cutoff of 0, the first pass is cached.
 #[test]
 fn a_stream_is_cached_on_its_second_pass() {
     const MIB: u64 = 1 << 20;
     let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
     rig.cluster.dog_ok(&["vdi", "create", "s", "40M"]);
-    let data = pseudo_random(40 << 20, 11);
+    let mut data = pseudo_random(40 << 20, 11);
     rig.cluster.write_vdi("s", 0, &data);
     let open = |rig: &Rig| open_rw(rig.path("s"));
+    // A dirty block in an object the first pass will fetch past the cache.
+    let at = 30 * MIB as usize + 8192;
+    let block = pseudo_random(4096, 12);
+    open(&rig).write_all_at(&block, at as u64).unwrap();
+    data[at..at + 4096].copy_from_slice(&block);
+    assert!(
+        stats(&cache)["dirty"].as_u64().unwrap() > 0,
+        "the write is dirty"
+    );
+    let data = data;
     let pass = |file: &std::fs::File, what: &str| {
         let mut buf = vec![0u8; MIB as usize];
         for i in 0..40 {
