@@ -229,13 +229,8 @@ impl MainRig {
         let mut last = None;
         for _ in 0..5 {
             read_whole(&self.cache.path(VDI), true)?;
-            let out = self.ctl(&["--json", "stats"])?;
-            let v: Value = serde_json::from_slice(&out).context("cachectl stats --json")?;
-            let n = |k: &str| {
-                v[k].as_u64()
-                    .with_context(|| format!("cachectl stats: no {k}"))
-            };
-            let (used, size) = (n("used")?, n("size")?);
+            let v = self.stats(&[])?;
+            let (used, size) = (counter(&v, "used")?, counter(&v, "size")?);
             if last == Some(used) || used + 4 * MIB >= size - size / 8 {
                 break;
             }
@@ -246,18 +241,19 @@ impl MainRig {
 
     /// (hits, misses) of the bench VDI so far.
     fn hits_misses(&self) -> Result<(u64, u64)> {
-        let out = self.ctl(&["--json", "stats", VDI])?;
-        let v: Value = serde_json::from_slice(&out).context("cachectl stats --json")?;
+        let v = self.stats(&[VDI])?;
         let vdis = v["vdis"].as_array().context("cachectl stats: no vdis")?;
         let e = vdis
             .iter()
             .find(|e| e["name"] == VDI)
             .context("cachectl stats: no line for the bench VDI")?;
-        let n = |k: &str| {
-            e[k].as_u64()
-                .with_context(|| format!("cachectl stats: no {k}"))
-        };
-        Ok((n("hits")?, n("misses")?))
+        Ok((counter(e, "hits")?, counter(e, "misses")?))
+    }
+
+    /// `cachectl --json stats ARGS...`, parsed.
+    fn stats(&self, args: &[&str]) -> Result<Value> {
+        let out = self.ctl(&[&["--json", "stats"], args].concat())?;
+        serde_json::from_slice(&out).context("cachectl stats --json")
     }
 
     fn sweep(&mut self, rec: &mut Recorder, step: &Step, pct: u32, note: &str) -> Result<()> {
@@ -408,4 +404,10 @@ fn copy(src: &Path, dst: &Path, sync: bool) -> Result<()> {
         bail!("cp left no {}", dst.display());
     }
     Ok(())
+}
+
+/// The number `k` of a `cachectl stats --json` object.
+fn counter(v: &Value, k: &str) -> Result<u64> {
+    v[k].as_u64()
+        .with_context(|| format!("cachectl stats: no {k}"))
 }

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 
 use super::cluster::{Bins, Cluster, Mount};
 use super::fio::{Engine, FioJob, FioResult};
-use super::plan::Step;
+use super::plan::{seq_job, Step};
 use super::proc::{check_interrupt, Watched};
 use super::record::{Outcome, Recorder};
 
@@ -114,10 +114,8 @@ impl OffRig {
     /// dropping the page cache ran at 310 MiB/s for 4.4 CPU s, the next one at 440 MiB/s
     /// for 2.8.
     pub fn write_pass(&self, file: &Path) -> Result<()> {
-        let job = FioJob {
-            time_based: false,
-            ..FioJob::timed("write", 1 << 20, Engine::Libaio(4))
-        };
+        let (_, mut job) = seq_job("write", 1 << 20);
+        job.time_based = false;
         job.run(file, self.size, self.runtime_s).map(drop)
     }
 
@@ -134,10 +132,10 @@ impl OffRig {
         if job.reads() {
             self.warm()?;
         }
-        if job.end_fsync {
-            self.write_pass(&self.file())?;
-        }
         let file = self.file();
+        if job.end_fsync {
+            self.write_pass(&file)?;
+        }
         run_fio(
             rec,
             step,

@@ -37,7 +37,7 @@ struct Inflight {
 
 /// What a read is, for the pieces it is cut into.
 #[derive(Clone, Copy)]
-struct Read {
+struct ReadKind {
     /// It starts where the last one ended (small ones read ahead).
     sequential: bool,
     /// The id of the stream it is part of ([`CachedVdi::in_stream`]).
@@ -163,7 +163,7 @@ impl CachedVdi {
             return self.vdi.read_at(offset, len).await;
         }
         let sequential = self.last_end.swap(offset + len, Ordering::Relaxed) == offset;
-        let how = Read {
+        let how = ReadKind {
             sequential,
             stream: self.in_stream(offset, len),
         };
@@ -201,7 +201,13 @@ impl CachedVdi {
         (run.1 - run.0 > cutoff).then_some(run.2)
     }
 
-    async fn read_piece(&self, idx: u32, off: u64, n: u64, how: Read) -> Result<Bytes, VdiError> {
+    async fn read_piece(
+        &self,
+        idx: u32,
+        off: u64,
+        n: u64,
+        how: ReadKind,
+    ) -> Result<Bytes, VdiError> {
         let os = self.vdi.object_size() as u64;
         let key = (self.vid(), idx);
         let base = idx as u64 * os;
