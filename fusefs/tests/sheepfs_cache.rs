@@ -412,8 +412,8 @@ fn lru_order_survives_a_remount() {
     }
 }
 
-/// Reads far over the cache size, sequential (fills written with O_DIRECT) and random (4 KiB
-/// fills through the page cache), always return the cluster's bytes; a full cache keeps a
+/// Reads far over the cache size, sequential (long fills, one write per run of blocks) and
+/// random (4 KiB fills), always return the cluster's bytes; a full cache keeps a
 /// range only on its second miss, and only in place of data idle for longer than that range
 /// took to come back (a scan larger than the cache does not churn it).
 #[test]

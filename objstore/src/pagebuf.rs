@@ -1,9 +1,8 @@
 //! Page-aligned receive buffers for large frame payloads.
 //!
-//! Object data read off a socket often goes on to a file opened with O_DIRECT (the client's
-//! cache writes fetched ranges that way), and O_DIRECT wants the memory aligned. A payload
-//! received into a page-aligned buffer can be written as it is, where a heap buffer would
-//! first be copied into an aligned one: a second copy of every byte on the read path.
+//! The client receives object data (what its cache fetches and fills) into these. They are
+//! page-aligned, so such data could go to a file opened with O_DIRECT as it is; the cache
+//! writes its fills through the page cache now, and what counts is the pool below.
 //!
 //! Requests of 32 KiB to 4 MiB get a pooled buffer, sized to the next power of two from
 //! 64 KiB (at most half of it unused): a freed one is kept (up to [`POOL_BYTES`] in all) and

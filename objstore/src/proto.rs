@@ -281,8 +281,8 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
     read_frame_into(r, false).await
 }
 
-/// [`read_frame`], with payloads of a page or more (object data) received page-aligned, so
-/// they can go to O_DIRECT files as they are. For the client's connections, which receive
+/// [`read_frame`], with payloads of a page or more (object data) received into pooled,
+/// page-aligned buffers ([`crate::pagebuf`]). For the client's connections, which receive
 /// object data for its cache; a node's receive path keeps plain buffers (aligned ones made
 /// `cachectl flush`, 4 MiB writes, about a quarter slower there).
 pub async fn read_frame_aligned<R: AsyncRead + Unpin>(

@@ -9,8 +9,8 @@
 //! `bench` holds the raw file's data. This VM evicts page cache idle for about a minute, so
 //! the target of every job that reads (and of writeback and cold jobs) is prepared right
 //! before it: references by reading the raw file, the cache-off mount by reading the VDI into
-//! the nodes' page cache, `warm` by reading the whole VDI through the cache twice (sequential
-//! fills bypass the page cache: the second pass brings the cache files into it), `writeback`
+//! the nodes' page cache, `warm` by filling the cache (a stream is cached on its second pass)
+//! and reading the VDI once more, all hits, as the references read the raw file, `writeback`
 //! by reading it once, `cold` by flushing and evicting the cache (nodes warmed). The flush
 //! VDI is written once at start, so that flushes overwrite objects as the sequential-write
 //! reference does.
@@ -188,9 +188,7 @@ impl MainRig {
                 self.base.warm()
             }
             // Filled (a stream is cached on its second pass, docs/cache.md), then read once
-            // more: sequential fills bypass the page cache, and this pass, all hits, leaves
-            // the cache files in the page cache, as reading it leaves the raw file for the
-            // references.
+            // more, all hits, as the references read the raw file before their jobs.
             Target::Warm => {
                 self.fill_cache()?;
                 read_whole(&self.cache.path(VDI), true)

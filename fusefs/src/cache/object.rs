@@ -16,15 +16,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use objstore::pagebuf::PageBuf;
-
 use super::bitmap::Bitmap;
 use super::spare::Spares;
 
 /// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
 pub const BLOCK: u64 = 4096;
-/// Fills of at least this many bytes bypass the page cache.
-pub const DIRECT_FILL: u64 = 256 << 10;
 const META_MAGIC: &[u8; 8] = b"SHCACHE1";
 const META_HEAD: usize = 16;
 
@@ -74,13 +70,6 @@ pub struct CachedObject {
 pub fn clock_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
-}
-
-thread_local! {
-    /// The fill thread's staging buffer for O_DIRECT writes of data that is not page-aligned
-    /// already, reused (a fresh large allocation per fill would be mapped and faulted in
-    /// every time).
-    static FILL_BUF: std::cell::RefCell<Option<PageBuf>> = const { std::cell::RefCell::new(None) };
 }
 
 /// `pwritev` of all of `parts` at `offset`, again after a short write.
@@ -338,60 +327,13 @@ impl CachedObject {
     }
 
     /// Writes data fetched from the cluster at a block-aligned `offset`: `parts` one after
-    /// the other (several fetches that continue each other go out as one write). Runs of at
-    /// least [`DIRECT_FILL`] (sequential reads, read-ahead) go straight to the disk with
-    /// O_DIRECT, a short tail padded with zeros: streaming data then costs no page-cache work
-    /// on the CPUs the reader needs, and does not push hotter pages out; later reads find it
-    /// on disk (then in the page cache). Smaller runs (random reads, likely re-read) are
-    /// written through the page cache. Falls back to buffered where the filesystem refuses
-    /// O_DIRECT.
+    /// the other (several fetches that continue each other go out as one `pwritev`),
+    /// through the page cache. What is filled was asked for twice (a second miss, a second
+    /// pass of a stream) or found the cache with room: later hits then mostly find it in
+    /// memory, where a hit costs no disk request.
     pub fn write_fill_data(&self, parts: &[&[u8]], offset: u64) -> io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
         debug_assert_eq!(offset % BLOCK, 0);
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let buffered = |f: &File| {
-            let mut at = offset;
-            for p in parts {
-                f.write_all_at(p, at)?;
-                at += p.len() as u64;
-            }
-            Ok(())
-        };
-        if (len as u64) < DIRECT_FILL {
-            return buffered(&self.data);
-        }
-        let direct = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&self.paths.0);
-        let direct = match direct {
-            Ok(f) => f,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return buffered(&self.data),
-            Err(e) => return Err(e),
-        };
-        // Data received from the cluster is page-aligned (objstore's PageBuf), and runs start
-        // at block offsets into it: written as it is, without a copy.
-        let aligned = |n: usize| n.is_multiple_of(BLOCK as usize);
-        if parts
-            .iter()
-            .all(|p| aligned(p.as_ptr() as usize) && aligned(p.len()))
-        {
-            return write_all_vectored_at(&direct, parts, offset);
-        }
-        let padded = len.div_ceil(BLOCK as usize) * BLOCK as usize;
-        FILL_BUF.with_borrow_mut(|buf| {
-            if buf.as_ref().is_none_or(|b| b.len() < padded) {
-                *buf = Some(PageBuf::zeroed(padded));
-            }
-            let b = &mut buf.as_mut().expect("just made").as_mut()[..padded];
-            let mut at = 0;
-            for p in parts {
-                b[at..at + p.len()].copy_from_slice(p);
-                at += p.len();
-            }
-            b[len..].fill(0);
-            direct.write_all_at(b, offset)
-        })
+        write_all_vectored_at(&self.data, parts, offset)
     }
 
     /// Makes both files durable (clean shutdown).
@@ -473,6 +415,7 @@ pub fn remove_key(dir: &Path, key: Key) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use objstore::pagebuf::PageBuf;
 
     /// Object (1, 2) of `size` bytes, created in a fresh directory with its spare pool.
     fn object_1_2(size: u64) -> (tempfile::TempDir, Spares, CachedObject) {
@@ -626,37 +569,20 @@ mod tests {
     }
 
     #[test]
-    fn direct_fills_write_aligned_and_unaligned_sources_alike() {
+    fn fills_write_their_parts_one_after_the_other() {
         let (_d, _spares, o) = object_1_2(4 << 20);
-        let n = DIRECT_FILL as usize;
-        let data: Vec<u8> = (0..n + 100).map(|i| (i % 251) as u8).collect();
-        // Page-aligned, as received from the cluster: written as it is.
-        let mut aligned = PageBuf::with_capacity(n);
-        bytes::BufMut::put_slice(&mut aligned, &data[..n]);
-        o.write_fill_data(&[&aligned.freeze()], 0).unwrap();
-        // Not aligned, and a length that is not a whole number of blocks: staged.
-        o.write_fill_data(&[&data[1..]], 1 << 20).unwrap();
-        let mut back = vec![0u8; n];
-        o.read_data(&mut back, 0).unwrap();
-        assert_eq!(back, data[..n]);
-        let mut back = vec![0u8; n + 99];
-        o.read_data(&mut back, 1 << 20).unwrap();
-        assert_eq!(back, data[1..]);
-        // Several aligned parts, one write; then parts of which one is not aligned.
-        let part = |from: usize, len: usize| {
-            let mut b = PageBuf::with_capacity(len);
-            bytes::BufMut::put_slice(&mut b, &data[from..from + len]);
-            b.freeze()
-        };
-        let (p1, p2) = (part(0, n / 2), part(n / 2, n / 2));
-        o.write_fill_data(&[&p1, &p2], 2 << 20).unwrap();
-        let mut back = vec![0u8; n];
-        o.read_data(&mut back, 2 << 20).unwrap();
-        assert_eq!(back, data[..n]);
-        o.write_fill_data(&[&p1, &data[n / 2..n + 100]], 3 << 20)
+        let data: Vec<u8> = (0..(1 << 20) + 100).map(|i| (i % 251) as u8).collect();
+        // Page-aligned, as received from the cluster, and not: written alike.
+        let mut aligned = PageBuf::with_capacity(1 << 19);
+        bytes::BufMut::put_slice(&mut aligned, &data[..1 << 19]);
+        o.write_fill_data(&[&aligned.freeze(), &data[1 << 19..]], 1 << 20)
             .unwrap();
-        let mut back = vec![0u8; n + 100];
-        o.read_data(&mut back, 3 << 20).unwrap();
+        let mut back = vec![0u8; data.len()];
+        o.read_data(&mut back, 1 << 20).unwrap();
         assert_eq!(back, data);
+        // Nothing before the offset was written.
+        let mut before = vec![1u8; 4096];
+        o.read_data(&mut before, (1 << 20) - 4096).unwrap();
+        assert!(before.iter().all(|&b| b == 0));
     }
 }
