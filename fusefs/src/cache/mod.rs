@@ -103,9 +103,10 @@ const FILL_BUDGET: u64 = 16 << 20;
 /// runtime thread that fetched it, right after its reader has the reply, when no other fill
 /// is queued: a buffered write of a few KiB costs less than waking the fill thread (at
 /// iodepth 1 that wake-up was a fifth of a miss's CPU). It goes to the fill thread after all
-/// when that would mean creating the object's files or evicting; longer ranges, and ranges
-/// arriving while others wait (the fill thread is awake then), always do.
-const INLINE_FILL: u64 = 256 << 10;
+/// when that would mean creating the object's files or evicting; longer ranges (which start
+/// their writeback, so a runtime thread never does), and ranges arriving while others wait
+/// (the fill thread is awake then), always do.
+const INLINE_FILL: u64 = object::WRITEBACK_FILL;
 /// The most the fill thread writes at once (queued ranges that continue each other, merged).
 const MAX_FILL_BATCH: u64 = 4 << 20;
 /// Queued ranges the fill thread takes at once to look for ranges to merge.
