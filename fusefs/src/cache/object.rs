@@ -23,9 +23,9 @@ use super::spare::Spares;
 pub const BLOCK: u64 = 4096;
 /// Fills of at least this many bytes start their own writeback ([`CachedObject::write_fill_data`]).
 pub const WRITEBACK_FILL: u64 = 256 << 10;
-/// Fills are written in pieces of at most this size. One large write puts the data in large
-/// page-cache folios, and ext4 then walks every block of a folio on each later 4 KiB write
-/// into it: random writes over filled data ran at a third of their speed.
+/// Cache data is written in pieces of at most this size. One large write puts the data in
+/// large page-cache folios, and ext4 then walks every block of a folio on each later 4 KiB
+/// write into it: random writes over filled data ran at a third of their speed.
 const FILL_CHUNK: usize = 16 << 10;
 const META_MAGIC: &[u8; 8] = b"SHCACHE1";
 const META_HEAD: usize = 16;
@@ -293,8 +293,15 @@ impl CachedObject {
         Ok(true)
     }
 
+    /// Writes `data` at `offset`, in pieces of at most [`FILL_CHUNK`] (so a long write leaves
+    /// no large page-cache folios for later small writes to walk).
     pub fn write_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.data.write_all_at(data, offset)
+        let mut at = offset;
+        for chunk in data.chunks(FILL_CHUNK) {
+            self.data.write_all_at(chunk, at)?;
+            at += chunk.len() as u64;
+        }
+        Ok(())
     }
 
     /// Writes data fetched from the cluster at a block-aligned `offset`: `parts` one after
@@ -310,10 +317,8 @@ impl CachedObject {
         debug_assert_eq!(offset % BLOCK, 0);
         let mut at = offset;
         for p in parts {
-            for chunk in p.chunks(FILL_CHUNK) {
-                self.data.write_all_at(chunk, at)?;
-                at += chunk.len() as u64;
-            }
+            self.write_data(p, at)?;
+            at += p.len() as u64;
         }
         let len = (at - offset) as usize;
         if (len as u64) >= WRITEBACK_FILL {
