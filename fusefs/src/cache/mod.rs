@@ -1268,8 +1268,8 @@ impl Inner {
 /// The fill worker: writes fetched ranges into the cache, off every reader's path. It takes
 /// what is queued at once (up to [`MAX_FILL_JOBS`] more than the first) and writes ranges
 /// that continue each other in one object (a sequential read and its read-ahead, whose
-/// fetches finish in any order) together, up to [`MAX_FILL_BATCH`]: larger writes reach the
-/// disk faster, so fewer ranges are dropped for the budget on a first read.
+/// fetches finish in any order) together, up to [`MAX_FILL_BATCH`]: one pass over the
+/// object's bits, and one writeback started for the whole run.
 fn fill_worker(inner: &Inner, rx: std::sync::mpsc::Receiver<FillJob>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];

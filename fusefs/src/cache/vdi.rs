@@ -738,7 +738,7 @@ fn commit(
 
 /// Writes the blocks of the data fetched at `start` (`parts`, one after the other: fetches
 /// that continue each other) that are not cached yet, each run of consecutive such blocks
-/// with one write; returns how many blocks were added, and whether the object's bitmaps just
+/// at once ([`CachedObject::write_fill_data`]); returns how many blocks were added, and whether the object's bitmaps just
 /// became unsaved (the caller has them written later: see [`super::object::State::unsaved`]).
 /// Nothing is written unless `fresh()` (asked once no write to the object can come between
 /// the check and the marking) says the data is still what the cluster holds.
