@@ -26,7 +26,7 @@ pub const WRITEBACK_FILL: u64 = 256 << 10;
 /// Cache data is written in pieces of at most this size. One large write puts the data in
 /// large page-cache folios, and ext4 then walks every block of a folio on each later 4 KiB
 /// write into it: random writes over filled data ran at a third of their speed.
-const FILL_CHUNK: usize = 16 << 10;
+const WRITE_PIECE: usize = 16 << 10;
 const META_MAGIC: &[u8; 8] = b"SHCACHE1";
 const META_HEAD: usize = 16;
 
@@ -293,11 +293,11 @@ impl CachedObject {
         Ok(true)
     }
 
-    /// Writes `data` at `offset`, in pieces of at most [`FILL_CHUNK`] (so a long write leaves
+    /// Writes `data` at `offset`, in pieces of at most [`WRITE_PIECE`] (so a long write leaves
     /// no large page-cache folios for later small writes to walk).
     pub fn write_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
         let mut at = offset;
-        for chunk in data.chunks(FILL_CHUNK) {
+        for chunk in data.chunks(WRITE_PIECE) {
             self.data.write_all_at(chunk, at)?;
             at += chunk.len() as u64;
         }
@@ -305,7 +305,7 @@ impl CachedObject {
     }
 
     /// Writes data fetched from the cluster at a block-aligned `offset`: `parts` one after
-    /// the other (several fetches that continue each other), in pieces of [`FILL_CHUNK`],
+    /// the other (several fetches that continue each other), in pieces of [`WRITE_PIECE`],
     /// through the page cache. What is filled was asked for twice (a second miss, a second
     /// pass of a stream) or found the cache with room: later hits then mostly find it in
     /// memory, where a hit costs no disk request. A run of [`WRITEBACK_FILL`] or more has
