@@ -5,7 +5,7 @@
 //! writes its fills through the page cache now, and what counts is the pool below.
 //!
 //! Requests of 32 KiB to 4 MiB get a pooled buffer, sized to the next power of two from
-//! 64 KiB (at most half of it unused): a freed one is kept (up to [`POOL_BYTES`] in all) and
+//! 64 KiB (at most half of it unused): a freed one is kept (up to `POOL_BYTES` in all) and
 //! handed out again, most recently freed first. Memory returned to the allocator and
 //! taken back is faulted in anew, page by page, inside the receive copy; a reused buffer is
 //! mapped already, and likely still in the CPU's caches.

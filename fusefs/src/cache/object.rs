@@ -421,7 +421,6 @@ pub fn remove_key(dir: &Path, key: Key) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use objstore::pagebuf::PageBuf;
 
     /// Object (1, 2) of `size` bytes, created in a fresh directory with its spare pool.
     fn object_1_2(size: u64) -> (tempfile::TempDir, Spares, CachedObject) {
@@ -577,12 +576,10 @@ mod tests {
     #[test]
     fn fills_write_their_parts_one_after_the_other() {
         let (_d, _spares, o) = object_1_2(4 << 20);
+        // Two parts, each many write pieces long, the second ending inside a piece and a block.
         let data: Vec<u8> = (0..(1 << 20) + 100).map(|i| (i % 251) as u8).collect();
-        // Page-aligned, as received from the cluster, and not: written alike.
-        let mut aligned = PageBuf::with_capacity(1 << 19);
-        bytes::BufMut::put_slice(&mut aligned, &data[..1 << 19]);
-        o.write_fill_data(&[&aligned.freeze(), &data[1 << 19..]], 1 << 20)
-            .unwrap();
+        let (p1, p2) = data.split_at((1 << 19) + WRITE_PIECE / 2);
+        o.write_fill_data(&[p1, p2], 1 << 20).unwrap();
         let mut back = vec![0u8; data.len()];
         o.read_data(&mut back, 1 << 20).unwrap();
         assert_eq!(back, data);
