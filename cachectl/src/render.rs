@@ -81,6 +81,16 @@ pub fn human(s: &CacheStats) -> String {
     let _ = writeln!(o, "Not cached:      {} fetched ranges", t.skipped_fills);
     let _ = writeln!(
         o,
+        "CPUs busy:       {} small misses not cached{}",
+        t.busy_skipped_fills,
+        if s.fills_limited {
+            " (busy now: fills of small misses share a CPU budget)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        o,
         "Stream passes:   {} misses fetched past the cache (a stream's first pass)",
         t.stream_bypasses
     );
@@ -188,7 +198,7 @@ pub fn prometheus(s: &CacheStats) -> String {
     let t = &s.total;
     let mut o = String::new();
     let one = |v: u64| vec![(String::new(), v)];
-    let cache: [(&str, &str, &str, u64); 19] = [
+    let cache: [(&str, &str, &str, u64); 21] = [
         (
             "sheepfs_cache_size_bytes",
             "gauge",
@@ -284,6 +294,18 @@ pub fn prometheus(s: &CacheStats) -> String {
             "counter",
             "Fetched ranges not written into the cache (full and first miss, or fills behind).",
             t.skipped_fills,
+        ),
+        (
+            "sheepfs_cache_busy_skipped_fills_total",
+            "counter",
+            "Small misses not written into the cache while the CPUs were busy (fill budget spent).",
+            t.busy_skipped_fills,
+        ),
+        (
+            "sheepfs_cache_fills_limited",
+            "gauge",
+            "1 while the CPUs are busy and fills of small misses share a CPU budget.",
+            s.fills_limited as u64,
         ),
         (
             "sheepfs_cache_stream_bypasses_total",
@@ -412,6 +434,7 @@ mod tests {
             max_dirty_age_secs: 30,
             sequential_cutoff: 16 << 20,
             default_mode: Some(CacheMode::Writeback),
+            fills_limited: true,
             push_errors: 2,
             last_push_error: Some("connection refused\nby 127.0.0.1:7000".into()),
             total: VdiStats {
@@ -424,6 +447,7 @@ mod tests {
                 fill_bytes: 50 << 20,
                 evictions: 3,
                 evicted_bytes: 12 << 20,
+                busy_skipped_fills: 40,
                 pushed_bytes: 1 << 30,
                 ..Default::default()
             },
@@ -465,6 +489,8 @@ mod tests {
             "\nsheepfs_cache_miss_bytes_total 52428800\n",
             "\nsheepfs_cache_fills_total 100\n",
             "\nsheepfs_cache_evictions_total 3\n",
+            "\nsheepfs_cache_busy_skipped_fills_total 40\n",
+            "# TYPE sheepfs_cache_fills_limited gauge\nsheepfs_cache_fills_limited 1\n",
             "\nsheepfs_cache_push_errors_total 2\n",
             "# TYPE sheepfs_cache_vdi_used_bytes gauge\n\
              sheepfs_cache_vdi_used_bytes{vdi=\"disk0\"} 314572800\n\
@@ -533,6 +559,7 @@ Hit ratio:       75.0% of requests, 75.0% of bytes
 Fills:           100 (50.0 MiB)
 Evictions:       3 (12.0 MiB)
 Not cached:      0 fetched ranges
+CPUs busy:       40 small misses not cached (busy now: fills of small misses share a CPU budget)
 Stream passes:   0 misses fetched past the cache (a stream's first pass)
 Pushed:          1.0 GiB
 Push errors:     2

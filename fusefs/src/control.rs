@@ -94,6 +94,10 @@ pub struct VdiStats {
     /// recently (admission), or the fill worker was too far behind.
     #[serde(default)]
     pub skipped_fills: u64,
+    /// Small misses (random reads) fetched for their reader alone and not cached because the
+    /// host's CPUs were busy and the fills' CPU budget was spent (`docs/cache.md`).
+    #[serde(default)]
+    pub busy_skipped_fills: u64,
     /// Misses of long sequential streams fetched past the cache: the stream's first pass
     /// through their object (see `sheepfs --cache-sequential-cutoff`).
     #[serde(default)]
@@ -115,6 +119,10 @@ pub struct CacheStats {
     /// Sequential runs longer than this are cached on their second pass (0: first).
     #[serde(default)]
     pub sequential_cutoff: u64,
+    /// The host's CPUs were busy when last measured: fills of small misses share a CPU
+    /// budget (`docs/cache.md`).
+    #[serde(default)]
+    pub fills_limited: bool,
     pub default_mode: Option<CacheMode>,
     /// Failed pushes since start, and the last failure (data stays dirty and is retried).
     pub push_errors: u64,

@@ -22,6 +22,7 @@
 
 mod admit;
 mod bitmap;
+mod budget;
 mod object;
 mod socket;
 mod spare;
@@ -85,6 +86,7 @@ struct Counters {
     evictions: AtomicU64,
     evicted_bytes: AtomicU64,
     skipped_fills: AtomicU64,
+    busy_skipped_fills: AtomicU64,
     stream_bypasses: AtomicU64,
     pushed_bytes: AtomicU64,
 }
@@ -189,6 +191,8 @@ pub(crate) struct Inner {
     /// Which fetched ranges may displace cached data once the cache is full, and which
     /// objects streams passed through.
     admission: admit::Admission,
+    /// The CPU budget of small fills while the host's CPUs are busy.
+    fill_budget: budget::FillBudget,
     /// The next stream id ([`Inner::next_stream`]).
     streams: AtomicU64,
     /// Emptied files of evicted objects, reused for new ones.
@@ -335,6 +339,7 @@ impl Cache {
             fill_tx,
             fill_rx: Mutex::new(Some(fill_rx)),
             admission: admit::Admission::new(cfg.size),
+            fill_budget: budget::FillBudget::new(),
             streams: AtomicU64::new(0),
             spares: spare::Spares::open(dir.join("spare")),
             creating: Mutex::default(),
@@ -884,6 +889,13 @@ impl Inner {
         !full || self.admission.admit(key, block, idle)
     }
 
+    /// Whether CPU allows filling a range of `len` bytes about to be fetched on a miss: a
+    /// small one (a random read) only within the fills' budget while the host's CPUs are
+    /// busy ([`budget`]); longer ones always.
+    fn fill_affordable(&self, len: u64) -> bool {
+        len >= budget::SMALL_FILL || self.fill_budget.allows()
+    }
+
     /// Has a fetched range that [`Inner::keeps`] admitted written into the cache (see
     /// [`INLINE_FILL`] for where), or drops it when too much waits already.
     fn queue_fill(self: &Arc<Self>, job: FillJob) {
@@ -1197,6 +1209,7 @@ impl Inner {
             e.evictions = g(&c.evictions);
             e.evicted_bytes = g(&c.evicted_bytes);
             e.skipped_fills = g(&c.skipped_fills);
+            e.busy_skipped_fills = g(&c.busy_skipped_fills);
             e.stream_bypasses = g(&c.stream_bypasses);
             e.pushed_bytes = g(&c.pushed_bytes);
         }
@@ -1234,6 +1247,7 @@ impl Inner {
             total.evictions += v.evictions;
             total.evicted_bytes += v.evicted_bytes;
             total.skipped_fills += v.skipped_fills;
+            total.busy_skipped_fills += v.busy_skipped_fills;
             total.stream_bypasses += v.stream_bypasses;
             total.pushed_bytes += v.pushed_bytes;
         }
@@ -1247,6 +1261,7 @@ impl Inner {
             max_dirty: self.cfg.max_dirty,
             max_dirty_age_secs: self.cfg.max_dirty_age.as_secs(),
             sequential_cutoff: self.cfg.sequential_cutoff,
+            fills_limited: self.fill_budget.busy(),
             default_mode: Some(self.cfg.mode),
             push_errors: self.push_errors.load(Ordering::Relaxed),
             last_push_error: self.last_push_error.lock().unwrap().clone(),
@@ -1301,8 +1316,20 @@ fn continues(a: &FillJob, b: &FillJob) -> bool {
 
 /// Writes fetched ranges that continue each other (`jobs`, in order, in one object) into the
 /// cache. With `quick`, only if that needs neither creating the object's files nor evicting
-/// (false then, and nothing done): what may block for long is left to the fill thread.
+/// (false then, and nothing done): what may block for long is left to the fill thread. The
+/// time a small fill takes is counted against the fills' CPU budget ([`budget`]).
 fn fill_one(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
+    let len: u64 = jobs.iter().map(|j| j.data.len() as u64).sum();
+    let since = Instant::now();
+    let done = fill_run(inner, jobs, quick);
+    if len < budget::SMALL_FILL {
+        inner.fill_budget.charge(since.elapsed());
+    }
+    done
+}
+
+/// [`fill_one`], untimed.
+fn fill_run(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
     let job = &jobs[0];
     if inner.bypass_writes.load(Ordering::SeqCst) != job.bypass {
         return true; // a write bypassed the cache meanwhile: this data may be stale

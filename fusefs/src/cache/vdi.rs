@@ -258,6 +258,9 @@ impl CachedVdi {
                 {
                     Err(&self.counters.stream_bypasses)
                 }
+                None if !self.inner.fill_affordable(fend - fstart) => {
+                    Err(&self.counters.busy_skipped_fills)
+                }
                 None if !self.inner.keeps(key, b0, fend - fstart) => {
                     Err(&self.counters.skipped_fills)
                 }
