@@ -209,18 +209,54 @@ pub fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
             })?;
         }
         Cmd::Mode { vdi, mode } => {
-            let (vdi, mode) = client.mode(vdi, mode)?;
-            print(out, json, json!({ "vdi": vdi, "mode": mode }), || {
-                format!("VDI '{vdi}' is now {mode}\n")
-            })?;
+            let (vdi, mode, attached) = client.mode(vdi, mode)?;
+            print(
+                out,
+                json,
+                json!({ "vdi": vdi, "mode": mode, "attached": attached }),
+                || mode_line(&vdi, mode, attached),
+            )?;
         }
     }
     Ok(())
 }
 
+/// What `cachectl mode` prints: the new mode, and when it does not apply to the VDI's open
+/// handles yet, why and when it will.
+fn mode_line(vdi: &str, mode: CacheMode, attached: Option<bool>) -> String {
+    let mut s = format!("VDI '{vdi}' is now {mode}\n");
+    if mode != CacheMode::Off && attached == Some(false) {
+        s += &format!(
+            "note: '{vdi}' is not attached to this cache (it was opened while in mode off, or \
+             only read-only): its open handles go straight to the cluster; the cache takes it \
+             from its next read-write open\n"
+        );
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mode_line_says_when_the_mode_waits_for_an_open() {
+        assert_eq!(
+            mode_line("d", CacheMode::Writeback, Some(true)),
+            "VDI 'd' is now writeback\n"
+        );
+        assert_eq!(
+            mode_line("d", CacheMode::Off, Some(false)),
+            "VDI 'd' is now off\n"
+        );
+        assert_eq!(
+            mode_line("d", CacheMode::Writethrough, None),
+            "VDI 'd' is now writethrough\n"
+        );
+        let waits = mode_line("d", CacheMode::Writeback, Some(false));
+        assert!(waits.starts_with("VDI 'd' is now writeback\nnote: 'd' is not attached"));
+        assert!(waits.contains("next read-write open"), "{waits}");
+    }
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("cachectl").chain(args.iter().copied()))

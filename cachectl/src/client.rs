@@ -321,10 +321,19 @@ impl Client {
         }
     }
 
-    /// Returns the VDI and its new mode as sheepfs reports them.
-    pub fn mode(&self, vdi: String, mode: CacheMode) -> Result<(String, CacheMode), Error> {
+    /// Returns the VDI, its new mode, and whether it is attached to the cache (None: sheepfs
+    /// did not say), as sheepfs reports them.
+    pub fn mode(
+        &self,
+        vdi: String,
+        mode: CacheMode,
+    ) -> Result<(String, CacheMode, Option<bool>), Error> {
         match self.call(&Request::Mode { vdi, mode }, &mut |_, _| {})? {
-            Reply::Mode { vdi, mode } => Ok((vdi, mode)),
+            Reply::Mode {
+                vdi,
+                mode,
+                attached,
+            } => Ok((vdi, mode, attached)),
             reply => Err(unexpected("mode", &reply)),
         }
     }
@@ -536,13 +545,14 @@ mod tests {
             Act::Lines(vec![line(&Response::Ok(Reply::Mode {
                 vdi: "disk0".into(),
                 mode: CacheMode::Off,
+                attached: Some(true),
             }))]),
         ]);
         let c = Client::new(target);
         assert_eq!(c.resize(2 << 30).unwrap(), 2 << 30);
         assert_eq!(
             c.mode("disk0".into(), CacheMode::Off).unwrap(),
-            ("disk0".into(), CacheMode::Off)
+            ("disk0".into(), CacheMode::Off, Some(true))
         );
         assert_eq!(
             reqs.recv().unwrap(),

@@ -218,6 +218,7 @@ fn evict_resize_mode() {
         vec![Response::Ok(Reply::Mode {
             vdi: "disk0".into(),
             mode: CacheMode::Writethrough,
+            attached: Some(false),
         })],
         vec![Response::Ok(Reply::Resized { size: 20 << 30 })],
     ]);
@@ -236,7 +237,9 @@ fn evict_resize_mode() {
     let o = cachectl(dir.path(), &["mode", "disk0", "writethrough"]);
     assert_eq!(
         stdout(&o),
-        "VDI 'disk0' is now writethrough\n",
+        "VDI 'disk0' is now writethrough\nnote: 'disk0' is not attached to this cache (it was \
+         opened while in mode off, or only read-only): its open handles go straight to the \
+         cluster; the cache takes it from its next read-write open\n",
         "{}",
         stderr(&o)
     );

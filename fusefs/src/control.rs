@@ -137,10 +137,25 @@ pub struct CacheStats {
 #[serde(rename_all = "lowercase")]
 pub enum Reply {
     Stats(CacheStats),
-    Flushed { bytes: u64 },
-    Evicted { bytes: u64, discarded_dirty: u64 },
-    Resized { size: u64 },
-    Mode { vdi: String, mode: CacheMode },
+    Flushed {
+        bytes: u64,
+    },
+    Evicted {
+        bytes: u64,
+        discarded_dirty: u64,
+    },
+    Resized {
+        size: u64,
+    },
+    Mode {
+        vdi: String,
+        mode: CacheMode,
+        /// Whether the VDI is attached to this cache (None: an older sheepfs did not say).
+        /// One opened while in mode `off`, or only read-only, is not: a new mode that
+        /// caches takes effect from its next read-write open.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attached: Option<bool>,
+    },
 }
 
 #[allow(clippy::large_enum_variant)]

@@ -187,7 +187,12 @@ async fn handle(
             if mode == CacheMode::Off {
                 inner.drop_vdi(vid, false);
             }
-            Response::Ok(Reply::Mode { vdi, mode })
+            let attached = inner.attached.lock().unwrap().contains_key(&vid);
+            Response::Ok(Reply::Mode {
+                vdi,
+                mode,
+                attached: Some(attached),
+            })
         }
     }
 }
