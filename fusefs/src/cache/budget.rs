@@ -49,8 +49,9 @@ pub(super) struct FillBudget {
 }
 
 struct State {
-    /// When the pressure was last read, and the total stall time it gave (µs).
-    sampled: Option<(Instant, u64)>,
+    /// When the pressure was last read (or tried), and the total stall time it gave (µs).
+    read_at: Option<Instant>,
+    total: Option<u64>,
     busy: bool,
     bucket: Bucket,
 }
@@ -68,7 +69,8 @@ impl FillBudget {
         FillBudget {
             psi,
             state: Mutex::new(State {
-                sampled: None,
+                read_at: None,
+                total: None,
                 busy: false,
                 bucket: Bucket::new(Instant::now(), rate),
             }),
@@ -83,15 +85,18 @@ impl FillBudget {
         };
         let now = Instant::now();
         let mut st = self.state.lock().unwrap();
-        let due = st.sampled.is_none_or(|(at, _)| now - at >= SAMPLE);
+        let due = st.read_at.is_none_or(|at| now - at >= SAMPLE);
         if due {
-            // Read under the lock: once per SAMPLE, a few µs.
+            // Read under the lock: once per SAMPLE (a failed read too), a few µs.
             let total = fs::read_to_string(psi).ok().and_then(|s| some_total(&s));
-            st.busy = match (st.sampled, total) {
-                (Some((at, before)), Some(total)) => busy(total.saturating_sub(before), now - at),
+            st.busy = match (st.read_at, st.total, total) {
+                (Some(at), Some(before), Some(total)) => {
+                    busy(total.saturating_sub(before), now - at)
+                }
                 _ => false,
             };
-            st.sampled = total.map(|t| (now, t));
+            st.read_at = Some(now);
+            st.total = total;
         }
         !st.busy || st.bucket.has(now)
     }
