@@ -230,9 +230,8 @@ mod tests {
 
     #[test]
     fn busy_cpus_limit_fills_to_the_budget() {
-        let dir = std::env::temp_dir().join(format!("sheepfs-budget-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let psi = dir.join("cpu");
+        let dir = tempfile::tempdir().unwrap();
+        let psi = dir.path().join("cpu");
         let write = |total: u64| {
             let text = format!("some avg10=0.00 avg60=0.00 avg300=0.00 total={total}\n");
             fs::write(&psi, text).unwrap();
@@ -254,7 +253,6 @@ mod tests {
         std::thread::sleep(SAMPLE);
         assert!(b.allows());
         assert!(!b.busy());
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

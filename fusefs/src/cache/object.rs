@@ -320,8 +320,8 @@ impl CachedObject {
             self.write_data(p, at)?;
             at += p.len() as u64;
         }
-        let len = (at - offset) as usize;
-        if (len as u64) >= WRITEBACK_FILL {
+        let len = at - offset;
+        if len >= WRITEBACK_FILL {
             // SAFETY: a plain syscall on a file descriptor we own.
             let r = unsafe {
                 libc::sync_file_range(

@@ -240,8 +240,8 @@ impl CachedVdi {
         // Join a fetch in flight that covers the range (started after the last bypassing
         // write), or start one if the range is to be kept; all under the fetch table's lock,
         // so two readers of a range never both fetch it. That lock is taken before the
-        // admission's and the LRU's (in `keeps`), never after them. A range not kept is
-        // told by the counter that says why.
+        // fills' budget's (in `fill_affordable`), the admission's and the LRU's (in `keeps`),
+        // never after them. A range not kept is told by the counter that says why.
         let planned = {
             let mut inflight = self.inflight.lock().unwrap();
             let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
@@ -741,8 +741,9 @@ fn commit(
 
 /// Writes the blocks of the data fetched at `start` (`parts`, one after the other: fetches
 /// that continue each other) that are not cached yet, each run of consecutive such blocks
-/// at once ([`CachedObject::write_fill_data`]); returns how many blocks were added, and whether the object's bitmaps just
-/// became unsaved (the caller has them written later: see [`super::object::State::unsaved`]).
+/// at once ([`CachedObject::write_fill_data`]); returns how many blocks were added, and
+/// whether the object's bitmaps just became unsaved (the caller has them written later: see
+/// [`super::object::State::unsaved`]).
 /// Nothing is written unless `fresh()` (asked once no write to the object can come between
 /// the check and the marking) says the data is still what the cluster holds.
 ///
