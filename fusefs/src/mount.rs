@@ -104,9 +104,51 @@ pub fn config(allow_other: bool, threads: usize) -> Config {
     c
 }
 
+/// How the FUSE threads are scheduled (`sheepfs --fuse-sched`). Under `SCHED_BATCH` a
+/// guest that submits one request and waits for it finishes its submission and sleeps
+/// first; the request is then served on the same CPU, without a switch back and forth or a
+/// wake-up of an idle CPU. Both policies get the same share of CPU time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FuseSched {
+    /// SCHED_BATCH: a woken FUSE thread does not preempt the task that submitted the request
+    Batch,
+    /// SCHED_OTHER, the default policy
+    Normal,
+}
+
+/// Sets the calling thread's scheduling policy; threads it starts afterwards inherit it
+/// (so call it on the thread that starts the FUSE session).
+pub fn set_thread_sched(s: FuseSched) -> std::io::Result<()> {
+    let policy = match s {
+        FuseSched::Batch => libc::SCHED_BATCH,
+        FuseSched::Normal => libc::SCHED_OTHER,
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for the call.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sched_is_inherited_by_new_threads() {
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        std::thread::spawn(move || {
+            set_thread_sched(FuseSched::Batch).unwrap();
+            assert_eq!(policy(), libc::SCHED_BATCH);
+            let child = std::thread::spawn(policy).join().unwrap();
+            assert_eq!(child, libc::SCHED_BATCH);
+            set_thread_sched(FuseSched::Normal).unwrap();
+            assert_eq!(policy(), libc::SCHED_OTHER);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn mountpoint_checks() {

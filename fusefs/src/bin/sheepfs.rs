@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use fusefs::cache::{Cache, CacheConfig};
 use fusefs::control::CacheMode;
-use fusefs::mount::{check_mountpoint, config};
+use fusefs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
 use fusefs::SheepFs;
 use objstore::{Client, ClientOptions};
 
@@ -40,6 +40,10 @@ struct Args {
     /// FUSE threads, each with its own /dev/fuse descriptor.
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// Scheduling policy of the FUSE threads: batch serves a guest that waits on each
+    /// request (iodepth 1) on its own CPU more often (docs/sheepfs.md).
+    #[arg(long, value_enum, default_value = "batch")]
+    fuse_sched: FuseSched,
     /// Log file (default: stderr).
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -222,9 +226,16 @@ fn serve(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let fuse_sched = args.fuse_sched;
     std::thread::Builder::new()
         .name("fuse".into())
         .spawn(move || {
+            // The session's threads are started by this one and inherit its policy.
+            if let Err(e) = set_thread_sched(fuse_sched) {
+                tracing::warn!(
+                    "--fuse-sched {fuse_sched:?}: {e}; FUSE threads keep the default policy"
+                );
+            }
             let _ = done_tx.send(session.run());
         })
         .context("starting the FUSE session")?;
