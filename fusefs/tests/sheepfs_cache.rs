@@ -694,6 +694,63 @@ fn second_read_write_attach_is_refused_then_sees_everything() {
     );
 }
 
+/// Writes made without the lock (`dog vdi write`, sheepfs without a cache) while no cache
+/// holds the VDI bump its generation: the cache that attached it before drops what it cached
+/// on its next attach instead of serving it stale.
+#[test]
+fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "u", "4M"]);
+    let old = pseudo_random(1 << 20, 21);
+    let f = open_rw(rig.path("u"));
+    f.write_all_at(&old, 0).unwrap();
+    let mut back = vec![0u8; old.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    drop(f);
+    rig.mount.unmount_and_wait();
+
+    // dog writes the first half over what the cache holds.
+    let new = pseudo_random(512 << 10, 22);
+    rig.cluster.write_vdi("u", 0, &new);
+    remount(&mut rig, &cache, "64M", "u2.log");
+    assert!(
+        stats(&cache)["used"].as_u64().unwrap() > 0,
+        "the cached data is kept until the VDI is attached"
+    );
+    let f = open_rw(rig.path("u"));
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(
+        back[..new.len()] == new[..],
+        "dog's write is read back, not the cached data"
+    );
+    assert!(back[new.len()..] == old[new.len()..]);
+    assert!(
+        rig.mount.log_tail().contains("written without its lock"),
+        "{}",
+        rig.mount.log_tail()
+    );
+    drop(f);
+    rig.mount.unmount_and_wait();
+
+    // The same with sheepfs without a cache as the writer.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut plain = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(1),
+        &tmp.path().join("mnt2"),
+        &tmp.path().join("plain.log"),
+        &[],
+    );
+    let newer = pseudo_random(64 << 10, 23);
+    open_rw(plain.path("u")).write_all_at(&newer, 4096).unwrap();
+    plain.unmount_and_wait();
+    remount(&mut rig, &cache, "64M", "u3.log");
+    let f = open_rw(rig.path("u"));
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back[4096..4096 + newer.len()] == newer[..]);
+    assert!(back[..4096] == new[..4096]);
+}
+
 #[test]
 fn node_killed_during_flush() {
     let (_tmp, mut rig, cache) = rig_with_cache(4, "1G");

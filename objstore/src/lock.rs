@@ -3,9 +3,11 @@
 //! Both records live in the cluster's key-value store:
 //!
 //! - `lock/<vdi>`: the holder, a [`LockInfo`] as JSON. Absent: nobody holds the VDI.
-//! - `vdi-gen/<vdi>`: a decimal counter (absent = 0), bumped by every new attachment. The lock
-//!   carries the value it got, so a holder can tell whether anyone attached since (its cache is
-//!   then stale). A re-attach by the same owner keeps the lock and its generation.
+//! - `vdi-gen/<vdi>`: a decimal counter (absent = 0), bumped by every new attachment and by
+//!   the first change of the data through a handle that does not hold the lock
+//!   ([`note_unlocked_change`]). The lock carries the value it got, so a holder can tell
+//!   whether anyone attached or wrote since (its cache is then stale). A re-attach by the same
+//!   owner keeps the lock and its generation.
 //!
 //! Every change is a compare-and-swap; the client retries lost connections. The counter and
 //! the lock are two keys: two hosts racing for a free VDI both bump the counter, one wins the
@@ -133,7 +135,7 @@ pub fn format_utc(secs: u64) -> String {
 }
 
 /// Bumps `vdi-gen/<vdi>` and returns the new value.
-async fn bump_gen(client: &Client, vdi: &str) -> Result<u64, LockError> {
+async fn bump_gen(client: &Client, vdi: &str) -> Result<u64, VdiError> {
     let key = gen_key(vdi);
     loop {
         let cur = client.kv_get(&key).await?;
@@ -240,6 +242,14 @@ pub async fn break_lock(client: &Client, vdi: &str) -> Result<Option<LockInfo>, 
             return Ok(Some(info));
         }
     }
+}
+
+/// Notes a change of `vdi`'s data made without its lock (`dog vdi write`, sheepfs without a
+/// cache or with the VDI in mode `off`): bumps its generation, so that a cache attaching it
+/// afterwards finds a generation it does not expect and drops what it had cached. Returns
+/// the new generation.
+pub async fn note_unlocked_change(client: &Client, vdi: &str) -> Result<u64, VdiError> {
+    bump_gen(client, vdi).await
 }
 
 /// The current attachment generation of `vdi` (0 if it was never attached).

@@ -11,6 +11,7 @@
 //! Holes read as zeros and cost no object and no request. The first write to an index writes the
 //! data object on every replica, then records it in the map.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::client::{Client, ClientError};
+use crate::lock;
 use crate::oid::{ObjectId, INODE_HEADER_LEN, MAX_INDEXES, MAX_VID};
 use crate::size::format_size;
 
@@ -417,6 +419,13 @@ pub struct Vdi {
     /// change landed would otherwise put the older inode back over it (a freshly allocated
     /// object would then read as a hole, zeros).
     changes: tokio::sync::RwLock<()>,
+    /// Set on a handle whose writes are made under the VDI's attachment lock (a cache that
+    /// attached it keeps itself coherent with them).
+    under_lock: AtomicBool,
+    /// Done once this handle's first change of the data has bumped the VDI's attachment
+    /// generation ([`lock::note_unlocked_change`]): a cache that attaches the VDI later then
+    /// sees that it was written without the lock, and drops what it had cached.
+    change_noted: tokio::sync::OnceCell<()>,
 }
 
 impl Vdi {
@@ -428,7 +437,32 @@ impl Vdi {
             header: RwLock::new(header),
             map: RwLock::new(map),
             changes: tokio::sync::RwLock::new(()),
+            under_lock: AtomicBool::new(false),
+            change_noted: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// Marks this handle as writing under the VDI's attachment lock, which the caller holds:
+    /// its writes then leave the attachment generation alone.
+    pub fn set_under_lock(&self) {
+        self.under_lock.store(true, Ordering::Relaxed);
+    }
+
+    /// Before this handle's first change of the data without the lock, bumps the VDI's
+    /// attachment generation (once per handle; concurrent first writes wait for it).
+    async fn note_change(&self) -> Result<(), VdiError> {
+        if self.under_lock.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let name = self.header.read().unwrap().name.clone();
+        self.change_noted
+            .get_or_try_init(|| async {
+                lock::note_unlocked_change(&self.client, &name)
+                    .await
+                    .map(drop)
+            })
+            .await
+            .map(drop)
     }
 
     /// Reads the inode again, picking up objects allocated and size changes made through
@@ -544,6 +578,7 @@ impl Vdi {
     /// Writes `data` at `offset`, allocating objects as needed.
     pub async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
         self.check_range(offset, data.len() as u64)?;
+        self.note_change().await?;
         let vid = self.header.read().unwrap().vid;
         let writes = self
             .pieces(offset, data.len() as u64)
@@ -613,6 +648,7 @@ impl Vdi {
     /// hole), partly covered objects have that part zeroed. Reads return zeros afterwards.
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
         self.check_range(offset, len)?;
+        self.note_change().await?;
         let (vid, size, os) = {
             let h = self.header.read().unwrap();
             (h.vid, h.size, h.object_size as u64)

@@ -472,14 +472,16 @@ impl Cache {
     }
 
     /// Opens VDI `name` through the cache. Read-write opens attach it (take its lock);
-    /// read-only opens of a VDI this mount has not attached bypass the cache.
+    /// read-only opens of a VDI this mount has not attached bypass the cache, and so do
+    /// opens of a VDI in mode `off` that is not attached. An attached VDI in mode `off` is
+    /// opened through the cache, which then drops what its writes overwrite.
     pub async fn open_vdi(&self, name: &str, rw: bool) -> Result<Option<CachedVdi>, CacheError> {
         let vdi = Arc::new(Vdi::open(self.inner.client.clone(), name).await?);
         let vid = vdi.header().vid;
-        if self.inner.mode_of(vid) == CacheMode::Off {
+        let attached = self.inner.attached.lock().unwrap().get(&vid).cloned();
+        if self.inner.mode_of(vid) == CacheMode::Off && attached.is_none() {
             return Ok(None);
         }
-        let attached = self.inner.attached.lock().unwrap().get(&vid).cloned();
         let vdi = match attached {
             Some(v) => {
                 v.refresh().await?;
@@ -708,6 +710,9 @@ impl Inner {
         let vdi = Arc::new(Vdi::open(self.client.clone(), name).await?);
         let vid = vdi.header().vid;
         let info = lock::acquire(&self.client, name, &self.owner, &self.host).await?;
+        // Its writes (pushes, and mode `off`'s writes, which invalidate what they overwrite)
+        // keep this cache coherent: they leave the generation alone.
+        vdi.set_under_lock();
         // A record of the same name under another id is a deleted VDI: forget it.
         let stale: Vec<u32> = self
             .records
@@ -745,7 +750,7 @@ impl Inner {
             let dropped = self.drop_vdi(vid, true);
             if dropped > 0 {
                 tracing::info!(
-                    "VDI '{name}' was attached elsewhere since it was cached here: dropped {} of cached data",
+                    "VDI '{name}' was attached elsewhere, or written without its lock, since it was cached here: dropped {} of cached data",
                     objstore::size::format_size(dropped)
                 );
             }
