@@ -112,9 +112,10 @@ Try, in another terminal:
   $BIN/cachectl --cache-dir $RUN/cache flush          # push dirty data to the cluster
   $BIN/dog vdi lock list                              # who has each VDI attached
   $BIN/dog node list
-  echo hello | $BIN/dog vdi write demo 0
-  $BIN/dog vdi read demo 0 5
-  head -c 64M /dev/urandom > /tmp/x && $BIN/dog vdi write demo < /tmp/x && $BIN/dog vdi read demo 0 64M | cmp - /tmp/x
+  $BIN/dog vdi create scratch 1G                      # dog vdi write refuses a VDI a cache holds (demo, once opened)
+  echo hello | $BIN/dog vdi write scratch 0
+  $BIN/dog vdi read scratch 0 5
+  head -c 64M /dev/urandom > /tmp/x && $BIN/dog vdi write scratch < /tmp/x && $BIN/dog vdi read scratch 0 64M | cmp - /tmp/x
   $BIN/dog vdi object demo 0
   kill -9 \$(cat $RUN/node2.pid); $BIN/dog node recovery     # a node dies; data stays
   $BIN/dog --help

@@ -305,12 +305,10 @@ pub async fn list(client: &Arc<Client>) -> Result<Vec<VdiInfo>, VdiError> {
     Ok(out)
 }
 
-/// Deletes a VDI and every object it owns.
-pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
-    use futures::StreamExt;
+/// Fails with [`VdiError::Attached`] while someone holds the VDI's attachment lock.
+pub async fn check_not_attached(client: &Client, name: &str) -> Result<(), VdiError> {
     validate_name(name)?;
-    let lock_key = format!("lock/{name}");
-    if let Some(raw) = client.kv_get(&lock_key).await? {
+    if let Some(raw) = client.kv_get(&format!("lock/{name}")).await? {
         let holder: LockHolder = serde_json::from_str(&raw).map_err(|e| VdiError::Corrupt {
             name: name.to_string(),
             reason: format!("bad lock record: {e} (free it with 'dog vdi lock break {name}')"),
@@ -320,6 +318,14 @@ pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
             host: holder.host,
         });
     }
+    Ok(())
+}
+
+/// Deletes a VDI and every object it owns.
+pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
+    use futures::StreamExt;
+    check_not_attached(client, name).await?;
+    let lock_key = format!("lock/{name}");
     let vdi = Vdi::open(client.clone(), name).await?;
     let vid = vdi.header().vid;
     let owned: Vec<ObjectId> = vdi

@@ -82,6 +82,24 @@ fn one_owner_at_a_time() {
     );
     assert_eq!(c.read_vdi("v", 0, 7), b"payload");
 
+    // So is `dog vdi write`; with --force it writes behind the holder's cache, and takes a
+    // generation (the holder's next attachment then drops what it had cached).
+    let out = c.dog_stdin(&["vdi", "write", "v"], b"nope");
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("VDI 'v' is attached read-write by hostA: detach it (unmount) or 'dog vdi lock break v' first; --force writes behind that cache"),
+        "{e}"
+    );
+    assert_eq!(c.read_vdi("v", 0, 7), b"payload");
+    let out = c.dog_stdin(&["vdi", "write", "v", "--force"], b"PAY");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(c.read_vdi("v", 0, 7), b"PAYload");
+
     // Another owner's release leaves the lock alone.
     let out = text(c.dog_ok(&["vdi", "lock", "release", "v", "--owner", "B"]));
     assert!(out.contains("nothing released"), "{out}");
@@ -97,7 +115,7 @@ fn one_owner_at_a_time() {
     // The next attachment gets the next generation.
     let b = acquire(&c, "v", "B", "hostB");
     assert_eq!(b["owner"], "B");
-    assert_eq!(b["gen"], 3);
+    assert_eq!(b["gen"], 4);
     let e = c.dog_err(&["vdi", "lock", "acquire", "v", "--owner", "A"]);
     assert!(e.contains("attached read-write by hostB (owner B)"), "{e}");
 
@@ -129,7 +147,7 @@ fn one_owner_at_a_time() {
         out.contains("freed the lock of VDI 'v' held by hostC (owner C)"),
         "{out}"
     );
-    assert!(out.contains("gen 4"), "{out}");
+    assert!(out.contains("gen 5"), "{out}");
 
     // Unlocked, the VDI deletes, and its generation counter goes with it: a new VDI of the
     // same name starts again at generation 1.

@@ -46,12 +46,17 @@ pub enum VdiCmd {
         len: Option<u64>,
     },
     /// Copy stdin into a VDI at OFFSET (default 0), up to LEN bytes or the end of stdin.
+    /// Refused while a cache has the VDI attached read-write (see `dog vdi lock list`).
     Write {
         name: String,
         #[arg(value_parser = size_arg)]
         offset: Option<u64>,
         #[arg(value_parser = size_arg)]
         len: Option<u64>,
+        /// Write even while the VDI is attached: the cache that holds it does not see this
+        /// write, and may serve its older copy or push over it.
+        #[arg(long)]
+        force: bool,
     },
     /// Show which nodes hold object INDEX of a VDI.
     Object { name: String, index: u64 },
@@ -274,7 +279,17 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
             };
             read(v, offset, len).await?;
         }
-        VdiCmd::Write { name, offset, len } => {
+        VdiCmd::Write {
+            name,
+            offset,
+            len,
+            force,
+        } => {
+            if !force {
+                if let Err(e) = vdi::check_not_attached(client, &name).await {
+                    bail!("{e}; --force writes behind that cache (it will not see this write)");
+                }
+            }
             let v = Arc::new(Vdi::open(client.clone(), &name).await?);
             let offset = offset.unwrap_or(0);
             let written = write(v.clone(), offset, len).await?;
