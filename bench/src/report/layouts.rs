@@ -271,10 +271,13 @@ fn detail_table(figs: &[&Figure]) -> Table {
     t
 }
 
-/// The parameters the job name does not tell: "object_size=4M, hit_pct=50".
+/// The parameters the job name does not tell: "object_size=4M, hit_pct=50". Lists and maps
+/// (such as `cache_rounds`, the cache's counters per round) stay in the JSON only.
 fn other_params(f: &Figure) -> String {
     f.params
-        .keys()
+        .iter()
+        .filter(|(_, v)| !v.is_array() && !v.is_object())
+        .map(|(k, _)| k)
         .filter(|k| !PARAMS_IN_JOB_NAME.contains(&k.as_str()))
         .filter_map(|k| {
             let v = match k.as_str() {

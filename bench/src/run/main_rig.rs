@@ -15,6 +15,7 @@
 //! VDI is written once at start, so that flushes overwrite objects as the sequential-write
 //! reference does.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,6 +40,14 @@ const CACHE_SIZE: &str = "10G";
 const FLUSH_VDI: &str = "flush";
 /// VDI of the dog figures.
 const DOG_VDI: &str = "dog";
+/// Per-VDI `cachectl stats` counters recorded for each cache job (`cache_rounds`).
+const COUNTERS: [&str; 5] = [
+    "hits",
+    "misses",
+    "fills",
+    "busy_skipped_fills",
+    "skipped_fills",
+];
 
 /// Fields drop in order: open files, then the cache mount (which pushes its dirty data), then
 /// bindfs, then the cache-off mount and the nodes.
@@ -152,6 +161,8 @@ impl MainRig {
                 }
                 let procs = self.watched(*target);
                 let file = self.file(*target);
+                let cached = matches!(target, Target::Cold | Target::Warm | Target::Writeback);
+                let before = if cached { self.vdi_counters()? } else { None };
                 run_fio(
                     rec,
                     step,
@@ -160,7 +171,17 @@ impl MainRig {
                     self.base.size,
                     self.base.runtime_s,
                     &procs,
-                )
+                )?;
+                // What the cache did during the job, round by round, for reading a figure
+                // that moved (were the reads hits, were misses filled).
+                if let (Some(b), Some(a)) = (before, self.vdi_counters()?) {
+                    let delta: serde_json::Map<String, Value> = COUNTERS
+                        .iter()
+                        .map(|&k| (k.to_string(), Value::from(a[k].saturating_sub(b[k]))))
+                        .collect();
+                    rec.push_param(&step.fig.id, "cache_rounds", Value::Object(delta));
+                }
+                Ok(())
             }
             Work::Sweep { pct } => self.sweep(rec, step, *pct, note),
             Work::SweepModeOff => self.sweep_mode_off(rec, step, note),
@@ -235,6 +256,22 @@ impl MainRig {
             last = Some(used);
         }
         Ok(())
+    }
+
+    /// The bench VDI's [`COUNTERS`] so far (None before its first open through the cache).
+    fn vdi_counters(&self) -> Result<Option<HashMap<&'static str, u64>>> {
+        let v = self.stats(&[])?;
+        let Some(e) = v["vdis"]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["name"] == VDI))
+        else {
+            return Ok(None);
+        };
+        COUNTERS
+            .iter()
+            .map(|&k| Ok((k, counter(e, k)?)))
+            .collect::<Result<_>>()
+            .map(Some)
     }
 
     /// (hits, misses) of the bench VDI so far.

@@ -131,6 +131,20 @@ impl Recorder {
         }
     }
 
+    /// Appends `value` to the array param `key` of figure `id` (one entry per round).
+    pub fn push_param(&mut self, id: &str, key: &str, value: serde_json::Value) {
+        if let Some(f) = self.figures.iter_mut().find(|f| f.id == id) {
+            let e = f
+                .params
+                .entry(key.to_string())
+                .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+            match e.as_array_mut() {
+                Some(a) => a.push(value),
+                None => *e = serde_json::Value::Array(vec![value]),
+            }
+        }
+    }
+
     fn note_rss(&mut self, pid: u32, kib: u64) {
         let e = self.lifetime_rss.entry(pid).or_insert(0);
         *e = (*e).max(kib);
