@@ -457,12 +457,12 @@ impl Vdi {
     /// Before this handle's first change of the data without the lock, bumps the VDI's
     /// attachment generation (once per handle; concurrent first writes wait for it).
     async fn note_change(&self) -> Result<(), VdiError> {
-        if self.under_lock.load(Ordering::Relaxed) {
+        if self.under_lock.load(Ordering::Relaxed) || self.change_noted.initialized() {
             return Ok(());
         }
-        let name = self.header.read().unwrap().name.clone();
         self.change_noted
             .get_or_try_init(|| async {
+                let name = self.header.read().unwrap().name.clone();
                 lock::note_unlocked_change(&self.client, &name)
                     .await
                     .map(drop)
