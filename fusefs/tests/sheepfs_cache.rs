@@ -745,6 +745,10 @@ fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
     open_rw(plain.path("u")).write_all_at(&newer, 4096).unwrap();
     plain.unmount_and_wait();
     remount(&mut rig, &cache, "64M", "u3.log");
+    assert!(
+        stats(&cache)["used"].as_u64().unwrap() > 0,
+        "the cache holds what the last attach read"
+    );
     let f = open_rw(rig.path("u"));
     f.read_exact_at(&mut back, 0).unwrap();
     assert!(back[4096..4096 + newer.len()] == newer[..]);

@@ -276,13 +276,10 @@ impl MainRig {
 
     /// (hits, misses) of the bench VDI so far.
     fn hits_misses(&self) -> Result<(u64, u64)> {
-        let v = self.stats(&[VDI])?;
-        let vdis = v["vdis"].as_array().context("cachectl stats: no vdis")?;
-        let e = vdis
-            .iter()
-            .find(|e| e["name"] == VDI)
+        let c = self
+            .vdi_counters()?
             .context("cachectl stats: no line for the bench VDI")?;
-        Ok((counter(e, "hits")?, counter(e, "misses")?))
+        Ok((c["hits"], c["misses"]))
     }
 
     /// `cachectl --json stats ARGS...`, parsed.
