@@ -713,10 +713,8 @@ fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
     let new = pseudo_random(512 << 10, 22);
     rig.cluster.write_vdi("u", 0, &new);
     remount(&mut rig, &cache, "64M", "u2.log");
-    assert!(
-        stats(&cache)["used"].as_u64().unwrap() > 0,
-        "the cached data is kept until the VDI is attached"
-    );
+    let holds_data = |why: &str| assert!(stats(&cache)["used"].as_u64().unwrap() > 0, "{why}");
+    holds_data("the cached data is kept until the VDI is attached");
     let f = open_rw(rig.path("u"));
     f.read_exact_at(&mut back, 0).unwrap();
     assert!(
@@ -745,10 +743,7 @@ fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
     open_rw(plain.path("u")).write_all_at(&newer, 4096).unwrap();
     plain.unmount_and_wait();
     remount(&mut rig, &cache, "64M", "u3.log");
-    assert!(
-        stats(&cache)["used"].as_u64().unwrap() > 0,
-        "the cache holds what the last attach read"
-    );
+    holds_data("the cache holds what the last attach read");
     let f = open_rw(rig.path("u"));
     f.read_exact_at(&mut back, 0).unwrap();
     assert!(back[4096..4096 + newer.len()] == newer[..]);
