@@ -26,7 +26,7 @@ use objstore::size::format_size;
 use objstore::vdi::{self, VdiInfo};
 use objstore::{lock::LockError, Client, Vdi, VdiError};
 
-use crate::cache::{Cache, CacheError, CachedVdi};
+use crate::cache::{Cache, CacheError, CachedVdi, Missed};
 use crate::errno;
 
 /// An open VDI: straight to the cluster, or through the cache.
@@ -41,13 +41,6 @@ impl Disk {
         match self {
             Disk::Plain(v) => v,
             Disk::Cached(c) => c.vdi(),
-        }
-    }
-
-    async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
-        match self {
-            Disk::Plain(v) => v.read_at(offset, len).await,
-            Disk::Cached(c) => c.read(offset, len).await,
         }
     }
 
@@ -537,12 +530,14 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        let mut missed = Missed::default();
         if let Disk::Cached(c) = &disk {
             let end = c.vdi().size();
             let len = (size as u64).min(end.saturating_sub(offset));
             if len > 0 {
-                if let Some(data) = c.read_hit(offset, len) {
-                    return reply.data(&data);
+                match c.read_hit(offset, len) {
+                    Ok(data) => return reply.data(&data),
+                    Err(m) => missed = m,
                 }
             }
         }
@@ -552,7 +547,11 @@ impl Filesystem for SheepFs {
                 return reply.data(&[]);
             }
             let len = (size as u64).min(end - offset);
-            match disk.read(offset, len).await {
+            let read = match &disk {
+                Disk::Plain(v) => v.read_at(offset, len).await,
+                Disk::Cached(c) => c.read_missed(offset, len, missed).await,
+            };
+            match read {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(fail("read", &disk.vdi().header().name, &e)),
             }

@@ -1,5 +1,6 @@
 //! Admission into a full cache: a fetched range may displace cached data only on its second
-//! miss within a while (a "ghost" list of recent misses as long as the cache holds blocks),
+//! miss within a while (a "ghost" table remembering about as many recent misses as the cache
+//! holds blocks),
 //! and only when it came back sooner than the data it would displace was last used.
 //!
 //! While the cache has room, everything fetched is kept. Once it is full, caching every miss
@@ -16,36 +17,74 @@
 //! goes idle and new ranges come in.
 
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use lru::LruCache;
 
 use super::object::{clock_ms, Key, BLOCK};
 
-/// Ghost entries kept at most (about 16 MiB of memory).
-const MAX_GHOSTS: usize = 256 * 1024;
+/// Slots at most (4 MiB, allocated once: about 256 Ki misses remembered).
+const MAX_GHOSTS: usize = 512 * 1024;
 const MIN_GHOSTS: usize = 1024;
 
 pub(super) struct Admission {
-    /// Recent misses and when they happened ([`clock_ms`]).
-    ghosts: Mutex<LruCache<(Key, usize), u64>>,
+    /// Recent misses, one per slot: a range's miss goes to the slot its hash picks and
+    /// replaces what was there, so about as many misses as there are slots in use are
+    /// remembered. Each slot holds the upper half of the hash (the tag) and the time of the
+    /// miss ([`clock_ms`], lower 32 bits); 0 is empty. No lock: every small miss of a full
+    /// cache asks here, from every thread.
+    ghosts: Box<[AtomicU64]>,
+    /// How many slots are in use, minus one (a power of two minus one).
+    mask: AtomicUsize,
+    /// Objects long sequential streams passed through, and the stream that did.
+    streams: Mutex<LruCache<Key, u64>>,
 }
 
+/// Objects whose streams are remembered for a cache of `cache_size` bytes: as many as it has
+/// blocks, within bounds.
 fn capacity(cache_size: u64) -> NonZeroUsize {
     let n = ((cache_size / BLOCK) as usize).clamp(MIN_GHOSTS, MAX_GHOSTS);
     NonZeroUsize::new(n).expect("at least MIN_GHOSTS")
 }
 
+/// Slots in use for a cache of `cache_size` bytes: twice as many as it has blocks (a miss
+/// that lands in a taken slot pushes out what was there, so a table remembers fewer misses
+/// than it has slots), within bounds, a power of two.
+fn slots(cache_size: u64) -> usize {
+    ((cache_size / BLOCK) as usize * 2)
+        .clamp(MIN_GHOSTS, MAX_GHOSTS)
+        .next_power_of_two()
+}
+
+/// A 64-bit hash of a block of an object (splitmix64's finalizer; fixed, so tests are
+/// deterministic and the cost is a few multiplications).
+fn hash(key: Key, block: usize) -> u64 {
+    let mut x =
+        ((key.0 as u64) << 32 | key.1 as u64) ^ (block as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A slot's value for a miss with hash `h` at `now` (never 0).
+fn entry(h: u64, now: u64) -> u64 {
+    (h & !0xffff_ffff) | (now & 0xffff_ffff).max(1)
+}
+
 impl Admission {
     pub fn new(cache_size: u64) -> Admission {
         Admission {
-            ghosts: Mutex::new(LruCache::new(capacity(cache_size))),
+            ghosts: (0..MAX_GHOSTS).map(|_| AtomicU64::new(0)).collect(),
+            mask: AtomicUsize::new(slots(cache_size) - 1),
+            streams: Mutex::new(LruCache::new(capacity(cache_size))),
         }
     }
 
     /// Follows a new cache size.
     pub fn resize(&self, cache_size: u64) {
-        self.ghosts.lock().unwrap().resize(capacity(cache_size));
+        self.mask.store(slots(cache_size) - 1, Ordering::Relaxed);
+        self.streams.lock().unwrap().resize(capacity(cache_size));
     }
 
     /// Whether the range fetched from block `block` of object `key` may displace cached data:
@@ -54,17 +93,20 @@ impl Admission {
     /// displace). Otherwise this miss is remembered.
     pub fn admit(&self, key: Key, block: usize, idle: impl FnOnce() -> Option<u64>) -> bool {
         let now = clock_ms();
-        let mut ghosts = self.ghosts.lock().unwrap();
-        let Some(missed_at) = ghosts.pop(&(key, block)) else {
-            ghosts.put((key, block), now);
+        let h = hash(key, block);
+        let slot = &self.ghosts[h as usize & self.mask.load(Ordering::Relaxed)];
+        let seen = slot.swap(entry(h, now), Ordering::Relaxed);
+        if seen == 0 || seen >> 32 != h >> 32 {
             return false;
-        };
-        drop(ghosts);
-        if idle().is_none_or(|idle| idle >= now.saturating_sub(missed_at)) {
+        }
+        // Its last miss, as the same lower 32 bits of the clock (wraps after 49 days).
+        let interval = (now as u32).wrapping_sub(seen as u32) as u64;
+        if idle().is_none_or(|idle| idle >= interval) {
+            // Admitted ranges are forgotten (unless another miss took the slot meanwhile).
+            let _ = slot.compare_exchange(entry(h, now), 0, Ordering::Relaxed, Ordering::Relaxed);
             return true;
         }
-        // Not now: the next miss is measured from this one.
-        self.ghosts.lock().unwrap().put((key, block), now);
+        // Not now: the next miss is measured from this one (already in the slot).
         false
     }
 
@@ -72,36 +114,32 @@ impl Admission {
     /// over them is a first pass again. Its remembered misses stay: like the ghost lists
     /// of ARC, they are there to tell data that comes back once it is gone.
     pub fn forget_streams(&self, vid: u32) {
-        let mut ghosts = self.ghosts.lock().unwrap();
-        let keys: Vec<_> = ghosts
+        let mut streams = self.streams.lock().unwrap();
+        let keys: Vec<_> = streams
             .iter()
             .map(|(k, _)| *k)
-            .filter(|&((v, _), b)| v == vid && b == STREAM)
+            .filter(|&(v, _)| v == vid)
             .collect();
         for k in keys {
-            ghosts.pop(&k);
+            streams.pop(&k);
         }
     }
 
     /// Whether a long sequential stream other than `stream` (an id unique to a stream)
-    /// passed through object `key` before, and is still remembered among the misses: the
-    /// misses of a stream are cached on its second pass. On a first pass, the object is
-    /// remembered as passed by `stream`.
+    /// passed through object `key` before, and is still remembered: the misses of a stream
+    /// are cached on its second pass. On a first pass, the object is remembered as passed
+    /// by `stream`.
     pub fn streamed_before(&self, key: Key, stream: u64) -> bool {
-        let mut ghosts = self.ghosts.lock().unwrap();
-        match ghosts.get(&(key, STREAM)) {
+        let mut streams = self.streams.lock().unwrap();
+        match streams.get(&key) {
             Some(&by) => by != stream,
             None => {
-                ghosts.put((key, STREAM), stream);
+                streams.put(key, stream);
                 false
             }
         }
     }
 }
-
-/// The ghost "block" that marks an object a stream passed through (no block has this index);
-/// its value is the stream's id, where block entries hold the time of their miss.
-const STREAM: usize = usize::MAX;
 
 #[cfg(test)]
 mod tests {
@@ -122,14 +160,21 @@ mod tests {
     }
 
     #[test]
-    fn remembers_as_many_misses_as_the_cache_has_blocks() {
-        let a = Admission::new(MIN_GHOSTS as u64 * BLOCK);
-        for b in 0..=MIN_GHOSTS {
-            assert!(!a.admit((1, 0), b, NOTHING_TO_DISPLACE));
+    fn remembers_about_as_many_misses_as_the_cache_has_blocks() {
+        let blocks = 4096;
+        let a = Admission::new(blocks as u64 * BLOCK);
+        let miss = |b: usize| a.admit((1, (b / 1000) as u32), b % 1000, NOTHING_TO_DISPLACE);
+        // As many misses as the cache has blocks: most are remembered at their second miss.
+        assert!((0..blocks).all(|b| !miss(b)));
+        let back = (0..blocks).filter(|&b| miss(b)).count();
+        assert!(back > blocks / 2, "{back} of {blocks} remembered");
+        // After sixteen times as many other misses, hardly any.
+        assert!((0..blocks).all(|b| !miss(b)));
+        for b in blocks..17 * blocks {
+            miss(b);
         }
-        // The oldest miss was pushed out, the newest is remembered.
-        assert!(!a.admit((1, 0), 0, NOTHING_TO_DISPLACE));
-        assert!(a.admit((1, 0), MIN_GHOSTS, NOTHING_TO_DISPLACE));
+        let back = (0..blocks).filter(|&b| miss(b)).count();
+        assert!(back < blocks / 100, "{back} of {blocks} still remembered");
     }
 
     #[test]
@@ -175,6 +220,9 @@ mod tests {
         assert_eq!(capacity(1 << 50).get(), MAX_GHOSTS);
         let a = Admission::new(1 << 30);
         a.resize(16 << 20);
-        assert_eq!(a.ghosts.lock().unwrap().cap().get(), 4096);
+        assert_eq!(a.mask.load(Ordering::Relaxed), 8191);
+        assert_eq!(slots(5000 * BLOCK), 16384);
+        assert_eq!(slots(0), MIN_GHOSTS);
+        assert_eq!(slots(1 << 50), MAX_GHOSTS);
     }
 }

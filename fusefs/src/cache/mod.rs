@@ -31,7 +31,7 @@ mod vdi;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
@@ -42,7 +42,7 @@ use tokio::sync::Notify;
 use crate::control::{CacheMode, CacheStats, VdiStats};
 use object::{CachedObject, Key, BLOCK};
 
-pub use vdi::CachedVdi;
+pub use vdi::{CachedVdi, Missed};
 
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -159,7 +159,7 @@ pub(crate) struct Inner {
     objects: Mutex<LruCache<Key, Arc<CachedObject>>>,
     used: AtomicU64,
     dirty: AtomicU64,
-    records: Mutex<HashMap<u32, VdiRecord>>,
+    records: RwLock<HashMap<u32, VdiRecord>>,
     /// VDIs attached read-write (lock held) by this mount.
     attached: Mutex<HashMap<u32, Arc<Vdi>>>,
     counters: Mutex<HashMap<u32, Arc<Counters>>>,
@@ -323,7 +323,7 @@ impl Cache {
             objects: Mutex::new(LruCache::unbounded()),
             used: AtomicU64::new(0),
             dirty: AtomicU64::new(0),
-            records: Mutex::default(),
+            records: RwLock::default(),
             attached: Mutex::default(),
             counters: Mutex::default(),
             push_errors: AtomicU64::new(0),
@@ -367,7 +367,7 @@ impl Cache {
                 .ok()
                 .and_then(|b| serde_json::from_slice::<VdiRecord>(&b).ok())
             {
-                inner.records.lock().unwrap().insert(r.vid, r);
+                inner.records.write().unwrap().insert(r.vid, r);
             }
         }
         write_json_atomic(
@@ -431,7 +431,7 @@ impl Cache {
         pending.extend(
             self.inner
                 .records
-                .lock()
+                .read()
                 .unwrap()
                 .values()
                 .filter(|r| !r.released)
@@ -441,7 +441,7 @@ impl Cache {
             let name = self
                 .inner
                 .records
-                .lock()
+                .read()
                 .unwrap()
                 .get(&vid)
                 .map(|r| r.name.clone());
@@ -541,7 +541,7 @@ impl Cache {
             }
             match lock::release(&inner.client, &v.header().name, &inner.owner).await {
                 Ok(()) => {
-                    let rec = inner.records.lock().unwrap().get(&vid).cloned();
+                    let rec = inner.records.read().unwrap().get(&vid).cloned();
                     if let Some(mut r) = rec {
                         r.released = true;
                         inner.save_record(&r);
@@ -575,7 +575,7 @@ impl Cache {
         };
         inner.drop_vdi(vid, true);
         inner.attached.lock().unwrap().remove(&vid);
-        inner.records.lock().unwrap().remove(&vid);
+        inner.records.write().unwrap().remove(&vid);
         inner.counters.lock().unwrap().remove(&vid);
         let _ = std::fs::remove_file(inner.cfg.dir.join("vdis").join(format!("{vid:06x}.json")));
         if let Err(e) = lock::release(&inner.client, name, &inner.owner).await {
@@ -675,7 +675,7 @@ impl Inner {
 
     fn mode_of(&self, vid: u32) -> CacheMode {
         self.records
-            .lock()
+            .read()
             .unwrap()
             .get(&vid)
             .and_then(|r| r.mode)
@@ -691,7 +691,7 @@ impl Inner {
         if let Err(e) = write_json_atomic(&path, r) {
             tracing::warn!("saving cache record of '{}': {e}", r.name);
         }
-        self.records.lock().unwrap().insert(r.vid, r.clone());
+        self.records.write().unwrap().insert(r.vid, r.clone());
     }
 
     fn dirty_of(&self, vid: u32) -> u64 {
@@ -716,7 +716,7 @@ impl Inner {
         // A record of the same name under another id is a deleted VDI: forget it.
         let stale: Vec<u32> = self
             .records
-            .lock()
+            .read()
             .unwrap()
             .values()
             .filter(|r| r.name == name && r.vid != vid)
@@ -728,11 +728,11 @@ impl Inner {
                 "VDI '{name}' was deleted and created again: dropped {} cached of the old one",
                 objstore::size::format_size(dropped)
             );
-            self.records.lock().unwrap().remove(&old);
+            self.records.write().unwrap().remove(&old);
             self.counters.lock().unwrap().remove(&old);
             let _ = std::fs::remove_file(self.cfg.dir.join("vdis").join(format!("{old:06x}.json")));
         }
-        let rec = self.records.lock().unwrap().get(&vid).cloned();
+        let rec = self.records.read().unwrap().get(&vid).cloned();
         let matches = rec.as_ref().is_some_and(|r| {
             r.name == name && (r.gen == info.gen || (r.released && info.gen == r.gen + 1))
         });
@@ -1218,7 +1218,7 @@ impl Inner {
             e.stream_bypasses = g(&c.stream_bypasses);
             e.pushed_bytes = g(&c.pushed_bytes);
         }
-        let records = self.records.lock().unwrap();
+        let records = self.records.read().unwrap();
         let mut vdis: Vec<VdiStats> = per
             .into_iter()
             .map(|(vid, mut s)| {
@@ -1277,7 +1277,7 @@ impl Inner {
 
     fn vid_of(&self, name: &str) -> Option<u32> {
         self.records
-            .lock()
+            .read()
             .unwrap()
             .values()
             .find(|r| r.name == name)

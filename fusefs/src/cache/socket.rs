@@ -131,7 +131,7 @@ async fn handle(
             }
             let vids: Vec<u32> = match vid {
                 Some(v) => vec![v],
-                None => inner.records.lock().unwrap().keys().copied().collect(),
+                None => inner.records.read().unwrap().keys().copied().collect(),
             };
             let mut bytes = 0;
             for v in vids {
@@ -179,7 +179,7 @@ async fn handle(
                     ));
                 }
             }
-            let rec = inner.records.lock().unwrap().get(&vid).cloned();
+            let rec = inner.records.read().unwrap().get(&vid).cloned();
             if let Some(mut r) = rec {
                 r.mode = Some(mode);
                 inner.save_record(&r);

@@ -44,6 +44,11 @@ struct ReadKind {
     stream: Option<u64>,
 }
 
+/// What [`CachedVdi::read_hit`] found of a read it could not serve from the cache: for a
+/// read within one object, its index and the object if cached.
+#[derive(Default)]
+pub struct Missed(Option<(u32, Option<Arc<CachedObject>>)>);
+
 pub struct CachedVdi {
     inner: Arc<Inner>,
     vdi: Arc<Vdi>,
@@ -122,21 +127,28 @@ impl CachedVdi {
         out
     }
 
-    /// Serves a read wholly from cached blocks without waiting, or None. Called on the FUSE
-    /// thread: a hit costs no hop to the runtime.
-    pub fn read_hit(&self, offset: u64, len: u64) -> Option<Vec<u8>> {
+    /// Serves a read wholly from cached blocks without waiting, or says what it found (for
+    /// [`CachedVdi::read_missed`]). Called on the FUSE thread: a hit costs no hop to the
+    /// runtime.
+    pub fn read_hit(&self, offset: u64, len: u64) -> Result<Vec<u8>, Missed> {
         if self.mode() == CacheMode::Off {
-            return None;
+            return Err(Missed::default());
         }
+        let pieces = self.pieces(offset, len);
+        let single = pieces.len() == 1;
         // Check every piece before allocating: a miss costs no buffer.
-        let mut found = Vec::new();
-        for (idx, off, n, at) in self.pieces(offset, len) {
+        let mut found = Vec::with_capacity(pieces.len());
+        for (idx, off, n, at) in pieces {
             let key = (self.vid(), idx);
             // Holding the reference keeps the object from eviction while it is read.
-            let o = self.inner.objects.lock().unwrap().get(&key)?.clone();
+            let o = self.inner.objects.lock().unwrap().get(&key).cloned();
+            let missed = |o| Missed(single.then_some((idx, o)));
+            let Some(o) = o else {
+                return Err(missed(None));
+            };
             let (b0, b1) = CachedObject::block_range(off, n);
             if !o.state.lock().unwrap().valid.all(b0, b1) {
-                return None;
+                return Err(missed(Some(o)));
             }
             found.push((o, off, n, at));
         }
@@ -145,20 +157,31 @@ impl CachedVdi {
             // Never wait for the disk on the FUSE thread: the async path reads it then.
             if !o
                 .read_data_nowait(&mut out[at..at + n as usize], off)
-                .ok()?
+                .unwrap_or(false)
             {
-                return None;
+                return Err(Missed(single.then_some((o.key.1, Some(o.clone())))));
             }
             o.touch();
         }
         self.last_end.store(offset + len, Ordering::Relaxed);
         Counters::add(&self.counters.hits, 1);
         Counters::add(&self.counters.hit_bytes, len);
-        Some(out)
+        Ok(out)
     }
 
     /// Reads `len` bytes at `offset`.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
+        self.read_missed(offset, len, Missed::default()).await
+    }
+
+    /// [`CachedVdi::read`] after [`CachedVdi::read_hit`] could not serve it: the object it
+    /// looked up is not looked up again.
+    pub async fn read_missed(
+        &self,
+        offset: u64,
+        len: u64,
+        missed: Missed,
+    ) -> Result<Bytes, VdiError> {
         if self.mode() == CacheMode::Off {
             return self.vdi.read_at(offset, len).await;
         }
@@ -169,13 +192,14 @@ impl CachedVdi {
         };
         let pieces = self.pieces(offset, len);
         if let [(idx, off, n, _)] = pieces[..] {
-            return self.read_piece(idx, off, n, how).await;
+            let looked = missed.0.filter(|(i, _)| *i == idx).map(|(_, o)| o);
+            return self.read_piece(idx, off, n, how, looked).await;
         }
         let mut out = BytesMut::zeroed(len as usize);
         let parts = futures::future::join_all(
             pieces
                 .iter()
-                .map(|&(idx, off, n, _)| self.read_piece(idx, off, n, how)),
+                .map(|&(idx, off, n, _)| self.read_piece(idx, off, n, how, None)),
         )
         .await;
         for (&(_, _, n, at), part) in pieces.iter().zip(parts) {
@@ -201,17 +225,28 @@ impl CachedVdi {
         (run.1 - run.0 > cutoff).then_some(run.2)
     }
 
+    /// Reads `n` bytes at `off` in object `idx`; `looked`: the object as the caller found it
+    /// in the cache just before (Some(None): not there), else it is looked up here.
     async fn read_piece(
         &self,
         idx: u32,
         off: u64,
         n: u64,
         how: ReadKind,
+        looked: Option<Option<Arc<CachedObject>>>,
     ) -> Result<Bytes, VdiError> {
         let os = self.vdi.object_size() as u64;
         let key = (self.vid(), idx);
         let base = idx as u64 * os;
-        let obj = self.inner.object(key, os, false).await;
+        let obj = match looked {
+            Some(o) => {
+                if let Some(o) = &o {
+                    o.touch();
+                }
+                o
+            }
+            None => self.inner.object(key, os, false).await,
+        };
         let (b0, b1) = CachedObject::block_range(off, n);
         if let Some(o) = &obj {
             let hit = o.state.lock().unwrap().valid.all(b0, b1);
