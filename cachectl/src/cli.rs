@@ -68,7 +68,8 @@ pub enum Cmd {
         #[arg(value_parser = size_arg)]
         size: u64,
     },
-    /// Change a VDI's cache mode (leaving writeback flushes first).
+    /// Change a VDI's cache mode (leaving writeback flushes first; applies at once, to files
+    /// already open too).
     Mode {
         vdi: String,
         #[arg(value_name = "writeback|writethrough|off")]
@@ -227,9 +228,9 @@ fn mode_line(vdi: &str, mode: CacheMode, attached: Option<bool>) -> String {
     let mut s = format!("VDI '{vdi}' is now {mode}\n");
     if mode != CacheMode::Off && attached == Some(false) {
         s += &format!(
-            "note: '{vdi}' is not attached to this cache (it was opened while in mode off, or \
-             only read-only): its open handles go straight to the cluster; the cache takes it \
-             from its next read-write open\n"
+            "note: '{vdi}' is not attached to this cache (no file of it is open read-write \
+             here): files of it open read-only go straight to the cluster; the cache takes it \
+             at its next read-write open\n"
         );
     }
     s
@@ -255,7 +256,7 @@ mod tests {
         );
         let waits = mode_line("d", CacheMode::Writeback, Some(false));
         assert!(waits.starts_with("VDI 'd' is now writeback\nnote: 'd' is not attached"));
-        assert!(waits.contains("next read-write open"), "{waits}");
+        assert!(waits.contains("at its next read-write open"), "{waits}");
     }
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {

@@ -237,9 +237,9 @@ fn evict_resize_mode() {
     let o = cachectl(dir.path(), &["mode", "disk0", "writethrough"]);
     assert_eq!(
         stdout(&o),
-        "VDI 'disk0' is now writethrough\nnote: 'disk0' is not attached to this cache (it was \
-         opened while in mode off, or only read-only): its open handles go straight to the \
-         cluster; the cache takes it from its next read-write open\n",
+        "VDI 'disk0' is now writethrough\nnote: 'disk0' is not attached to this cache (no file \
+         of it is open read-write here): files of it open read-only go straight to the \
+         cluster; the cache takes it at its next read-write open\n",
         "{}",
         stderr(&o)
     );

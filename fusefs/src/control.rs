@@ -151,8 +151,8 @@ pub enum Reply {
         vdi: String,
         mode: CacheMode,
         /// Whether the VDI is attached to this cache (None: an older sheepfs did not say).
-        /// One opened while in mode `off`, or only read-only, is not: a new mode that
-        /// caches takes effect from its next read-write open.
+        /// A mode that caches attaches a VDI open read-write on the mount (taking its open
+        /// file over); one not open read-write there is attached at its next read-write open.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         attached: Option<bool>,
     },

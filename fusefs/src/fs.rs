@@ -102,6 +102,8 @@ fn ino_of(vid: u32) -> u64 {
 struct OpenVdi {
     disk: Disk,
     handles: usize,
+    /// Handles open read-write.
+    writers: usize,
 }
 
 /// State shared by the FUSE threads and the tasks answering them.
@@ -235,17 +237,19 @@ impl Shared {
             let entry = open.entry(ino).or_insert(OpenVdi {
                 disk: fresh.clone(),
                 handles: 0,
+                writers: 0,
             });
             // A read-write open upgrades a shared plain handle to the cached one.
             if matches!(entry.disk, Disk::Plain(_)) && matches!(fresh, Disk::Cached(_)) {
                 entry.disk = fresh.clone();
             }
             entry.handles += 1;
+            entry.writers += rw as usize;
             entry.disk.clone()
         };
         if !Arc::ptr_eq(shared.vdi(), fresh.vdi()) {
             if let Err(e) = shared.vdi().refresh().await {
-                self.release(ino);
+                self.release(ino, rw);
                 return Err(fail("open", name, &e));
             }
         }
@@ -253,14 +257,76 @@ impl Shared {
         Ok((ino, shared))
     }
 
-    fn release(&self, ino: u64) {
+    fn release(&self, ino: u64, rw: bool) {
         let mut open = self.open.lock().unwrap();
         if let Some(o) = open.get_mut(&ino) {
             o.handles -= 1;
+            o.writers = o.writers.saturating_sub(rw as usize);
             if o.handles == 0 {
                 open.remove(&ino);
             }
         }
+    }
+
+    /// After `cachectl mode` gave VDI `vid` a caching mode: if it is open read-write here
+    /// through plain handles (it was in mode `off`, unattached, when opened), attaches it and
+    /// makes the cached handle the one every request takes. The cached handle lets requests
+    /// in only once every request of the plain handle is done and the VDI's allocation is
+    /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
+    /// if there was nothing to take over.
+    async fn take_over(&self, vid: u32) -> Result<bool, String> {
+        let ino = ino_of(vid);
+        let name = match self.open.lock().unwrap().get(&ino) {
+            Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(_)) => {
+                o.disk.vdi().header().name
+            }
+            _ => return Ok(false),
+        };
+        let Some(cache) = &self.cache else {
+            return Ok(false);
+        };
+        let cached = Arc::new(cache.take_over(&name).await.map_err(|e| e.to_string())?);
+        let plain = {
+            let mut open = self.open.lock().unwrap();
+            match open.get_mut(&ino) {
+                Some(o) if matches!(o.disk, Disk::Plain(_)) => {
+                    std::mem::replace(&mut o.disk, Disk::Cached(cached.clone()))
+                }
+                // Closed meanwhile (the VDI stays attached, as after any read-write open),
+                // or a read-write open took it through the cache first.
+                _ => {
+                    cached.open_gate();
+                    return Ok(true);
+                }
+            }
+        };
+        let Disk::Plain(plain) = plain else {
+            unreachable!("matched as plain above")
+        };
+        // Every request in flight holds a clone of the plain handle.
+        let mut waited = 0u64;
+        while Arc::strong_count(&plain) > 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            waited += 1;
+            if waited.is_multiple_of(10_000) {
+                tracing::warn!("taking '{name}' into the cache: still waiting for requests sent straight to the cluster");
+            }
+        }
+        // Objects the plain handle allocated are in the inode now: a read of one must not
+        // be taken for a hole.
+        let mut attempt = 0u32;
+        while let Err(e) = cached.vdi().refresh().await {
+            attempt += 1;
+            tracing::warn!(
+                "taking '{name}' into the cache: reading its inode (attempt {attempt}): {e}"
+            );
+            tokio::time::sleep(Duration::from_secs(u64::from(attempt.min(5)))).await;
+        }
+        cached.open_gate();
+        tracing::info!(
+            "VDI '{name}' is now read and written through the cache (its open file was taken over)"
+        );
+        Ok(true)
     }
 
     fn new_fh(&self) -> FileHandle {
@@ -291,19 +357,30 @@ impl SheepFs {
     pub fn new(client: Arc<Client>, cache: Option<Cache>, rt: tokio::runtime::Handle) -> SheepFs {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        SheepFs {
-            rt,
-            sh: Arc::new(Shared {
-                client,
-                cache,
-                names: Mutex::default(),
-                open: Mutex::default(),
-                next_fh: AtomicU64::new(1),
-                uid,
-                gid,
-                mounted_at: SystemTime::now(),
-            }),
+        let sh = Arc::new(Shared {
+            client,
+            cache,
+            names: Mutex::default(),
+            open: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+            uid,
+            gid,
+            mounted_at: SystemTime::now(),
+        });
+        if let Some(cache) = &sh.cache {
+            // Weak: the cache lives inside Shared.
+            let weak = Arc::downgrade(&sh);
+            cache.set_take_over(Box::new(move |vid| {
+                let weak = weak.clone();
+                Box::pin(async move {
+                    match weak.upgrade() {
+                        Some(sh) => sh.take_over(vid).await,
+                        None => Ok(false),
+                    }
+                })
+            }));
         }
+        SheepFs { rt, sh }
     }
 
     /// Runs `f` on the runtime; the FUSE thread returns at once.
@@ -473,7 +550,7 @@ impl Filesystem for SheepFs {
             match sh.open_vdi(&name, rw).await {
                 Ok((got, _)) if got == ino.0 => reply.opened(sh.new_fh(), open_flags()),
                 Ok((got, _)) => {
-                    sh.release(got);
+                    sh.release(got, rw);
                     reply.error(Errno::ENOENT)
                 }
                 Err(e) => reply.error(e),
@@ -488,9 +565,10 @@ impl Filesystem for SheepFs {
         name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
+        let rw = flags & libc::O_ACCMODE != libc::O_RDONLY;
         if parent != INodeNo::ROOT {
             return reply.error(Errno::ENOENT);
         }
@@ -503,7 +581,7 @@ impl Filesystem for SheepFs {
                 return reply.error(fail("create", &name, &e));
             }
             tracing::info!("created VDI '{name}'");
-            match sh.open_vdi(&name, true).await {
+            match sh.open_vdi(&name, rw).await {
                 Ok((_, d)) => reply.created(
                     &TTL,
                     &sh.file_attr(&d.vdi().info()),
@@ -631,12 +709,13 @@ impl Filesystem for SheepFs {
         _req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.sh.release(ino.0);
+        self.sh
+            .release(ino.0, flags.0 & libc::O_ACCMODE != libc::O_RDONLY);
         reply.ok();
     }
 

@@ -750,6 +750,92 @@ fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
     assert!(back[..4096] == new[..4096]);
 }
 
+/// `cachectl mode VDI writeback` on a VDI open read-write through plain handles (it was in
+/// mode off, unattached, when opened) attaches it and puts the open file under the cache
+/// while fio writes and verifies through it: no write lost or reordered across the switch.
+#[test]
+fn cachectl_mode_takes_over_an_open_file() {
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "m", "24M"]);
+    // Attached by a write, set to mode off (kept across mounts), released by the unmount.
+    open_rw(rig.path("m")).write_all_at(b"first", 0).unwrap();
+    let out = cachectl(&cache, &["mode", "m", "off"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rig.mount.unmount_and_wait();
+    remount(&mut rig, &cache, "64M", "m2.log");
+
+    // Opened in mode off: plain handles, no lock, writes straight to the cluster.
+    let f = open_rw(rig.path("m"));
+    let a = pseudo_random(1 << 20, 31);
+    f.write_all_at(&a, 0).unwrap();
+    assert!(rig.cluster.read_vdi("m", 0, a.len() as u64) == a);
+    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+    assert_eq!(locks.as_array().map(Vec::len), Some(0), "{locks}");
+
+    let path = rig.path("m");
+    let job = std::thread::spawn(move || {
+        fio(&strs(&fio_job(
+            &path,
+            "16M",
+            &["--offset=8M", "--do_verify=1", "--number_ios=30000"],
+        )))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let out = cachectl(&cache, &["mode", "m", "writeback"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "VDI 'm' is now writeback\n",
+        "taken over: no note about the next open"
+    );
+    assert!(
+        !job.is_finished(),
+        "fio was still writing when the cache took the file over"
+    );
+    let v = job.join().expect("fio verify failed across the switch");
+    let verified = v["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
+    assert!(
+        verified >= 4096,
+        "every block of the 16 MiB verified: {verified}"
+    );
+    assert!(
+        rig.mount
+            .log_tail()
+            .contains("its open file was taken over"),
+        "{}",
+        rig.mount.log_tail()
+    );
+    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+    assert_eq!(locks[0]["vdi"], "m", "{locks}");
+
+    // The file opened before the switch now writes back through the cache.
+    let b = pseudo_random(1 << 20, 32);
+    f.write_all_at(&b, 0).unwrap();
+    assert!(stats(&cache)["dirty"].as_u64().unwrap() > 0);
+    assert!(
+        rig.cluster.read_vdi("m", 0, a.len() as u64) == a,
+        "held in the cache until flushed"
+    );
+    let mut back = vec![0u8; b.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == b);
+    let out = cachectl(&cache, &["flush", "m"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rig.cluster.read_vdi("m", 0, b.len() as u64) == b);
+}
+
 #[test]
 fn node_killed_during_flush() {
     let (_tmp, mut rig, cache) = rig_with_cache(4, "1G");

@@ -197,7 +197,15 @@ pub(crate) struct Inner {
     streams: AtomicU64,
     /// Emptied files of evicted objects, reused for new ones.
     spares: spare::Spares,
+    /// The filesystem's [`TakeOver`], once it is mounted.
+    take_over_open: std::sync::OnceLock<TakeOver>,
 }
+
+/// Called by `cachectl mode` after it set a caching mode for VDI `vid` that this cache has
+/// not attached: the filesystem puts the VDI's open read-write file, if it has one, under the
+/// cache ([`Cache::take_over`]). Ok(true) if it did.
+pub type TakeOver =
+    Box<dyn Fn(u32) -> futures::future::BoxFuture<'static, Result<bool, String>> + Send + Sync>;
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket.
 #[derive(Clone)]
@@ -342,6 +350,7 @@ impl Cache {
             fill_budget: budget::FillBudget::new(),
             streams: AtomicU64::new(0),
             spares: spare::Spares::open(dir.join("spare")),
+            take_over_open: std::sync::OnceLock::new(),
             creating: Mutex::default(),
             created: std::sync::Condvar::new(),
             cfg,
@@ -491,6 +500,29 @@ impl Cache {
             None => return Ok(None),
         };
         Ok(Some(CachedVdi::new(self.inner.clone(), vdi)))
+    }
+
+    /// A handle on `name` for taking over its open file from plain handles (after `cachectl
+    /// mode` set a caching mode): attaches the VDI, and its requests wait until
+    /// [`CachedVdi::open_gate`], which the caller calls once the plain handles' requests in
+    /// flight are done.
+    pub async fn take_over(&self, name: &str) -> Result<CachedVdi, CacheError> {
+        let vid = Vdi::open(self.inner.client.clone(), name)
+            .await?
+            .header()
+            .vid;
+        let attached = self.inner.attached.lock().unwrap().get(&vid).cloned();
+        let vdi = match attached {
+            Some(v) => v,
+            None => self.inner.attach(name).await?,
+        };
+        Ok(CachedVdi::gated(self.inner.clone(), vdi))
+    }
+
+    /// Sets what `cachectl mode` calls to take over an open file (once; later calls are
+    /// ignored).
+    pub fn set_take_over(&self, f: TakeOver) {
+        let _ = self.inner.take_over_open.set(f);
     }
 
     /// Pushes every dirty block of `vid` (all VDIs if None) and flushes the cluster.

@@ -187,7 +187,23 @@ async fn handle(
             if mode == CacheMode::Off {
                 inner.drop_vdi(vid, false);
             }
-            let attached = inner.attached.lock().unwrap().contains_key(&vid);
+            // Writes that went straight to the cluster in the old mode (off, writethrough)
+            // may not be flushed on the nodes yet: the next fsync flushes the cluster even
+            // if it pushes nothing.
+            inner.unflushed.store(true, Ordering::SeqCst);
+            let mut attached = inner.attached.lock().unwrap().contains_key(&vid);
+            if mode != CacheMode::Off && !attached {
+                if let Some(take_over) = inner.take_over_open.get() {
+                    match take_over(vid).await {
+                        Ok(took) => attached = took,
+                        Err(e) => {
+                            return Response::Error(format!(
+                                "VDI '{vdi}' is now {mode}, but the cache could not take over its open file, which goes on straight to the cluster until its next read-write open: {e}"
+                            ))
+                        }
+                    }
+                }
+            }
             Response::Ok(Reply::Mode {
                 vdi,
                 mode,

@@ -1,7 +1,7 @@
 //! A VDI seen through the cache: reads served from cached blocks or fetched by the range they
 //! need, writes kept (writeback) or passed on (writethrough), per the VDI's mode.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -64,6 +64,10 @@ pub struct CachedVdi {
     /// Fetches in flight per object index.
     inflight: Arc<Mutex<InflightMap>>,
     next_fetch: AtomicU64,
+    /// False while the cache takes the VDI over from plain handles whose requests are still
+    /// in flight ([`CachedVdi::gated`]): until [`CachedVdi::open_gate`], requests wait.
+    gate_open: AtomicBool,
+    gate: tokio::sync::watch::Sender<bool>,
 }
 
 type InflightMap = std::collections::HashMap<u32, Vec<Inflight>>;
@@ -100,7 +104,37 @@ impl CachedVdi {
             run,
             inflight: Arc::default(),
             next_fetch: AtomicU64::new(1),
+            gate_open: AtomicBool::new(true),
+            gate: tokio::sync::watch::Sender::new(true),
         }
+    }
+
+    /// A handle whose requests wait until [`CachedVdi::open_gate`]: for taking a VDI over
+    /// from plain handles (straight to the cluster, outside the cache) once their requests in
+    /// flight are done, so that none of them lands after the cache read or wrote its blocks.
+    pub(super) fn gated(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
+        let c = CachedVdi::new(inner, vdi);
+        c.gate_open.store(false, Ordering::SeqCst);
+        c.gate.send_replace(false);
+        c
+    }
+
+    /// Lets requests in (see [`CachedVdi::gated`]). The plain handles' writes may not be
+    /// flushed on the nodes yet: the next fsync flushes the cluster even if it pushes nothing.
+    pub fn open_gate(&self) {
+        self.inner.unflushed.store(true, Ordering::SeqCst);
+        self.gate_open.store(true, Ordering::SeqCst);
+        self.gate.send_replace(true);
+    }
+
+    /// Waits for the gate to open; free once it has.
+    async fn pass_gate(&self) {
+        if self.gate_open.load(Ordering::Acquire) {
+            return;
+        }
+        let mut rx = self.gate.subscribe();
+        // The sender lives as long as self: this returns once the gate is open.
+        let _ = rx.wait_for(|open| *open).await;
     }
 
     pub fn vdi(&self) -> &Arc<Vdi> {
@@ -131,7 +165,7 @@ impl CachedVdi {
     /// [`CachedVdi::read_missed`]). Called on the FUSE thread: a hit costs no hop to the
     /// runtime.
     pub fn read_hit(&self, offset: u64, len: u64) -> Result<Vec<u8>, Missed> {
-        if self.mode() == CacheMode::Off {
+        if !self.gate_open.load(Ordering::Acquire) || self.mode() == CacheMode::Off {
             return Err(Missed::default());
         }
         let pieces = self.pieces(offset, len);
@@ -182,6 +216,7 @@ impl CachedVdi {
         len: u64,
         missed: Missed,
     ) -> Result<Bytes, VdiError> {
+        self.pass_gate().await;
         if self.mode() == CacheMode::Off {
             return self.vdi.read_at(offset, len).await;
         }
@@ -411,7 +446,10 @@ impl CachedVdi {
     /// A writeback write that needs no waiting (one object, no partial block to fetch, room
     /// without eviction), done on the FUSE thread; false if it must take the slow path.
     pub fn write_fast(&self, offset: u64, data: &[u8]) -> bool {
-        if self.mode() != CacheMode::Writeback || offset + data.len() as u64 > self.vdi.size() {
+        if !self.gate_open.load(Ordering::Acquire)
+            || self.mode() != CacheMode::Writeback
+            || offset + data.len() as u64 > self.vdi.size()
+        {
             return false;
         }
         let os = self.vdi.object_size() as u64;
@@ -479,6 +517,7 @@ impl CachedVdi {
 
     /// Writes `data` at `offset` per the VDI's mode.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        self.pass_gate().await;
         match self.mode() {
             CacheMode::Off => {
                 self.bypassing(self.vdi.write_at(offset, data.clone()))
@@ -633,6 +672,7 @@ impl CachedVdi {
     /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
     /// part and keep their other bytes (and dirty state).
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.pass_gate().await;
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
         let last_whole = end / BLOCK * BLOCK;
@@ -692,6 +732,7 @@ impl CachedVdi {
 
     /// fsync: this VDI's dirty data to the cluster, flushed there.
     pub async fn flush(&self) -> Result<(), VdiError> {
+        self.pass_gate().await;
         if self.mode() == CacheMode::Writeback {
             let vid = self.vid();
             self.inner
