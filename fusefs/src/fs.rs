@@ -232,6 +232,7 @@ impl Shared {
     async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, Disk), Errno> {
         let fresh = self.make_disk(name, rw).await?;
         let ino = ino_of(fresh.vdi().header().vid);
+        let mut replaced = None;
         let shared = {
             let mut open = self.open.lock().unwrap();
             let entry = open.entry(ino).or_insert(OpenVdi {
@@ -239,14 +240,23 @@ impl Shared {
                 handles: 0,
                 writers: 0,
             });
-            // A read-write open upgrades a shared plain handle to the cached one.
-            if matches!(entry.disk, Disk::Plain(_)) && matches!(fresh, Disk::Cached(_)) {
+            // A read-write open upgrades a shared plain handle to the cached one. Writes of
+            // the plain handle may be in flight (it was opened read-write in mode `off`): the
+            // cached one waits for them.
+            if let (Disk::Plain(plain), Disk::Cached(cached)) = (&entry.disk, &fresh) {
+                if entry.writers > 0 {
+                    cached.close_gate();
+                    replaced = Some(plain.clone());
+                }
                 entry.disk = fresh.clone();
             }
             entry.handles += 1;
             entry.writers += rw as usize;
             entry.disk.clone()
         };
+        if let (Some(plain), Disk::Cached(cached)) = (replaced, &fresh) {
+            hand_over(plain, cached, name).await;
+        }
         if !Arc::ptr_eq(shared.vdi(), fresh.vdi()) {
             if let Err(e) = shared.vdi().refresh().await {
                 self.release(ino, rw);
@@ -303,35 +313,41 @@ impl Shared {
         let Disk::Plain(plain) = plain else {
             unreachable!("matched as plain above")
         };
-        // Every request in flight holds a clone of the plain handle.
-        let mut waited = 0u64;
-        while Arc::strong_count(&plain) > 1 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            waited += 1;
-            if waited.is_multiple_of(10_000) {
-                tracing::warn!("taking '{name}' into the cache: still waiting for requests sent straight to the cluster");
-            }
-        }
-        // Objects the plain handle allocated are in the inode now: a read of one must not
-        // be taken for a hole.
-        let mut attempt = 0u32;
-        while let Err(e) = cached.vdi().refresh().await {
-            attempt += 1;
-            tracing::warn!(
-                "taking '{name}' into the cache: reading its inode (attempt {attempt}): {e}"
-            );
-            tokio::time::sleep(Duration::from_secs(u64::from(attempt.min(5)))).await;
-        }
-        cached.open_gate();
-        tracing::info!(
-            "VDI '{name}' is now read and written through the cache (its open file was taken over)"
-        );
+        hand_over(plain, &cached, &name).await;
         Ok(true)
     }
 
     fn new_fh(&self) -> FileHandle {
         FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// Lets `cached` (gated, see `CachedVdi::gated`) take requests once every request of `plain`,
+/// the handle it replaces, is done (each holds a clone of it) and the VDI's inode is read
+/// afresh, so that a read of an object `plain` allocated is not taken for a hole.
+async fn hand_over(plain: Arc<Vdi>, cached: &CachedVdi, name: &str) {
+    let mut waited = 0u64;
+    while Arc::strong_count(&plain) > 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        waited += 1;
+        if waited.is_multiple_of(10_000) {
+            tracing::warn!(
+                "taking '{name}' into the cache: still waiting for requests sent straight to the cluster"
+            );
+        }
+    }
+    let mut attempt = 0u32;
+    while let Err(e) = cached.vdi().refresh().await {
+        attempt += 1;
+        tracing::warn!(
+            "taking '{name}' into the cache: reading its inode (attempt {attempt}): {e}"
+        );
+        tokio::time::sleep(Duration::from_secs(u64::from(attempt.min(5)))).await;
+    }
+    cached.open_gate();
+    tracing::info!(
+        "VDI '{name}' is now read and written through the cache (its open file was taken over)"
+    );
 }
 
 fn open_flags() -> FopenFlags {

@@ -796,11 +796,13 @@ fn cachectl_mode_takes_over_an_open_file() {
         "VDI 'm' is now writeback\n",
         "taken over: no note about the next open"
     );
-    assert!(
-        !job.is_finished(),
-        "fio was still writing when the cache took the file over"
-    );
+    let during = !job.is_finished();
     let v = job.join().expect("fio verify failed across the switch");
+    assert!(
+        during,
+        "fio was still writing when the cache took the file over: {}",
+        v["jobs"][0]["write"]
+    );
     let verified = v["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
     assert!(
         verified >= 4096,
@@ -834,6 +836,116 @@ fn cachectl_mode_takes_over_an_open_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(rig.cluster.read_vdi("m", 0, b.len() as u64) == b);
+}
+
+/// A mode change whose attach is refused (another host holds the lock) says so and leaves the
+/// open file going straight to the cluster; once the lock is free, the next read-write open
+/// puts every open file of the VDI under the cache, after the plain writes in flight, while
+/// a writer keeps writing through the first file: every block reads back as last written.
+#[test]
+fn a_read_write_open_takes_over_plain_files_after_a_refused_mode_change() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    const BLOCKS: u64 = 1024;
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
+    rig.cluster.dog_ok(&["vdi", "create", "n", "4M"]);
+    open_rw(rig.path("n")).write_all_at(b"first", 0).unwrap();
+    let out = cachectl(&cache, &["mode", "n", "off"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    rig.mount.unmount_and_wait();
+    remount(&mut rig, &cache, "64M", "n2.log");
+
+    let f = Arc::new(open_rw(rig.path("n")));
+    rig.cluster.dog_ok(&[
+        "vdi",
+        "lock",
+        "acquire",
+        "n",
+        "--owner",
+        "other",
+        "--host",
+        "elsewhere",
+    ]);
+    let out = cachectl(&cache, &["mode", "n", "writeback"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("VDI 'n' is now writeback, but the cache could not take over its open file")
+            && err.contains("elsewhere"),
+        "{err}"
+    );
+
+    // A writer through the plain file: block i % BLOCKS gets the pattern of write i.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (f, stop, written) = (f.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut last = vec![None; BLOCKS as usize];
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let b = i % BLOCKS;
+                f.write_all_at(&pseudo_random(4096, 1000 + i), b * 4096)
+                    .unwrap();
+                last[b as usize] = Some(1000 + i);
+                i += 1;
+                written.store(i, Ordering::SeqCst);
+            }
+            last
+        })
+    };
+    wait_until("plain writes", Duration::from_secs(30), || {
+        written.load(Ordering::SeqCst) > 50
+    });
+    rig.cluster
+        .dog_ok(&["vdi", "lock", "release", "n", "--owner", "other"]);
+    let g = open_rw(rig.path("n"));
+    let at_upgrade = written.load(Ordering::SeqCst);
+    wait_until("cached writes", Duration::from_secs(30), || {
+        written.load(Ordering::SeqCst) > at_upgrade + 200
+    });
+    stop.store(true, Ordering::SeqCst);
+    let last = writer.join().expect("the writer failed");
+    assert!(
+        rig.mount
+            .log_tail()
+            .contains("its open file was taken over"),
+        "{}",
+        rig.mount.log_tail()
+    );
+    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+    assert_eq!(locks[0]["vdi"], "n", "{locks}");
+    assert_ne!(locks[0]["host"], "elsewhere", "{locks}");
+    assert!(
+        stats(&cache)["dirty"].as_u64().unwrap() > 0,
+        "writes go to the cache now"
+    );
+
+    let expect = |b: usize| match last[b] {
+        Some(seed) => pseudo_random(4096, seed),
+        None if b == 0 => [&b"first"[..], &[0u8; 4091][..]].concat(),
+        None => vec![0u8; 4096],
+    };
+    let mut back = vec![0u8; (BLOCKS * 4096) as usize];
+    g.read_exact_at(&mut back, 0).unwrap();
+    for b in 0..BLOCKS as usize {
+        assert!(
+            back[b * 4096..(b + 1) * 4096] == expect(b)[..],
+            "block {b} reads back as last written"
+        );
+    }
+    let out = cachectl(&cache, &["flush", "n"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rig.cluster.read_vdi("n", 0, BLOCKS * 4096) == back);
+    drop((f, g));
 }
 
 #[test]

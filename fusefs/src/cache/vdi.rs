@@ -114,9 +114,15 @@ impl CachedVdi {
     /// flight are done, so that none of them lands after the cache read or wrote its blocks.
     pub(super) fn gated(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
         let c = CachedVdi::new(inner, vdi);
-        c.gate_open.store(false, Ordering::SeqCst);
-        c.gate.send_replace(false);
+        c.close_gate();
         c
+    }
+
+    /// Makes requests wait until [`CachedVdi::open_gate`] (see [`CachedVdi::gated`]); only on
+    /// a handle no request has used yet.
+    pub fn close_gate(&self) {
+        self.gate_open.store(false, Ordering::SeqCst);
+        self.gate.send_replace(false);
     }
 
     /// Lets requests in (see [`CachedVdi::gated`]). The plain handles' writes may not be
