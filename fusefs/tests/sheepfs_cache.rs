@@ -750,26 +750,30 @@ fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
     assert!(back[..4096] == new[..4096]);
 }
 
-/// `cachectl mode VDI writeback` on a VDI open read-write through plain handles (it was in
-/// mode off, unattached, when opened) attaches it and puts the open file under the cache
-/// while fio writes and verifies through it: no write lost or reordered across the switch.
-#[test]
-fn cachectl_mode_takes_over_an_open_file() {
-    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
-    rig.cluster.dog_ok(&["vdi", "create", "m", "24M"]);
-    // Attached by a write, set to mode off (kept across mounts), released by the unmount.
-    open_rw(rig.path("m")).write_all_at(b"first", 0).unwrap();
-    let out = cachectl(&cache, &["mode", "m", "off"]);
+/// Creates VDI `name` (b"first" at 0) and opens it read-write through plain handles: attached
+/// by a write, set to mode off (kept across mounts), released by a remount (the rig's 64 MiB
+/// cache), then opened in mode off, so with no lock and writes straight to the cluster.
+fn open_in_mode_off(rig: &mut Rig, cache: &Path, name: &str, size: &str) -> std::fs::File {
+    rig.cluster.dog_ok(&["vdi", "create", name, size]);
+    open_rw(rig.path(name)).write_all_at(b"first", 0).unwrap();
+    let out = cachectl(cache, &["mode", name, "off"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     rig.mount.unmount_and_wait();
-    remount(&mut rig, &cache, "64M", "m2.log");
+    remount(rig, cache, "64M", &format!("{name}2.log"));
+    open_rw(rig.path(name))
+}
 
-    // Opened in mode off: plain handles, no lock, writes straight to the cluster.
-    let f = open_rw(rig.path("m"));
+/// `cachectl mode VDI writeback` on a VDI open read-write through plain handles (it was in
+/// mode off, unattached, when opened) attaches it and puts the open file under the cache
+/// while fio writes and verifies through it: no write lost or reordered across the switch.
+#[test]
+fn cachectl_mode_takes_over_an_open_file() {
+    let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
+    let f = open_in_mode_off(&mut rig, &cache, "m", "24M");
     let a = pseudo_random(1 << 20, 31);
     f.write_all_at(&a, 0).unwrap();
     assert!(rig.cluster.read_vdi("m", 0, a.len() as u64) == a);
@@ -848,18 +852,7 @@ fn a_read_write_open_takes_over_plain_files_after_a_refused_mode_change() {
     use std::sync::Arc;
     const BLOCKS: u64 = 1024;
     let (_tmp, mut rig, cache) = rig_with_cache(3, "64M");
-    rig.cluster.dog_ok(&["vdi", "create", "n", "4M"]);
-    open_rw(rig.path("n")).write_all_at(b"first", 0).unwrap();
-    let out = cachectl(&cache, &["mode", "n", "off"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    rig.mount.unmount_and_wait();
-    remount(&mut rig, &cache, "64M", "n2.log");
-
-    let f = Arc::new(open_rw(rig.path("n")));
+    let f = Arc::new(open_in_mode_off(&mut rig, &cache, "n", "4M"));
     rig.cluster.dog_ok(&[
         "vdi",
         "lock",
