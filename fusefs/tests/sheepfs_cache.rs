@@ -767,6 +767,16 @@ fn open_in_mode_off(rig: &mut Rig, cache: &Path, name: &str, size: &str) -> std:
     open_rw(rig.path(name))
 }
 
+/// The mount logged taking VDI `name`'s open file over, and the cluster's first (only) lock is
+/// `name`'s, held by this host rather than the test's "elsewhere".
+fn assert_taken_over(rig: &Rig, name: &str) {
+    let log = rig.mount.log_tail();
+    assert!(log.contains("its open file was taken over"), "{log}");
+    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+    assert_eq!(locks[0]["vdi"], name, "{locks}");
+    assert_ne!(locks[0]["host"], "elsewhere", "{locks}");
+}
+
 /// `cachectl mode VDI writeback` on a VDI open read-write through plain handles (it was in
 /// mode off, unattached, when opened) attaches it and puts the open file under the cache
 /// while fio writes and verifies through it: no write lost or reordered across the switch.
@@ -812,15 +822,7 @@ fn cachectl_mode_takes_over_an_open_file() {
         verified >= 4096,
         "every block of the 16 MiB verified: {verified}"
     );
-    assert!(
-        rig.mount
-            .log_tail()
-            .contains("its open file was taken over"),
-        "{}",
-        rig.mount.log_tail()
-    );
-    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
-    assert_eq!(locks[0]["vdi"], "m", "{locks}");
+    assert_taken_over(&rig, "m");
 
     // The file opened before the switch now writes back through the cache.
     let b = pseudo_random(1 << 20, 32);
@@ -903,16 +905,7 @@ fn a_read_write_open_takes_over_plain_files_after_a_refused_mode_change() {
     });
     stop.store(true, Ordering::SeqCst);
     let last = writer.join().expect("the writer failed");
-    assert!(
-        rig.mount
-            .log_tail()
-            .contains("its open file was taken over"),
-        "{}",
-        rig.mount.log_tail()
-    );
-    let locks = rig.cluster.dog_json(&["vdi", "lock", "list"]);
-    assert_eq!(locks[0]["vdi"], "n", "{locks}");
-    assert_ne!(locks[0]["host"], "elsewhere", "{locks}");
+    assert_taken_over(&rig, "n");
     assert!(
         stats(&cache)["dirty"].as_u64().unwrap() > 0,
         "writes go to the cache now"
