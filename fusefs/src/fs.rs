@@ -106,6 +106,23 @@ struct OpenVdi {
     writers: usize,
 }
 
+impl OpenVdi {
+    /// Makes `cached` the handle every request takes if the VDI has a plain one. Returns the
+    /// plain handle when a read-write file of it is open, so writes of it may be in flight:
+    /// `cached` then lets requests in only at [`hand_over`].
+    fn upgrade(&mut self, cached: &Arc<CachedVdi>) -> Option<Arc<Vdi>> {
+        let Disk::Plain(plain) = &self.disk else {
+            return None;
+        };
+        let plain = (self.writers > 0).then(|| plain.clone());
+        if plain.is_some() {
+            cached.close_gate();
+        }
+        self.disk = Disk::Cached(cached.clone());
+        plain
+    }
+}
+
 /// State shared by the FUSE threads and the tasks answering them.
 struct Shared {
     client: Arc<Client>,
@@ -240,15 +257,9 @@ impl Shared {
                 handles: 0,
                 writers: 0,
             });
-            // A read-write open upgrades a shared plain handle to the cached one. Writes of
-            // the plain handle may be in flight (it was opened read-write in mode `off`): the
-            // cached one waits for them.
-            if let (Disk::Plain(plain), Disk::Cached(cached)) = (&entry.disk, &fresh) {
-                if entry.writers > 0 {
-                    cached.close_gate();
-                    replaced = Some(plain.clone());
-                }
-                entry.disk = fresh.clone();
+            // A read-write open upgrades a shared plain handle to the cached one.
+            if let Disk::Cached(cached) = &fresh {
+                replaced = entry.upgrade(cached);
             }
             entry.handles += 1;
             entry.writers += rw as usize;
@@ -295,25 +306,22 @@ impl Shared {
         let Some(cache) = &self.cache else {
             return Ok(false);
         };
-        let cached = Arc::new(cache.take_over(&name).await.map_err(|e| e.to_string())?);
-        let plain = {
-            let mut open = self.open.lock().unwrap();
-            match open.get_mut(&ino) {
-                Some(o) if matches!(o.disk, Disk::Plain(_)) => {
-                    std::mem::replace(&mut o.disk, Disk::Cached(cached.clone()))
-                }
-                // Closed meanwhile (the VDI stays attached, as after any read-write open),
-                // or a read-write open took it through the cache first.
-                _ => {
-                    cached.open_gate();
-                    return Ok(true);
-                }
-            }
+        let cached = Arc::new(
+            cache
+                .take_over(vid, &name)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        let plain = match self.open.lock().unwrap().get_mut(&ino) {
+            Some(o) => o.upgrade(&cached),
+            None => None,
         };
-        let Disk::Plain(plain) = plain else {
-            unreachable!("matched as plain above")
-        };
-        hand_over(plain, &cached, &name).await;
+        match plain {
+            Some(plain) => hand_over(plain, &cached, &name).await,
+            // Closed meanwhile (the VDI stays attached, as after any read-write open), a
+            // read-write open took it through the cache first, or no writer is left.
+            None => cached.open_gate(),
+        }
         Ok(true)
     }
 

@@ -502,15 +502,11 @@ impl Cache {
         Ok(Some(CachedVdi::new(self.inner.clone(), vdi)))
     }
 
-    /// A handle on `name` for taking over its open file from plain handles (after `cachectl
-    /// mode` set a caching mode): attaches the VDI, and its requests wait until
+    /// A handle on VDI `vid` (named `name`) for taking over its open file from plain handles
+    /// (after `cachectl mode` set a caching mode): attaches the VDI, and its requests wait until
     /// [`CachedVdi::open_gate`], which the caller calls once the plain handles' requests in
     /// flight are done.
-    pub async fn take_over(&self, name: &str) -> Result<CachedVdi, CacheError> {
-        let vid = Vdi::open(self.inner.client.clone(), name)
-            .await?
-            .header()
-            .vid;
+    pub async fn take_over(&self, vid: u32, name: &str) -> Result<CachedVdi, CacheError> {
         let attached = self.inner.attached.lock().unwrap().get(&vid).cloned();
         let vdi = match attached {
             Some(v) => v,

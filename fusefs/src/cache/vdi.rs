@@ -209,13 +209,8 @@ impl CachedVdi {
         Ok(out)
     }
 
-    /// Reads `len` bytes at `offset`.
-    pub async fn read(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
-        self.read_missed(offset, len, Missed::default()).await
-    }
-
-    /// [`CachedVdi::read`] after [`CachedVdi::read_hit`] could not serve it: the object it
-    /// looked up is not looked up again.
+    /// Reads `len` bytes at `offset` after [`CachedVdi::read_hit`] could not serve them: the
+    /// object it looked up is not looked up again (`Missed::default()`: nothing looked up).
     pub async fn read_missed(
         &self,
         offset: u64,
