@@ -97,6 +97,27 @@ impl Counters {
     }
 }
 
+/// A VDI's mode in one atomic ([`Inner::mode_cell`]).
+struct ModeCell(std::sync::atomic::AtomicU8);
+
+impl ModeCell {
+    fn new(mode: CacheMode) -> ModeCell {
+        ModeCell(std::sync::atomic::AtomicU8::new(mode as u8))
+    }
+
+    fn set(&self, mode: CacheMode) {
+        self.0.store(mode as u8, Ordering::SeqCst);
+    }
+
+    fn get(&self) -> CacheMode {
+        match self.0.load(Ordering::SeqCst) {
+            m if m == CacheMode::Writeback as u8 => CacheMode::Writeback,
+            m if m == CacheMode::Writethrough as u8 => CacheMode::Writethrough,
+            _ => CacheMode::Off,
+        }
+    }
+}
+
 /// Bytes of fetched data waiting to be written into the cache, at most: past it a fetched
 /// range is simply not cached, so a slow cache disk never slows the reads themselves.
 const FILL_BUDGET: u64 = 16 << 20;
@@ -163,6 +184,8 @@ pub(crate) struct Inner {
     /// VDIs attached read-write (lock held) by this mount.
     attached: Mutex<HashMap<u32, Arc<Vdi>>>,
     counters: Mutex<HashMap<u32, Arc<Counters>>>,
+    /// The modes of VDIs with handles, as their requests read them ([`Inner::mode_cell`]).
+    mode_cells: Mutex<HashMap<u32, Arc<ModeCell>>>,
     push_errors: AtomicU64,
     last_push_error: Mutex<Option<String>>,
     /// When the index last recorded the objects' last uses ([`object::clock_ms`]).
@@ -334,6 +357,7 @@ impl Cache {
             records: RwLock::default(),
             attached: Mutex::default(),
             counters: Mutex::default(),
+            mode_cells: Mutex::default(),
             push_errors: AtomicU64::new(0),
             last_push_error: Mutex::new(None),
             index_saved_at: AtomicU64::new(0),
@@ -348,7 +372,7 @@ impl Cache {
             fill_rx: Mutex::new(Some(fill_rx)),
             admission: admit::Admission::new(cfg.size),
             fill_budget: budget::FillBudget::new(),
-            streams: AtomicU64::new(0),
+            streams: AtomicU64::new(1),
             spares: spare::Spares::open(dir.join("spare")),
             take_over_open: std::sync::OnceLock::new(),
             creating: Mutex::default(),
@@ -603,9 +627,7 @@ impl Cache {
         };
         inner.drop_vdi(vid, true);
         inner.attached.lock().unwrap().remove(&vid);
-        inner.records.write().unwrap().remove(&vid);
-        inner.counters.lock().unwrap().remove(&vid);
-        let _ = std::fs::remove_file(inner.cfg.dir.join("vdis").join(format!("{vid:06x}.json")));
+        inner.forget_record(vid);
         if let Err(e) = lock::release(&inner.client, name, &inner.owner).await {
             tracing::warn!("releasing the lock of '{name}': {e}");
         }
@@ -710,6 +732,18 @@ impl Inner {
             .unwrap_or(self.cfg.mode)
     }
 
+    /// VDI `vid`'s mode as one atomic that follows [`Inner::mode_of`]: what a request
+    /// reads, instead of the records' lock, which every core's requests would pass.
+    fn mode_cell(&self, vid: u32) -> Arc<ModeCell> {
+        // Read under the cells' lock, which `save_record` takes after changing the record:
+        // a mode changed meanwhile is in the record read here, or stored in the cell there.
+        let mut cells = self.mode_cells.lock().unwrap();
+        cells
+            .entry(vid)
+            .or_insert_with(|| Arc::new(ModeCell::new(self.mode_of(vid))))
+            .clone()
+    }
+
     fn save_record(&self, r: &VdiRecord) {
         let path = self
             .cfg
@@ -720,6 +754,17 @@ impl Inner {
             tracing::warn!("saving cache record of '{}': {e}", r.name);
         }
         self.records.write().unwrap().insert(r.vid, r.clone());
+        if let Some(cell) = self.mode_cells.lock().unwrap().get(&r.vid) {
+            cell.set(r.mode.unwrap_or(self.cfg.mode));
+        }
+    }
+
+    /// Forgets VDI `vid` (deleted): its record, counters and mode.
+    fn forget_record(&self, vid: u32) {
+        self.records.write().unwrap().remove(&vid);
+        self.counters.lock().unwrap().remove(&vid);
+        self.mode_cells.lock().unwrap().remove(&vid);
+        let _ = std::fs::remove_file(self.cfg.dir.join("vdis").join(format!("{vid:06x}.json")));
     }
 
     fn dirty_of(&self, vid: u32) -> u64 {
@@ -756,9 +801,7 @@ impl Inner {
                 "VDI '{name}' was deleted and created again: dropped {} cached of the old one",
                 objstore::size::format_size(dropped)
             );
-            self.records.write().unwrap().remove(&old);
-            self.counters.lock().unwrap().remove(&old);
-            let _ = std::fs::remove_file(self.cfg.dir.join("vdis").join(format!("{old:06x}.json")));
+            self.forget_record(old);
         }
         let rec = self.records.read().unwrap().get(&vid).cloned();
         let matches = rec.as_ref().is_some_and(|r| {
@@ -900,7 +943,7 @@ impl Inner {
         }
     }
 
-    /// An id for a new sequential run of reads, unique in this cache.
+    /// An id for a sequential run of reads that became a stream, unique in this cache (never 0).
     fn next_stream(&self) -> u64 {
         self.streams.fetch_add(1, Ordering::Relaxed)
     }
@@ -908,7 +951,9 @@ impl Inner {
     /// Whether a range of `len` bytes from block `block` of `key`, about to be fetched on a
     /// miss, is to be kept in the cache: always while there is room, else per admission
     /// (which remembers this miss). Asked before the fetch, so a range that will not be
-    /// kept is fetched for its reader alone, with nothing registered or queued.
+    /// kept is fetched for its reader alone, with nothing registered or queued. A range
+    /// admitted here that the fills' budget then refuses is forgotten by admission: its next
+    /// miss is a first one again.
     fn keeps(&self, key: Key, block: usize, len: u64) -> bool {
         let pending = self.used.load(Ordering::SeqCst) + self.fills_queued.load(Ordering::SeqCst);
         // Eviction frees whole objects: "full" starts an eighth below the size, so the room

@@ -72,10 +72,24 @@ pub struct CachedObject {
 }
 
 /// Milliseconds on a monotonic clock that starts at 1 when first asked: when cached objects
-/// were last used and when ranges last missed (admission compares the two).
+/// were last used and when ranges last missed (admission compares the two). Read on every
+/// request: it is the kernel's coarse clock (a few ms a tick), which costs no time-stamp
+/// counter read and no division of a 128-bit duration.
 pub fn clock_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+    static START: OnceLock<u64> = OnceLock::new();
+    let now = coarse_ms();
+    now.saturating_sub(*START.get_or_init(|| now)) + 1
+}
+
+fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; CLOCK_MONOTONIC_COARSE exists on every
+    // Linux sheepfs runs on (2.6.32 and later), and a failure leaves `ts` at 0.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// Cache reads are exact block ranges, mostly random: the kernel's read-ahead on the data file

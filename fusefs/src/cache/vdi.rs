@@ -11,7 +11,7 @@ use objstore::{Vdi, VdiError};
 
 use super::object::State;
 use super::object::{CachedObject, BLOCK};
-use super::{Counters, FillJob, Inner};
+use super::{Counters, FillJob, Inner, ModeCell};
 use crate::control::CacheMode;
 
 /// Sequential misses fetch this far ahead (within the object).
@@ -52,14 +52,19 @@ pub struct Missed(Option<(u32, Option<Arc<CachedObject>>)>);
 pub struct CachedVdi {
     inner: Arc<Inner>,
     vdi: Arc<Vdi>,
-    /// The VDI's id (fixed; read on every request, where the header would be cloned).
+    /// The VDI's id and object size (fixed; read on every request, where the header's lock
+    /// would be taken).
     vid: u32,
+    object_size: u64,
+    /// Its mode ([`Inner::mode_cell`]).
+    mode: Arc<ModeCell>,
     counters: Arc<Counters>,
     /// Where the last read ended: a read starting there is sequential.
     last_end: AtomicU64,
     /// The current sequential run of reads: (start, furthest end, id). Longer than the
     /// sequential cutoff, it is a stream (a copy, a backup, a scan), whose misses are cached
-    /// only in objects another stream passed through before.
+    /// only in objects another stream passed through before. The id is taken when it
+    /// becomes one (0 until then: random reads, each a run of its own, take none).
     run: Mutex<(u64, u64, u64)>,
     /// Fetches in flight per object index.
     inflight: Arc<Mutex<InflightMap>>,
@@ -93,12 +98,16 @@ fn io_err(what: &str, e: std::io::Error) -> VdiError {
 impl CachedVdi {
     pub(super) fn new(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
         let vid = vdi.header().vid;
+        let object_size = vdi.object_size() as u64;
         let counters = inner.counters(vid);
-        let run = Mutex::new((0, 0, inner.next_stream()));
+        let mode = inner.mode_cell(vid);
+        let run = Mutex::new((0, 0, 0));
         CachedVdi {
             inner,
             vdi,
             vid,
+            object_size,
+            mode,
             counters,
             last_end: AtomicU64::new(u64::MAX),
             run,
@@ -152,19 +161,30 @@ impl CachedVdi {
     }
 
     fn mode(&self) -> CacheMode {
-        self.inner.mode_of(self.vid())
+        self.mode.get()
     }
 
-    fn pieces(&self, offset: u64, len: u64) -> Vec<(u32, u64, u64, usize)> {
-        let os = self.vdi.object_size() as u64;
-        let mut out = Vec::new();
+    /// The pieces of a range, one per object it touches: (object index, offset in the
+    /// object, length, offset in the range).
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u32, u64, u64, usize)> {
+        let os = self.object_size;
+        let end = offset + len;
         let mut pos = offset;
-        while pos < offset + len {
-            let n = (os - pos % os).min(offset + len - pos);
-            out.push(((pos / os) as u32, pos % os, n, (pos - offset) as usize));
-            pos += n;
-        }
-        out
+        std::iter::from_fn(move || {
+            (pos < end).then(|| {
+                let n = (os - pos % os).min(end - pos);
+                let piece = ((pos / os) as u32, pos % os, n, (pos - offset) as usize);
+                pos += n;
+                piece
+            })
+        })
+    }
+
+    /// The one piece of a range within one object (object index, offset in it, length);
+    /// None if the range spans objects.
+    fn one_piece(&self, offset: u64, len: u64) -> Option<(u32, u64, u64)> {
+        let os = self.object_size;
+        (offset % os + len <= os).then_some(((offset / os) as u32, offset % os, len))
     }
 
     /// Serves a read wholly from cached blocks without waiting, or says what it found (for
@@ -174,39 +194,58 @@ impl CachedVdi {
         if !self.gate_open.load(Ordering::Acquire) || self.mode() == CacheMode::Off {
             return Err(Missed::default());
         }
-        let pieces = self.pieces(offset, len);
-        let single = pieces.len() == 1;
-        // Check every piece before allocating: a miss costs no buffer.
-        let mut found = Vec::with_capacity(pieces.len());
-        for (idx, off, n, at) in pieces {
-            let key = (self.vid(), idx);
-            // Holding the reference keeps the object from eviction while it is read.
-            let o = self.inner.objects.lock().unwrap().get(&key).cloned();
-            let missed = |o| Missed(single.then_some((idx, o)));
-            let Some(o) = o else {
-                return Err(missed(None));
-            };
-            let (b0, b1) = CachedObject::block_range(off, n);
-            if !o.state.lock().unwrap().valid.all(b0, b1) {
-                return Err(missed(Some(o)));
+        // Every piece is checked before the buffer is allocated: a miss costs none.
+        let out = match self.one_piece(offset, len) {
+            Some((idx, off, n)) => {
+                let o = self
+                    .cached_range(idx, off, n)
+                    .map_err(|o| Missed(Some((idx, o))))?;
+                copy_hit([(o, off, n, 0)], len).map_err(|o| Missed(Some((idx, Some(o)))))?
             }
-            found.push((o, off, n, at));
-        }
-        let mut out = vec![0u8; len as usize];
-        for (o, off, n, at) in found {
-            // Never wait for the disk on the FUSE thread: the async path reads it then.
-            if !o
-                .read_data_nowait(&mut out[at..at + n as usize], off)
-                .unwrap_or(false)
-            {
-                return Err(Missed(single.then_some((o.key.1, Some(o.clone())))));
+            None => {
+                let found = self
+                    .pieces(offset, len)
+                    .map(|(idx, off, n, at)| {
+                        self.cached_range(idx, off, n).map(|o| (o, off, n, at))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| Missed::default())?;
+                copy_hit(found, len).map_err(|_| Missed::default())?
             }
-            o.touch();
-        }
+        };
         self.last_end.store(offset + len, Ordering::Relaxed);
         Counters::add(&self.counters.hits, 1);
         Counters::add(&self.counters.hit_bytes, len);
         Ok(out)
+    }
+
+    /// Object `idx` if it holds every block of `n` bytes at `off` (now the most recently
+    /// used), else what the cache has of it. Holding the reference keeps the object from
+    /// eviction while it is read.
+    fn cached_range(
+        &self,
+        idx: u32,
+        off: u64,
+        n: u64,
+    ) -> Result<Arc<CachedObject>, Option<Arc<CachedObject>>> {
+        let o = self.peek(idx).ok_or(None)?;
+        let (b0, b1) = CachedObject::block_range(off, n);
+        if !o.state.lock().unwrap().valid.all(b0, b1) {
+            // A miss leaves the object's place in the LRU alone: only what the cache
+            // serves makes it recently used.
+            return Err(Some(o));
+        }
+        self.promote(idx);
+        Ok(o)
+    }
+
+    /// Makes object `idx` the most recently used.
+    fn promote(&self, idx: u32) {
+        self.inner
+            .objects
+            .lock()
+            .unwrap()
+            .promote(&(self.vid(), idx));
     }
 
     /// Reads `len` bytes at `offset` after [`CachedVdi::read_hit`] could not serve them: the
@@ -226,11 +265,11 @@ impl CachedVdi {
             sequential,
             stream: self.in_stream(offset, len),
         };
-        let pieces = self.pieces(offset, len);
-        if let [(idx, off, n, _)] = pieces[..] {
+        if let Some((idx, off, n)) = self.one_piece(offset, len) {
             let looked = missed.0.filter(|(i, _)| *i == idx).map(|(_, o)| o);
             return self.read_piece(idx, off, n, how, looked).await;
         }
+        let pieces: Vec<_> = self.pieces(offset, len).collect();
         let mut out = BytesMut::zeroed(len as usize);
         let parts = futures::future::join_all(
             pieces
@@ -254,15 +293,22 @@ impl CachedVdi {
         let mut run = self.run.lock().unwrap();
         let end = offset + len;
         if offset.abs_diff(run.1) > STREAM_SLACK {
-            *run = (offset, end, self.inner.next_stream());
+            *run = (offset, end, 0);
         } else {
             *run = (run.0.min(offset), run.1.max(end), run.2);
         }
-        (run.1 - run.0 > cutoff).then_some(run.2)
+        if run.1 - run.0 <= cutoff {
+            return None;
+        }
+        if run.2 == 0 {
+            run.2 = self.inner.next_stream();
+        }
+        Some(run.2)
     }
 
     /// Reads `n` bytes at `off` in object `idx`; `looked`: the object as the caller found it
-    /// in the cache just before (Some(None): not there), else it is looked up here.
+    /// in the cache just before (Some(None): not there), else it is looked up here. A hit
+    /// makes the object the most recently used; a miss leaves its place alone.
     async fn read_piece(
         &self,
         idx: u32,
@@ -271,31 +317,24 @@ impl CachedVdi {
         how: ReadKind,
         looked: Option<Option<Arc<CachedObject>>>,
     ) -> Result<Bytes, VdiError> {
-        let os = self.vdi.object_size() as u64;
+        let os = self.object_size;
         let key = (self.vid(), idx);
         let base = idx as u64 * os;
-        let obj = match looked {
-            Some(o) => {
-                if let Some(o) = &o {
-                    o.touch();
-                }
-                o
-            }
-            None => self.inner.object(key, os, false).await,
-        };
+        let obj = looked.unwrap_or_else(|| self.peek(idx));
         let (b0, b1) = CachedObject::block_range(off, n);
-        if let Some(o) = &obj {
-            let hit = o.state.lock().unwrap().valid.all(b0, b1);
-            if hit {
-                let buf = read_cached(o, off, n).await?;
-                Counters::add(&self.counters.hits, 1);
-                Counters::add(&self.counters.hit_bytes, n);
-                return Ok(Bytes::from(buf));
-            }
+        // (whether it holds the range, whether it holds anything)
+        let (hit, cached_any) = obj.as_ref().map_or((false, false), |o| {
+            let st = o.state.lock().unwrap();
+            (st.valid.all(b0, b1), !st.valid.is_empty())
+        });
+        if let (true, Some(o)) = (hit, &obj) {
+            self.promote(idx);
+            o.touch();
+            let buf = read_cached(o, off, n).await?;
+            Counters::add(&self.counters.hits, 1);
+            Counters::add(&self.counters.hit_bytes, n);
+            return Ok(Bytes::from(buf));
         }
-        let cached_any = obj
-            .as_ref()
-            .is_some_and(|o| !o.state.lock().unwrap().valid.is_empty());
         if self.vdi.object(idx as u64).is_none() && !cached_any {
             // A hole: zeros without a request, and nothing worth caching.
             return Ok(Bytes::from(vec![0u8; n as usize]));
@@ -311,8 +350,8 @@ impl CachedVdi {
         // Join a fetch in flight that covers the range (started after the last bypassing
         // write), or start one if the range is to be kept; all under the fetch table's lock,
         // so two readers of a range never both fetch it. That lock is taken before the
-        // fills' budget's (in `fill_affordable`), the admission's and the LRU's (in `keeps`),
-        // never after them. A range not kept is told by the counter that says why.
+        // admission's and the LRU's (in `keeps`) and the fills' budget's (in
+        // `fill_affordable`), never after them. A range not kept is told by the counter that says why.
         let planned = {
             let mut inflight = self.inflight.lock().unwrap();
             let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
@@ -329,11 +368,13 @@ impl CachedVdi {
                 {
                     Err(&self.counters.stream_bypasses)
                 }
-                None if !self.inner.fill_affordable(fend - fstart) => {
-                    Err(&self.counters.busy_skipped_fills)
-                }
                 None if !self.inner.keeps(key, b0, fend - fstart) => {
                     Err(&self.counters.skipped_fills)
+                }
+                // Asked only of ranges to be kept: most misses of a full cache are not,
+                // and pass no budget's lock and no clock.
+                None if !self.inner.fill_affordable(fend - fstart) => {
+                    Err(&self.counters.busy_skipped_fills)
                 }
                 None => {
                     let vdi = self.vdi.clone();
@@ -453,8 +494,8 @@ impl CachedVdi {
         {
             return false;
         }
-        let os = self.vdi.object_size() as u64;
-        let [(idx, off, n, _)] = self.pieces(offset, data.len() as u64)[..] else {
+        let os = self.object_size;
+        let Some((idx, off, n)) = self.one_piece(offset, data.len() as u64) else {
             return false;
         };
         let key = (self.vid(), idx);
@@ -552,7 +593,7 @@ impl CachedVdi {
     /// Puts written data into the cache; `dirty` for writeback. Partial blocks not yet cached
     /// are read from the cluster first (writeback) or left uncached (writethrough).
     async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), VdiError> {
-        let os = self.vdi.object_size() as u64;
+        let os = self.object_size;
         for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
             let key = (self.vid(), idx);
             let base = idx as u64 * os;
@@ -680,7 +721,7 @@ impl CachedVdi {
         if first_whole < last_whole {
             self.invalidate(first_whole, last_whole - first_whole);
         }
-        let os = self.vdi.object_size() as u64;
+        let os = self.object_size;
         let edges = [
             (offset, first_whole.min(end)),
             (last_whole.max(offset), end),
@@ -749,6 +790,26 @@ impl CachedVdi {
         }
         self.vdi.flush().await
     }
+}
+
+/// The bytes of a read whose pieces (object, offset in it, length, offset in the read) are
+/// all cached, copied without waiting for the disk: `Err(o)` when object `o` has a piece
+/// out of the page cache (the async path reads it then).
+fn copy_hit(
+    found: impl IntoIterator<Item = (Arc<CachedObject>, u64, u64, usize)>,
+    len: u64,
+) -> Result<Vec<u8>, Arc<CachedObject>> {
+    let mut out = vec![0u8; len as usize];
+    for (o, off, n, at) in found {
+        if !o
+            .read_data_nowait(&mut out[at..at + n as usize], off)
+            .unwrap_or(false)
+        {
+            return Err(o);
+        }
+        o.touch();
+    }
+    Ok(out)
 }
 
 /// `n` cached bytes at `off`: from the page cache directly, else from the disk on the
