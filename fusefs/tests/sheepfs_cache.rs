@@ -25,13 +25,19 @@ fn cachectl(dir: &Path, args: &[&str]) -> std::process::Output {
         .expect("run cachectl (cargo build --workspace --bins)")
 }
 
-fn stats(dir: &Path) -> Value {
-    let out = cachectl(dir, &["stats", "--json"]);
+/// Runs cachectl and fails the test, with its error, unless it succeeds.
+fn cachectl_ok(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = cachectl(dir, args);
     assert!(
         out.status.success(),
-        "{}",
+        "cachectl {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+fn stats(dir: &Path) -> Value {
+    let out = cachectl_ok(dir, &["stats", "--json"]);
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -121,12 +127,7 @@ fn writeback_then_flush_reaches_the_cluster() {
     let mut back = vec![0u8; data.len()];
     f.read_exact_at(&mut back, 4096).unwrap();
     assert!(back == data, "reads see the cached writes");
-    let out = cachectl(&cache, &["flush", "w"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["flush", "w"]);
     assert!(rig.cluster.read_vdi("w", 4096, data.len() as u64) == data);
     assert_eq!(stats(&cache)["dirty"], 0);
     // The VDI is attached: another host would be refused; dog shows the lock.
@@ -158,12 +159,7 @@ fn writeback_then_flush_reaches_the_cluster() {
     f.read_exact_at(&mut back, 1 << 20).unwrap();
     assert_eq!(back, want);
     // Writethrough: acknowledged once the cluster has it.
-    let out = cachectl(&cache, &["mode", "w", "writethrough"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["mode", "w", "writethrough"]);
     f.write_all_at(b"through", 100).unwrap();
     assert_eq!(rig.cluster.read_vdi("w", 100, 7), b"through");
     assert_eq!(stats(&cache)["dirty"], 0);
@@ -277,12 +273,7 @@ fn bounded_size_lru_and_no_dirty_lost() {
     let mut through = vec![0u8; 64 << 20];
     let file = std::fs::File::open(&f).unwrap();
     file.read_exact_at(&mut through, 0).unwrap();
-    let out = cachectl(&cache, &["evict"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["evict"]);
     assert_eq!(
         stats(&cache)["used"],
         0,
@@ -407,8 +398,7 @@ fn lru_order_survives_a_remount() {
             total("misses") > m,
             "round {round}: least recently used, evicted"
         );
-        let out = cachectl(&cache, &["evict"]);
-        assert!(out.status.success());
+        cachectl_ok(&cache, &["evict"]);
     }
 }
 
@@ -482,8 +472,7 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
             "4 KiB read at {at} differs"
         );
     }
-    let out = cachectl(&cache, &["evict"]);
-    assert!(out.status.success());
+    cachectl_ok(&cache, &["evict"]);
     pass("after evict");
 }
 
@@ -574,12 +563,7 @@ fn a_stream_is_cached_on_its_second_pass() {
     pass(&file, "a pass over the cached VDI");
     assert_eq!(total("misses"), misses, "once cached, a pass is all hits");
 
-    let out = cachectl(&cache, &["evict", "s"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["evict", "s"]);
     first("first pass after an evict");
     drop(file);
 
@@ -594,12 +578,7 @@ fn a_stream_is_cached_on_its_second_pass() {
         &rig.cluster.dir.path().join("sheepfs-cutoff0.log"),
         &strs(&args),
     );
-    let out = cachectl(&cache, &["evict"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["evict"]);
     let file = open(&rig);
     pass(&file, "first pass, no cutoff");
     keeps("with no cutoff, the first pass");
@@ -615,12 +594,7 @@ fn evict_and_flush_during_fio_verify() {
     let mut rounds = 0;
     while !job.is_finished() {
         for args in [&["flush"][..], &["evict", "e"][..]] {
-            let out = cachectl(&cache, args);
-            assert!(
-                out.status.success(),
-                "cachectl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            cachectl_ok(&cache, args);
         }
         rounds += 1;
     }
@@ -756,12 +730,7 @@ fn writes_without_the_lock_make_the_next_attach_drop_stale_data() {
 fn open_in_mode_off(rig: &mut Rig, cache: &Path, name: &str, size: &str) -> std::fs::File {
     rig.cluster.dog_ok(&["vdi", "create", name, size]);
     open_rw(rig.path(name)).write_all_at(b"first", 0).unwrap();
-    let out = cachectl(cache, &["mode", name, "off"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(cache, &["mode", name, "off"]);
     rig.mount.unmount_and_wait();
     remount(rig, cache, "64M", &format!("{name}2.log"));
     open_rw(rig.path(name))
@@ -799,12 +768,7 @@ fn cachectl_mode_takes_over_an_open_file() {
         )))
     });
     std::thread::sleep(Duration::from_millis(500));
-    let out = cachectl(&cache, &["mode", "m", "writeback"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = cachectl_ok(&cache, &["mode", "m", "writeback"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "VDI 'm' is now writeback\n",
@@ -835,12 +799,7 @@ fn cachectl_mode_takes_over_an_open_file() {
     let mut back = vec![0u8; b.len()];
     f.read_exact_at(&mut back, 0).unwrap();
     assert!(back == b);
-    let out = cachectl(&cache, &["flush", "m"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["flush", "m"]);
     assert!(rig.cluster.read_vdi("m", 0, b.len() as u64) == b);
 }
 
@@ -924,12 +883,7 @@ fn a_read_write_open_takes_over_plain_files_after_a_refused_mode_change() {
             "block {b} reads back as last written"
         );
     }
-    let out = cachectl(&cache, &["flush", "n"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cachectl_ok(&cache, &["flush", "n"]);
     assert!(rig.cluster.read_vdi("n", 0, BLOCKS * 4096) == back);
     drop((f, g));
 }

@@ -180,11 +180,11 @@ impl CachedVdi {
         })
     }
 
-    /// The one piece of a range within one object (object index, offset in it, length);
-    /// None if the range spans objects.
+    /// The one piece of a non-empty range within one object (object index, offset in it,
+    /// length); None if the range is empty or spans objects.
     fn one_piece(&self, offset: u64, len: u64) -> Option<(u32, u64, u64)> {
         let os = self.object_size;
-        (offset % os + len <= os).then_some(((offset / os) as u32, offset % os, len))
+        (len > 0 && offset % os + len <= os).then_some(((offset / os) as u32, offset % os, len))
     }
 
     /// Serves a read wholly from cached blocks without waiting, or says what it found (for
