@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! # Benchmark report        machine, config, start/finish, command
-//! ## Goals                  every figure with a goal: value, ratio, met / not met
+//! ## Goals                  every figure with a goal: value, ratio (and per round), met / not met
 //! ## Charts                 links to <charts dir>/<name>.svg, relative to the markdown file
 //! ## iops: ...              a view made for the group, then every figure of it
 //! ## sweep: ...
@@ -19,6 +19,7 @@ use std::fmt::Write as _;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result};
+use serde_json::Value;
 
 use crate::charts::{self, Drawn};
 use crate::figures::{Figure, Report};
@@ -120,14 +121,22 @@ fn code_span(text: &str) -> String {
 
 /// The table of every figure with a goal.
 fn goals(figures: &[Figure]) -> String {
-    let mut t = Table::new(&["figure", "value", "checked ratio", "goal", ""]);
+    let mut t = Table::new(&["figure", "value", "checked ratio", "by round", "goal", ""]);
     for f in figures.iter().filter(|f| f.goal.is_some()) {
+        let rounds = f.params.get("goal_ratio_rounds").and_then(Value::as_array);
         t.row(vec![
             format!("`{}`", f.id),
             fmt_value(f.value, &f.unit),
             f.goal_ratio
                 .map(|r| format!("{}×", query::fmt_ratio(r)))
                 .unwrap_or_default(),
+            rounds.map_or(String::new(), |r| {
+                let r: Vec<String> = r
+                    .iter()
+                    .map(|x| x.as_f64().map_or("?".into(), query::fmt_ratio))
+                    .collect();
+                r.join(" / ")
+            }),
             f.goal.clone().unwrap_or_default(),
             layouts::met_cell(f),
         ]);
@@ -213,14 +222,16 @@ mod tests {
         let goals = &md[md.find("## Goals").unwrap()..md.find("## Charts").unwrap()];
         assert!(goals.contains("3 of 5 met."), "{goals}");
         assert!(goals.contains(
-            "| `iops/randread-4k-libaio-qd1/off` | 7500 IOPS | 0.25× | ≥ 0.4× bindfs \
+            "| `iops/randread-4k-libaio-qd1/off` | 7500 IOPS | 0.25× |  | ≥ 0.4× bindfs \
              | **not met** |"
         ));
         assert!(goals.contains(
-            "| `iops/randread-4k-libaio-qd1/warm` | 36000 IOPS | 1.20× | ≥ 0.9× bindfs \
+            "| `iops/randread-4k-libaio-qd1/warm` | 36000 IOPS | 1.20× |  | ≥ 0.9× bindfs \
              | met |"
         ));
-        assert!(goals.contains("| `flush/flush-1g/cachectl` | 190 MiB/s | 1.30× | ≥ 0.8× off |"));
+        assert!(goals.contains(
+            "| `flush/flush-1g/cachectl` | 190 MiB/s | 1.30× | 1.25 / 1.30 / 1.50 | ≥ 0.8× off |"
+        ));
     }
 
     #[test]

@@ -4,20 +4,27 @@
 //! of the same job (`params.reference_off`, its ratio in `params.ratio_off`), with another
 //! named figure, or with a fixed bound. Goal figures and everything they are compared with are
 //! the run's key figures.
+//!
+//! Key figures run once per round, the rounds one after another, so a goal's two figures
+//! have a run each from every round, measured minutes apart at most. The ratio a goal checks
+//! is the median of those per-round ratios (`params.goal_ratio_rounds`): a machine whose
+//! speed drifts between rounds moves both runs of a round together, where the ratio of the
+//! two medians (`ratio`, `params.ratio_off`) would pair a fast round's run with a slow one's.
+//! With unequal run counts (a run failed) the goal checks the ratio of the medians.
 
 use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
 use super::plan::SWEEP_MODE_OFF;
-use crate::figures::Figure;
+use crate::figures::{median, Figure};
 
-/// What a goal compares.
+/// What a goal compares (each ratio taken per round when it can be, see the module doc).
 #[derive(Debug, Clone, PartialEq)]
 enum Check {
-    /// `ratio` (value ÷ reference) at least this.
+    /// value ÷ reference at least this.
     Reference(f64),
-    /// `params.ratio_off` at least this.
+    /// value ÷ the cache-off figure (`params.reference_off`) at least this.
     Off(f64),
     /// value ÷ the named figure's value at least this.
     Figure(&'static str, f64),
@@ -65,7 +72,7 @@ fn goal_of(id: &str, copies: usize) -> Option<Goal> {
         "throughput/write-1m/off" if three => goal("≥ 0.25× bindfs (3 copies)", Reference(0.25)),
         "dog/read/dog" => goal("≥ 0.9× cp", Reference(0.9)),
         "dog/write/dog" if three => goal("≥ 0.3× cp (3 copies)", Reference(0.3)),
-        _ if id.starts_with("sweep/") && id != SWEEP_MODE_OFF => {
+        _ if id.starts_with("sweep/") && id.ends_with("/cache") && id != SWEEP_MODE_OFF => {
             goal("≥ 1.0× cache off (never below it)", Off(1.0))
         }
         _ => None,
@@ -97,6 +104,10 @@ pub fn key_ids<'a>(figs: impl Iterator<Item = &'a Figure>, copies: usize) -> Has
 /// figures that were not measured.
 pub fn finish(figs: &mut [Figure], copies: usize) {
     let values: HashMap<String, f64> = figs.iter().map(|f| (f.id.clone(), f.value)).collect();
+    let runs: HashMap<String, Vec<f64>> = figs
+        .iter()
+        .map(|f| (f.id.clone(), f.runs.clone()))
+        .collect();
     let ratio = |v: f64, id: &str| {
         values
             .get(id)
@@ -126,7 +137,18 @@ pub fn finish(figs: &mut [Figure], copies: usize) {
             };
         }
         if let Some(g) = goal_of(&f.id, copies) {
-            let checked = checked_ratio(f, &g.check, &ratio);
+            let compared = compared_id(f, &g.check);
+            let rounds = compared
+                .as_deref()
+                .and_then(|id| per_round(&f.runs, runs.get(id)?));
+            let checked = match &rounds {
+                Some(r) => Some(median(r)),
+                None => compared.and_then(|id| ratio(f.value, &id)),
+            };
+            match rounds {
+                Some(r) => f.params.insert("goal_ratio_rounds".into(), Value::from(r)),
+                None => f.params.remove("goal_ratio_rounds"),
+            };
             f.goal_met = match g.check {
                 Check::Reference(min) | Check::Off(min) | Check::Figure(_, min) => {
                     checked.map(|r| r >= min)
@@ -139,18 +161,25 @@ pub fn finish(figs: &mut [Figure], copies: usize) {
     }
 }
 
-/// The ratio a goal checks (None for a fixed bound, or when its reference is missing).
-fn checked_ratio(
-    f: &Figure,
-    check: &Check,
-    ratio: &impl Fn(f64, &str) -> Option<f64>,
-) -> Option<f64> {
+/// The id of the figure a goal compares `f` with (None for a fixed bound, or when the
+/// reference was not measured).
+fn compared_id(f: &Figure, check: &Check) -> Option<String> {
     match *check {
-        Check::Reference(_) => f.ratio,
-        Check::Off(_) => f.params.get("ratio_off")?.as_f64(),
-        Check::Figure(id, _) => ratio(f.value, id),
+        Check::Reference(_) => f.reference.clone(),
+        Check::Off(_) => Some(f.params.get("reference_off")?.as_str()?.to_string()),
+        Check::Figure(id, _) => Some(id.to_string()),
         Check::Below(_) => None,
     }
+}
+
+/// `a[i] / b[i]` for every round, when both figures ran the same number of rounds (more than
+/// one) and every ratio is finite.
+fn per_round(a: &[f64], b: &[f64]) -> Option<Vec<f64>> {
+    if a.len() != b.len() || a.len() < 2 {
+        return None;
+    }
+    let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    r.iter().all(|x| x.is_finite() && *x >= 0.0).then_some(r)
 }
 
 #[cfg(test)]
@@ -194,6 +223,36 @@ mod tests {
         assert_eq!(figs[2].goal_met, None);
         assert_eq!(figs[5].goal_met, Some(false), "99 < 2 × 50");
         assert!(figs[3].goal.is_none());
+    }
+
+    #[test]
+    fn goals_check_the_median_of_per_round_ratios() {
+        let id = "iops/randread-4k-libaio-qd16";
+        let mut cold = Figure::new("iops", "randread-4k-libaio-qd16", "cold", "IOPS", vec![]);
+        cold.runs = vec![88.0, 78.0, 114.0];
+        cold.value = median(&cold.runs);
+        cold.params
+            .insert("reference_off".into(), Value::from(format!("{id}/off")));
+        let mut off = fig(&format!("{id}/off"), 0.0);
+        // Round 2 was slow and round 3 fast for both figures.
+        off.runs = vec![100.0, 80.0, 120.0];
+        off.value = median(&off.runs);
+        let mut figs = vec![cold, off];
+        finish(&mut figs, 3);
+        let c = &figs[0];
+        // The medians (88 and 100) come from different rounds.
+        assert_eq!(c.params["ratio_off"], 0.88);
+        let rounds: Vec<f64> = serde_json::from_value(c.params["goal_ratio_rounds"].clone())
+            .expect("per-round ratios");
+        assert_eq!(rounds, vec![0.88, 78.0 / 80.0, 0.95]);
+        assert_eq!(c.goal_ratio, Some(0.95));
+        assert_eq!(c.goal_met, Some(true));
+
+        // One run failed: the goal falls back to the ratio of the medians.
+        figs[1].runs.pop();
+        finish(&mut figs, 3);
+        assert!(!figs[0].params.contains_key("goal_ratio_rounds"));
+        assert_eq!(figs[0].goal_ratio, figs[0].params["ratio_off"].as_f64());
     }
 
     #[test]

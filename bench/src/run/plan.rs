@@ -268,18 +268,27 @@ fn sweep(m: &Matrix) -> Vec<Step> {
             &format!("randread-4k-hit{pct}"),
             "cache",
             "IOPS",
-            params,
+            params.clone(),
         );
         fig.reference = Some(format!("iops/{SWEEP_BASE}/bindfs"));
-        fig.params.insert(
-            "reference_off".into(),
-            Value::from(format!("iops/{SWEEP_BASE}/off")),
-        );
+        let mut off = template("sweep", &fig.job, "off", "IOPS", params);
+        off.reference = fig.reference.clone();
+        fig.params
+            .insert("reference_off".into(), Value::from(off.id.clone()));
         fig.params
             .insert("reference_mode_off".into(), Value::from(SWEEP_MODE_OFF));
         v.push(Step {
             fig,
             work: Work::Sweep { pct },
+        });
+        // The point's own cache-off run, right after it: the goal compares the two in each
+        // round (the points take a while to prepare, and this machine's speed drifts).
+        v.push(Step {
+            fig: off,
+            work: Work::Fio {
+                job: job.clone(),
+                target: Target::Off,
+            },
         });
     }
     v
@@ -448,13 +457,14 @@ mod tests {
     fn full_profile_shape() {
         let plan = MainPlan::build(&settings(Profile::Full));
         let ids: Vec<&str> = plan.steps().map(|s| s.fig.id.as_str()).collect();
-        // 16 iops jobs × 5 targets, 10 throughput jobs × 4, 5 sweep points and mode off.
+        // 16 iops jobs × 5 targets, 10 throughput jobs × 4, 5 sweep points with their
+        // cache-off runs, and mode off.
         assert_eq!(ids.iter().filter(|i| i.starts_with("iops/")).count(), 80);
         assert_eq!(
             ids.iter().filter(|i| i.starts_with("throughput/")).count(),
             40
         );
-        assert_eq!(ids.iter().filter(|i| i.starts_with("sweep/")).count(), 6);
+        assert_eq!(ids.iter().filter(|i| i.starts_with("sweep/")).count(), 11);
         let warm = plan
             .key
             .iter()
