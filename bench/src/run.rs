@@ -57,7 +57,8 @@ pub struct RunArgs {
     /// Seconds per timed fio job [profile default: full 10, quick 2, smoke 1].
     #[arg(long)]
     pub runtime: Option<u64>,
-    /// Runs of each key figure [profile default: full 3, quick 1, smoke 1].
+    /// Runs of each key figure, one per round; with two or more, a goal checks the median of
+    /// its per-round ratios [profile default: full 3, quick 1, smoke 1].
     #[arg(long)]
     pub rounds: Option<usize>,
     /// Where to write the JSON report.

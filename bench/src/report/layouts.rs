@@ -129,7 +129,7 @@ fn iops_view(figs: &[&Figure]) -> String {
 }
 
 /// Group "sweep": a row per cache size (hit_pct) with the measured hit ratio, the value and
-/// the ratio to the cache-off figure.
+/// the ratio to the cache-off figure (the one its goal checks, else the ratio of the values).
 fn sweep_view(figs: &[&Figure]) -> String {
     let (off, mut cache): (Vec<&Figure>, Vec<&Figure>) =
         figs.iter().copied().partition(|f| f.target == "off");
@@ -158,7 +158,11 @@ fn sweep_view(figs: &[&Figure]) -> String {
             .find(|o| param_f64(o, "hit_pct") == Some(pct))
             .or(off.first())
             .map(|o| o.value);
-        let ratio = param_f64(f, "ratio_off").or(off_value.map(|v| f.value / v));
+        // The ratio the goal checks (the median of per-round ratios) when there is one.
+        let ratio = f
+            .goal_ratio
+            .or(param_f64(f, "ratio_off"))
+            .or(off_value.map(|v| f.value / v));
         t.row(vec![
             format!("{pct:.0}%"),
             if several {
