@@ -87,6 +87,11 @@ impl FioJob {
         self.rw.contains("read") || self.rw == "randrw"
     }
 
+    /// Whether the job writes (and so leaves data for the kernel or the cache to write back).
+    pub fn writes(&self) -> bool {
+        self.rw.contains("write") || self.rw.ends_with("rw")
+    }
+
     /// Figure parameters: rw, bs, iodepth, numjobs, engine.
     pub fn params(&self) -> Vec<(&'static str, Value)> {
         let mut p = vec![
@@ -222,6 +227,20 @@ mod tests {
         assert_eq!(r.io_bytes, 5 << 20);
         assert_eq!(r.iops, 640.5);
         assert_eq!(r.mib_s, 2.5);
+    }
+
+    #[test]
+    fn which_jobs_read_and_write() {
+        let job = |rw| FioJob::timed(rw, 4096, Engine::Libaio(1));
+        for (rw, reads, writes) in [
+            ("randread", true, false),
+            ("read", true, false),
+            ("randwrite", false, true),
+            ("write", false, true),
+            ("randrw", true, true),
+        ] {
+            assert_eq!((job(rw).reads(), job(rw).writes()), (reads, writes), "{rw}");
+        }
     }
 
     #[test]
