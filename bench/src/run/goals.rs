@@ -103,15 +103,16 @@ pub fn key_ids<'a>(figs: impl Iterator<Item = &'a Figure>, copies: usize) -> Has
 /// Sets `ratio`, `params.ratio_*`, `goal` and `goal_met` on every figure; drops references to
 /// figures that were not measured.
 pub fn finish(figs: &mut [Figure], copies: usize) {
-    let values: HashMap<String, f64> = figs.iter().map(|f| (f.id.clone(), f.value)).collect();
-    let runs: HashMap<String, Vec<f64>> = figs
+    // Each figure's value and runs, by id.
+    let measured: HashMap<String, (f64, Vec<f64>)> = figs
         .iter()
-        .map(|f| (f.id.clone(), f.runs.clone()))
+        .map(|f| (f.id.clone(), (f.value, f.runs.clone())))
         .collect();
     let ratio = |v: f64, id: &str| {
-        values
+        measured
             .get(id)
-            .filter(|r| **r > 0.0)
+            .map(|(r, _)| *r)
+            .filter(|r| *r > 0.0)
             .map(|r| v / r)
             .filter(|r| r.is_finite())
     };
@@ -140,7 +141,7 @@ pub fn finish(figs: &mut [Figure], copies: usize) {
             let compared = compared_id(f, &g.check);
             let rounds = compared
                 .as_deref()
-                .and_then(|id| per_round(&f.runs, runs.get(id)?));
+                .and_then(|id| per_round(&f.runs, &measured.get(id)?.1));
             let checked = match &rounds {
                 Some(r) => Some(median(r)),
                 None => compared.and_then(|id| ratio(f.value, &id)),
