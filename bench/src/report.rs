@@ -130,13 +130,7 @@ fn goals(figures: &[Figure]) -> String {
             f.goal_ratio
                 .map(|r| format!("{}×", query::fmt_ratio(r)))
                 .unwrap_or_default(),
-            rounds.map_or(String::new(), |r| {
-                let r: Vec<String> = r
-                    .iter()
-                    .map(|x| x.as_f64().map_or("?".into(), query::fmt_ratio))
-                    .collect();
-                r.join(" / ")
-            }),
+            rounds.map_or(String::new(), |r| by_round(r)),
             f.goal.clone().unwrap_or_default(),
             layouts::met_cell(f),
         ]);
@@ -148,6 +142,28 @@ fn goals(figures: &[Figure]) -> String {
     let total = figures.iter().filter(|f| f.goal.is_some()).count();
     format!("## Goals\n\n{met} of {total} met.\n\n{}\n", t.render())
 }
+
+/// The per-round ratios of a goal, each (up to [`BY_ROUND_LISTED`] of them), else their range.
+fn by_round(r: &[Value]) -> String {
+    let r: Vec<Option<f64>> = r.iter().map(Value::as_f64).collect();
+    let each = |x: &Option<f64>| x.map_or("?".into(), query::fmt_ratio);
+    let known: Vec<f64> = r.iter().flatten().copied().collect();
+    if r.len() <= BY_ROUND_LISTED || known.len() < r.len() {
+        return r.iter().map(each).collect::<Vec<_>>().join(" / ");
+    }
+    let lo = known.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = known.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{} pairs, {}–{}",
+        r.len(),
+        query::fmt_ratio(lo),
+        query::fmt_ratio(hi)
+    )
+}
+
+/// Most per-round ratios the goals table lists one by one (a figure measured in several
+/// passes a round has one per pass).
+const BY_ROUND_LISTED: usize = 8;
 
 /// The groups present, in section order.
 fn group_order(figures: &[Figure]) -> Vec<&str> {
@@ -232,6 +248,18 @@ mod tests {
         assert!(goals.contains(
             "| `flush/flush-1g/cachectl` | 190 MiB/s | 1.30× | 1.25 / 1.30 / 1.50 | ≥ 0.8× off |"
         ));
+    }
+
+    #[test]
+    fn long_lists_of_ratios_are_shown_as_their_range() {
+        let few: Vec<Value> = [0.9, 1.1].iter().map(|&x| Value::from(x)).collect();
+        assert_eq!(by_round(&few), "0.90 / 1.10");
+        let many: Vec<Value> = (0..40)
+            .map(|i| Value::from(0.8 + i as f64 / 100.0))
+            .collect();
+        assert_eq!(by_round(&many), "40 pairs, 0.80–1.19");
+        let odd = vec![Value::from(1.0), Value::Null];
+        assert_eq!(by_round(&odd), "1.00 / ?");
     }
 
     #[test]

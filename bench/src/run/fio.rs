@@ -67,6 +67,10 @@ pub struct FioJob {
     pub time_based: bool,
     /// fsync the file at the end, inside the measured time (`--end_fsync=1`).
     pub end_fsync: bool,
+    /// Times the job is measured in a round, each after its own preparation, each a run of
+    /// the figure: a short job (one pass of a cold file takes half a second) measured once
+    /// is mostly this machine's noise.
+    pub passes: usize,
 }
 
 impl FioJob {
@@ -79,6 +83,7 @@ impl FioJob {
             rwmixread: None,
             time_based: true,
             end_fsync: false,
+            passes: 1,
         }
     }
 
@@ -106,6 +111,9 @@ impl FioJob {
         }
         if self.end_fsync {
             p.push(("end_fsync", Value::from(true)));
+        }
+        if self.passes > 1 {
+            p.push(("passes", Value::from(self.passes)));
         }
         p
     }

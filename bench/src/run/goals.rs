@@ -10,7 +10,9 @@
 //! is the median of those per-round ratios (`params.goal_ratio_rounds`): a machine whose
 //! speed drifts between rounds moves both runs of a round together, where the ratio of the
 //! two medians (`ratio`, `params.ratio_off`) would pair a fast round's run with a slow one's.
-//! With unequal run counts (a run failed) the goal checks the ratio of the medians.
+//! A figure measured in several passes a round (`FioJob::passes`: the first read) has a run
+//! per pass, and its goal pairs the two figures' runs pass for pass. With unequal run counts
+//! (a run failed) the goal checks the ratio of the medians.
 
 use std::collections::{HashMap, HashSet};
 

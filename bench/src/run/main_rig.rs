@@ -122,25 +122,32 @@ impl MainRig {
     /// Measures every step: key steps `rounds` times, interleaved, then the rest once.
     pub fn run_plan(&mut self, rec: &mut Recorder, plan: &MainPlan, rounds: usize) -> Result<()> {
         for round in 1..=rounds {
-            let note = if rounds > 1 {
-                format!(" (round {round}/{rounds})")
-            } else {
-                String::new()
-            };
+            let of_rounds = (rounds > 1).then(|| format!("round {round}/{rounds}"));
             for step in &plan.key {
-                self.run_step(rec, step, &note)?;
+                self.run_step(rec, step, of_rounds.as_deref())?;
             }
         }
         for step in &plan.rest {
-            self.run_step(rec, step, "")?;
+            self.run_step(rec, step, None)?;
         }
         Ok(())
     }
 
-    /// Measures one run of `step`; a failure names a daemon that died, if one did.
-    fn run_step(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {
-        self.measure_step(rec, step, note)
-            .map_err(|e| blame(e, self.check_alive()))
+    /// Measures `step` (each of its passes); a failure names a daemon that died, if one did.
+    fn run_step(&mut self, rec: &mut Recorder, step: &Step, round: Option<&str>) -> Result<()> {
+        let passes = step.passes();
+        for pass in 1..=passes {
+            let of_passes = (passes > 1).then(|| format!("pass {pass}/{passes}"));
+            let parts: Vec<&str> = round.into_iter().chain(of_passes.as_deref()).collect();
+            let note = if parts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", parts.join(", "))
+            };
+            self.measure_step(rec, step, &note)
+                .map_err(|e| blame(e, self.check_alive()))?;
+        }
+        Ok(())
     }
 
     fn check_alive(&mut self) -> Result<()> {

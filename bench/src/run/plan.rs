@@ -94,6 +94,16 @@ pub struct Step {
     pub work: Work,
 }
 
+impl Step {
+    /// Runs of the figure in a round ([`FioJob::passes`]).
+    pub fn passes(&self) -> usize {
+        match &self.work {
+            Work::Fio { job, .. } => job.passes,
+            _ => 1,
+        }
+    }
+}
+
 /// The main cluster's steps: key ones (run every round) and the others (run once).
 pub struct MainPlan {
     pub key: Vec<Step>,
@@ -333,6 +343,7 @@ fn cache(m: &Matrix) -> Vec<Step> {
     v.extend(fio_steps(Group::Throughput, &name, &job, "MiB/s", &t));
     let mut once = job;
     once.time_based = false;
+    once.passes = m.first_read_passes;
     let t = [Target::Off, Target::Cold];
     v.extend(fio_steps(Group::Cache, "first-read-1m", &once, "MiB/s", &t));
     v
@@ -486,6 +497,11 @@ mod tests {
             cold.fig.reference.as_deref(),
             Some("cache/first-read-1m/off")
         );
+        // Both sides of the first read in several passes, pass for pass; one elsewhere.
+        let off = plan.steps().find(|s| s.fig.id == "cache/first-read-1m/off");
+        assert_eq!(off.map(Step::passes), Some(8));
+        assert_eq!(cold.passes(), 8);
+        assert_eq!(warm.passes(), 1);
         assert!(plan.rest.iter().any(|s| s.fig.id == "iops/mix-4k-sync/raw"));
     }
 }

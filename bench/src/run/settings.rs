@@ -103,6 +103,8 @@ pub struct Matrix {
     pub throughput_bs: Vec<u64>,
     /// Queue depths of the cache goal figures (4k random read and writeback write).
     pub cache_depths: Vec<u32>,
+    /// Passes of the first read (cold and cache off) in each round ([`super::fio::FioJob::passes`]).
+    pub first_read_passes: usize,
     /// Object sizes of the `objsize` table, one formatted cluster each.
     pub objsize_objects: Vec<u64>,
     /// Block sizes of the `objsize` table.
@@ -137,6 +139,7 @@ impl Matrix {
                     sweep_pcts: vec![0, 25, 50, 75, 100],
                     throughput_bs: seq_bs.clone(),
                     cache_depths: vec![1, 16],
+                    first_read_passes: 8,
                     objsize_objects: vec![MIB, 4 * MIB, 16 * MIB],
                     objsize_bs: seq_bs,
                     objsize_file_cap: u64::MAX,
@@ -153,6 +156,7 @@ impl Matrix {
                 sweep_pcts: vec![0, 50, 100],
                 throughput_bs: vec![MIB],
                 cache_depths: vec![1, 16],
+                first_read_passes: 2,
                 objsize_objects: vec![MIB, 16 * MIB],
                 objsize_bs: vec![MIB],
                 objsize_file_cap: 64 * MIB,
@@ -168,6 +172,7 @@ impl Matrix {
                 sweep_pcts: vec![0, 100],
                 throughput_bs: vec![MIB],
                 cache_depths: vec![16],
+                first_read_passes: 1,
                 objsize_objects: vec![MIB, 4 * MIB],
                 objsize_bs: vec![MIB],
                 objsize_file_cap: 16 * MIB,
