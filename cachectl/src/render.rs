@@ -83,11 +83,7 @@ pub fn human(s: &CacheStats) -> String {
         o,
         "CPUs busy:       {} small misses not cached{}",
         t.busy_skipped_fills,
-        if s.fills_limited {
-            " (busy now: fills of small misses share a CPU budget)"
-        } else {
-            ""
-        }
+        if s.fills_limited { " (busy now)" } else { "" }
     );
     let _ = writeln!(
         o,
@@ -298,13 +294,13 @@ pub fn prometheus(s: &CacheStats) -> String {
         (
             "sheepfs_cache_busy_skipped_fills_total",
             "counter",
-            "Small misses not written into the cache while the CPUs were busy (fill budget spent).",
+            "Small misses not written into the cache because the CPUs were busy.",
             t.busy_skipped_fills,
         ),
         (
             "sheepfs_cache_fills_limited",
             "gauge",
-            "1 while the CPUs are busy and fills of small misses share a CPU budget.",
+            "1 while the CPUs are busy and small misses are not cached.",
             s.fills_limited as u64,
         ),
         (
@@ -559,7 +555,7 @@ Hit ratio:       75.0% of requests, 75.0% of bytes
 Fills:           100 (50.0 MiB)
 Evictions:       3 (12.0 MiB)
 Not cached:      0 fetched ranges
-CPUs busy:       40 small misses not cached (busy now: fills of small misses share a CPU budget)
+CPUs busy:       40 small misses not cached (busy now)
 Stream passes:   0 misses fetched past the cache (a stream's first pass)
 Pushed:          1.0 GiB
 Push errors:     2

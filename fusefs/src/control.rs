@@ -95,7 +95,7 @@ pub struct VdiStats {
     #[serde(default)]
     pub skipped_fills: u64,
     /// Small misses (random reads) fetched for their reader alone and not cached because the
-    /// host's CPUs were busy and the fills' CPU budget was spent (`docs/cache.md`).
+    /// host's CPUs were busy (`docs/cache.md`).
     #[serde(default)]
     pub busy_skipped_fills: u64,
     /// Misses of long sequential streams fetched past the cache: the stream's first pass
@@ -119,8 +119,8 @@ pub struct CacheStats {
     /// Sequential runs longer than this are cached on their second pass (0: first).
     #[serde(default)]
     pub sequential_cutoff: u64,
-    /// The host's CPUs were busy when last measured: fills of small misses share a CPU
-    /// budget (`docs/cache.md`).
+    /// The host's CPUs were busy when last measured: small misses are not filled now
+    /// (`docs/cache.md`).
     #[serde(default)]
     pub fills_limited: bool,
     pub default_mode: Option<CacheMode>,

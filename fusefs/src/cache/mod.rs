@@ -22,8 +22,8 @@
 
 mod admit;
 mod bitmap;
-mod budget;
 mod object;
+mod pressure;
 mod socket;
 mod spare;
 mod vdi;
@@ -214,8 +214,8 @@ pub(crate) struct Inner {
     /// Which fetched ranges may displace cached data once the cache is full, and which
     /// objects streams passed through.
     admission: admit::Admission,
-    /// The CPU budget of small fills while the host's CPUs are busy.
-    fill_budget: budget::FillBudget,
+    /// Whether the host's CPUs are busy (small misses are then not filled).
+    cpu: pressure::CpuPressure,
     /// The next stream id ([`Inner::next_stream`]).
     streams: AtomicU64,
     /// Emptied files of evicted objects, reused for new ones.
@@ -371,7 +371,7 @@ impl Cache {
             fill_tx,
             fill_rx: Mutex::new(Some(fill_rx)),
             admission: admit::Admission::new(cfg.size),
-            fill_budget: budget::FillBudget::new(),
+            cpu: pressure::CpuPressure::new(),
             streams: AtomicU64::new(1),
             spares: spare::Spares::open(dir.join("spare")),
             take_over_open: std::sync::OnceLock::new(),
@@ -952,8 +952,8 @@ impl Inner {
     /// miss, is to be kept in the cache: always while there is room, else per admission
     /// (which remembers this miss). Asked before the fetch, so a range that will not be
     /// kept is fetched for its reader alone, with nothing registered or queued. A range
-    /// admitted here that the fills' budget then refuses is forgotten by admission: its next
-    /// miss is a first one again.
+    /// admitted here and then not filled because the CPUs are busy is forgotten by
+    /// admission: its next miss is a first one again.
     fn keeps(&self, key: Key, block: usize, len: u64) -> bool {
         let pending = self.used.load(Ordering::SeqCst) + self.fills_queued.load(Ordering::SeqCst);
         // Eviction frees whole objects: "full" starts an eighth below the size, so the room
@@ -968,10 +968,10 @@ impl Inner {
     }
 
     /// Whether CPU allows filling a range of `len` bytes about to be fetched on a miss: a
-    /// small one (a random read) only within the fills' budget while the host's CPUs are
-    /// busy ([`budget`]); longer ones always.
+    /// small one (a random read) only while the host's CPUs are not busy ([`pressure`]);
+    /// longer ones always.
     fn fill_affordable(&self, len: u64) -> bool {
-        len >= budget::SMALL_FILL || self.fill_budget.allows()
+        len >= pressure::SMALL_FILL || self.cpu.allows_small_fill()
     }
 
     /// Has a fetched range that [`Inner::keeps`] admitted written into the cache (see
@@ -1339,7 +1339,7 @@ impl Inner {
             max_dirty: self.cfg.max_dirty,
             max_dirty_age_secs: self.cfg.max_dirty_age.as_secs(),
             sequential_cutoff: self.cfg.sequential_cutoff,
-            fills_limited: self.fill_budget.busy(),
+            fills_limited: self.cpu.busy(),
             default_mode: Some(self.cfg.mode),
             push_errors: self.push_errors.load(Ordering::Relaxed),
             last_push_error: self.last_push_error.lock().unwrap().clone(),
@@ -1394,20 +1394,8 @@ fn continues(a: &FillJob, b: &FillJob) -> bool {
 
 /// Writes fetched ranges that continue each other (`jobs`, in order, in one object) into the
 /// cache. With `quick`, only if that needs neither creating the object's files nor evicting
-/// (false then, and nothing done): what may block for long is left to the fill thread. The
-/// time a small fill takes is counted against the fills' CPU budget ([`budget`]).
+/// (false then, and nothing done): what may block for long is left to the fill thread.
 fn fill_one(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
-    let len: u64 = jobs.iter().map(|j| j.data.len() as u64).sum();
-    let since = Instant::now();
-    let done = fill_run(inner, jobs, quick);
-    if len < budget::SMALL_FILL {
-        inner.fill_budget.charge(since.elapsed());
-    }
-    done
-}
-
-/// [`fill_one`], untimed.
-fn fill_run(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
     let job = &jobs[0];
     if inner.bypass_writes.load(Ordering::SeqCst) != job.bypass {
         return true; // a write bypassed the cache meanwhile: this data may be stale

@@ -350,7 +350,7 @@ impl CachedVdi {
         // Join a fetch in flight that covers the range (started after the last bypassing
         // write), or start one if the range is to be kept; all under the fetch table's lock,
         // so two readers of a range never both fetch it. That lock is taken before the
-        // admission's and the LRU's (in `keeps`) and the fills' budget's (in
+        // admission's and the LRU's (in `keeps`) and the CPU pressure's (in
         // `fill_affordable`), never after them. A range not kept is told by the counter that says why.
         let planned = {
             let mut inflight = self.inflight.lock().unwrap();
@@ -372,7 +372,7 @@ impl CachedVdi {
                     Err(&self.counters.skipped_fills)
                 }
                 // Asked only of ranges to be kept: most misses of a full cache are not,
-                // and pass no budget's lock and no clock.
+                // and pass no pressure lock and no clock.
                 None if !self.inner.fill_affordable(fend - fstart) => {
                     Err(&self.counters.busy_skipped_fills)
                 }
