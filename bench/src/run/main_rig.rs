@@ -29,7 +29,7 @@ use super::fio::{Engine, FioJob};
 use super::plan::{DogOp, MainPlan, Step, Target, Work};
 use super::proc::Watched;
 use super::record::{Outcome, Recorder};
-use super::rig::{blame, read_whole, run_fio, write_random, Fill, OffRig, Shape, VDI};
+use super::rig::{blame, read_whole, run_fio, sync_all, write_random, Fill, OffRig, Shape, VDI};
 use super::settings::Settings;
 use crate::figures::{median, Figure};
 
@@ -170,7 +170,7 @@ impl MainRig {
     /// files' pages were written back).
     fn settle(&self) -> Result<()> {
         self.ctl(&["flush"])?;
-        output(Command::new("sync"), "sync").map(drop)
+        sync_all()
     }
 
     fn measure_work(&mut self, rec: &mut Recorder, step: &Step, note: &str) -> Result<()> {

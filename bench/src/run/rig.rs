@@ -5,10 +5,11 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::cluster::{Bins, Cluster, Mount};
+use super::cluster::{output, Bins, Cluster, Mount};
 use super::fio::{Engine, FioJob, FioResult};
 use super::plan::{seq_job, Step};
 use super::proc::{check_interrupt, Watched};
@@ -112,11 +113,13 @@ impl OffRig {
     /// and the flush objects idle since the start, whose pages this VM's kernel had dropped
     /// (0.61x, against 1.27x in a flush-only run). On the profiling rig, a flush after
     /// dropping the page cache ran at 310 MiB/s for 4.4 CPU s, the next one at 440 MiB/s
-    /// for 2.8.
+    /// for 2.8. The pass is followed by `sync`, so its dirty pages (the nodes', and the cache
+    /// files' when it wrote through the cache) are not written back inside the timed job.
     pub fn write_pass(&self, file: &Path) -> Result<()> {
         let (_, mut job) = seq_job("write", 1 << 20);
         job.time_based = false;
-        job.run(file, self.size, self.runtime_s).map(drop)
+        job.run(file, self.size, self.runtime_s)?;
+        sync_all()
     }
 
     /// Runs a fio step against the mount without cache, warmed first when it reads (and
@@ -175,6 +178,11 @@ pub fn run_fio(
         })
     })
     .map(drop)
+}
+
+/// `sync`: every dirty page of the machine written back.
+pub fn sync_all() -> Result<()> {
+    output(Command::new("sync"), "sync").map(drop)
 }
 
 /// Reads a whole file in 1 MiB pieces (with O_DIRECT: through the cache, no page cache).
