@@ -276,7 +276,7 @@ fn detail_table(figs: &[&Figure]) -> Table {
 }
 
 /// The parameters the job name does not tell: "object_size=4M, hit_pct=50". Lists and maps
-/// (such as `cache_rounds`, the cache's counters per round) stay in the JSON only.
+/// (such as `cache_rounds`, the cache's counters per run) stay in the JSON only.
 fn other_params(f: &Figure) -> String {
     f.params
         .iter()

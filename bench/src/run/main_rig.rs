@@ -196,7 +196,7 @@ impl MainRig {
                     self.base.runtime_s,
                     &procs,
                 )?;
-                // What the cache did during the job, round by round, for reading a figure
+                // What the cache did during the job, run by run, for reading a figure
                 // that moved (were the reads hits, were misses filled).
                 if let (Some(b), Some(a)) = (before, self.vdi_counters()?) {
                     let delta: serde_json::Map<String, Value> = COUNTERS

@@ -131,7 +131,7 @@ impl Recorder {
         }
     }
 
-    /// Appends `value` to the array param `key` of figure `id` (one entry per round).
+    /// Appends `value` to the array param `key` of figure `id` (one entry per run).
     pub fn push_param(&mut self, id: &str, key: &str, value: serde_json::Value) {
         if let Some(f) = self.figures.iter_mut().find(|f| f.id == id) {
             let e = f

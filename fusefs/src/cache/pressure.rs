@@ -18,6 +18,7 @@
 
 use std::fs;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -33,17 +34,23 @@ pub const SMALL_FILL: u64 = 64 << 10;
 /// The kernel's CPU pressure file.
 const PSI_CPU: &str = "/proc/pressure/cpu";
 
+/// Asked on every small miss the cache would keep: between readings that is two atomic loads
+/// and a clock read; one caller a [`SAMPLE`] takes the lock and reads the file.
 pub(super) struct CpuPressure {
     /// Where the pressure is read (None: the kernel gives none, the CPUs are never busy).
     psi: Option<PathBuf>,
-    state: Mutex<State>,
+    /// What the last reading said.
+    busy: AtomicBool,
+    /// When the next reading is due, in ns since `start`.
+    due: AtomicU64,
+    start: Instant,
+    last: Mutex<Reading>,
 }
 
-struct State {
-    /// When the pressure was last read (or tried), and the total stall time it gave (µs).
-    read_at: Option<Instant>,
+/// The last reading: when it was taken (or tried), and the total stall time it gave (µs).
+struct Reading {
+    at: Option<Instant>,
     total: Option<u64>,
-    busy: bool,
 }
 
 impl CpuPressure {
@@ -56,10 +63,12 @@ impl CpuPressure {
     fn with_psi(psi: Option<PathBuf>) -> CpuPressure {
         CpuPressure {
             psi,
-            state: Mutex::new(State {
-                read_at: None,
+            busy: AtomicBool::new(false),
+            due: AtomicU64::new(0),
+            start: Instant::now(),
+            last: Mutex::new(Reading {
+                at: None,
                 total: None,
-                busy: false,
             }),
         }
     }
@@ -70,27 +79,35 @@ impl CpuPressure {
         let Some(psi) = &self.psi else {
             return true;
         };
+        let since_start = |t: Instant| t.duration_since(self.start).as_nanos() as u64;
         let now = Instant::now();
-        let mut st = self.state.lock().unwrap();
-        let due = st.read_at.is_none_or(|at| now - at >= SAMPLE);
-        if due {
-            // Read under the lock: once per SAMPLE (a failed read too), a few µs.
-            let total = fs::read_to_string(psi).ok().and_then(|s| some_total(&s));
-            st.busy = match (st.read_at, st.total, total) {
-                (Some(at), Some(before), Some(total)) => {
-                    busy(total.saturating_sub(before), now - at)
+        if since_start(now) >= self.due.load(Ordering::Acquire) {
+            // One caller reads (a few µs, once per SAMPLE, a failed read too); the others go
+            // by the reading before.
+            if let Ok(mut last) = self.last.try_lock() {
+                if since_start(now) >= self.due.load(Ordering::Acquire) {
+                    let total = fs::read_to_string(psi).ok().and_then(|s| some_total(&s));
+                    let busy_now = match (last.at, last.total, total) {
+                        (Some(at), Some(before), Some(total)) => {
+                            busy(total.saturating_sub(before), now - at)
+                        }
+                        _ => false,
+                    };
+                    *last = Reading {
+                        at: Some(now),
+                        total,
+                    };
+                    self.busy.store(busy_now, Ordering::Release);
+                    self.due.store(since_start(now + SAMPLE), Ordering::Release);
                 }
-                _ => false,
-            };
-            st.read_at = Some(now);
-            st.total = total;
+            }
         }
-        !st.busy
+        !self.busy.load(Ordering::Acquire)
     }
 
     /// Whether the CPUs were busy when last measured (small misses are not filled now).
     pub fn busy(&self) -> bool {
-        self.state.lock().unwrap().busy
+        self.busy.load(Ordering::Acquire)
     }
 }
 

@@ -350,8 +350,8 @@ impl CachedVdi {
         // Join a fetch in flight that covers the range (started after the last bypassing
         // write), or start one if the range is to be kept; all under the fetch table's lock,
         // so two readers of a range never both fetch it. That lock is taken before the
-        // admission's and the LRU's (in `keeps`) and the CPU pressure's (in
-        // `fill_affordable`), never after them. A range not kept is told by the counter that says why.
+        // admission's and the LRU's (in `keeps`), never after them (the CPU pressure's, in
+        // `fill_affordable`, is only ever tried). A range not kept is told by the counter that says why.
         let planned = {
             let mut inflight = self.inflight.lock().unwrap();
             let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
@@ -372,7 +372,7 @@ impl CachedVdi {
                     Err(&self.counters.skipped_fills)
                 }
                 // Asked only of ranges to be kept: most misses of a full cache are not,
-                // and pass no pressure lock and no clock.
+                // and read no clock for the CPU pressure.
                 None if !self.inner.fill_affordable(fend - fstart) => {
                     Err(&self.counters.busy_skipped_fills)
                 }
