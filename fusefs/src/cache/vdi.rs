@@ -351,7 +351,8 @@ impl CachedVdi {
         // write), or start one if the range is to be kept; all under the fetch table's lock,
         // so two readers of a range never both fetch it. That lock is taken before the
         // admission's and the LRU's (in `keeps`), never after them (the CPU pressure's, in
-        // `fill_affordable`, is only ever tried). A range not kept is told by the counter that says why.
+        // `fill_affordable`, is only ever tried). A range not kept is told by the counter
+        // that says why.
         let planned = {
             let mut inflight = self.inflight.lock().unwrap();
             let bypass = self.inner.bypass_writes.load(Ordering::SeqCst);
