@@ -35,7 +35,7 @@ check:
 bench: build
 	$(RELEASE)/bench run --profile full --out docs/bench/bench.json
 	$(RELEASE)/bench report docs/bench/bench.json --markdown docs/bench/report.md --charts docs/bench
-	$(CARGO) bench -p objstore --bench placement
+	$(CARGO) bench -p objstore-proto --bench placement
 
 ## bench-quick: a subset at small sizes (under 3 minutes) into target/bench/quick.json, charts in
 ## target/bench/charts (docs/bench keeps the full run's).

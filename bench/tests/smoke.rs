@@ -13,7 +13,7 @@ use serde_json::Value;
 
 /// `target/<profile>`, where `cargo build --bins` put sheep, dog, sheepfs and cachectl.
 fn bin_dir() -> PathBuf {
-    let bins = testkit::cluster::Bins::beside_test();
+    let bins = testkit::cluster::Bins::fresh();
     bins.sheep.parent().expect("binary directory").to_path_buf()
 }
 

@@ -7,7 +7,7 @@ use anyhow::bail;
 use clap::{Parser, Subcommand};
 use fusefs::control::CacheMode;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use objstore::size::{format_size, parse_size};
+use objstore_proto::size::{format_size, parse_size};
 use serde_json::json;
 
 use crate::client::{dirty_of, Client, Target};

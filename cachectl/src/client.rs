@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fusefs::control::{CacheMode, CacheStats, Reply, Request, Response, SOCKET_NAME};
-use objstore::size::format_size;
+use objstore_proto::size::format_size;
 
 /// How long a command that never pushes dirty data may take to answer.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use fusefs::control::{CacheStats, VdiStats};
-use objstore::size::format_size;
+use objstore_proto::size::format_size;
 
 /// `hits / (hits + misses)` as a percentage, or `-` when there was nothing to count.
 pub fn ratio(hits: u64, misses: u64) -> String {

@@ -1,7 +1,8 @@
 //! Library errors to errno, in one place.
 
 use fuser::Errno;
-use objstore::{ClientError, VdiError};
+use objstore_client::lock::LockError;
+use objstore_client::{ClientError, VdiError};
 
 /// The errno a FUSE caller sees for `e`.
 pub fn from_vdi(e: &VdiError) -> Errno {
@@ -9,13 +10,25 @@ pub fn from_vdi(e: &VdiError) -> Errno {
         VdiError::NotFound(_) => Errno::ENOENT,
         VdiError::Exists(_) => Errno::EEXIST,
         VdiError::Attached { .. } => Errno::EBUSY,
-        VdiError::InvalidName { name, .. } if name.len() > 255 => Errno::ENAMETOOLONG,
-        VdiError::InvalidName { .. } => Errno::EINVAL,
+        VdiError::InvalidName(n) if n.name.len() > 255 => Errno::ENAMETOOLONG,
+        VdiError::InvalidName(_) => Errno::EINVAL,
         VdiError::InvalidSize { reason, .. } if reason.contains("over the limit") => Errno::EFBIG,
         VdiError::InvalidSize { .. } => Errno::EINVAL,
         VdiError::OutOfRange { .. } => Errno::ENOSPC,
         VdiError::NoVid => Errno::ENOSPC,
         VdiError::Cluster(c) => from_client(c),
+        _ => Errno::EIO,
+    }
+}
+
+/// The errno for a failed attachment-lock operation.
+pub fn from_lock(e: &LockError) -> Errno {
+    match e {
+        LockError::Held { .. } => Errno::EBUSY,
+        LockError::InvalidName(n) if n.name.len() > 255 => Errno::ENAMETOOLONG,
+        LockError::InvalidName(_) => Errno::EINVAL,
+        LockError::NotFound(_) => Errno::ENOENT,
+        LockError::Cluster(c) => from_client(c),
         _ => Errno::EIO,
     }
 }

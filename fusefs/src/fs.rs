@@ -22,9 +22,9 @@ use fuser::{
     KernelConfig, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use objstore::size::format_size;
-use objstore::vdi::{self, VdiInfo};
-use objstore::{lock::LockError, Client, Vdi, VdiError};
+use objstore_client::vdi::{self, VdiInfo};
+use objstore_client::{lock::LockError, Client, Vdi, VdiError};
+use objstore_proto::size::format_size;
 
 use crate::cache::{Cache, CacheError, CachedVdi, Missed};
 use crate::errno;
@@ -70,7 +70,15 @@ impl Disk {
 fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
     match e {
         CacheError::Vdi(v) => fail(op, what, v),
-        CacheError::Lock(LockError::Vdi(v)) => fail(op, what, v),
+        CacheError::Lock(l) if !matches!(l, LockError::Held { .. }) => {
+            let errno = errno::from_lock(l);
+            if errno == Errno::ENOENT {
+                tracing::debug!("{op} {what}: {e}");
+            } else {
+                tracing::warn!("{op} {what}: {e}");
+            }
+            errno
+        }
         CacheError::Lock(LockError::Held { .. }) | CacheError::Conflict { .. } => {
             tracing::error!("{op} {what}: {e}");
             Errno::EBUSY
@@ -807,7 +815,7 @@ impl Filesystem for SheepFs {
                 free / copies / BS,
                 free / copies / BS,
                 vdis as u64,
-                (objstore::oid::MAX_VID as u64).saturating_sub(vdis as u64),
+                (objstore_proto::oid::MAX_VID as u64).saturating_sub(vdis as u64),
                 BS as u32,
                 255,
                 BS as u32,

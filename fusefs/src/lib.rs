@@ -4,7 +4,7 @@
 //!  kernel FUSE ── fuser session threads (clone_fd) ── SheepFs::<op>() returns at once
 //!                                                       │ reply moved into a tokio task
 //!                                                       ▼
-//!                                   objstore::Vdi (cached inode) ── objstore::Client ── sheep × N
+//!                                   objstore_client::Vdi (cached inode) ── objstore_client::Client ── sheep × N
 //! ```
 //! - [`fs`]: the `fuser::Filesystem` implementation.
 //! - [`cache`]: the local object cache.

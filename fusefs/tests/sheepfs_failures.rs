@@ -101,7 +101,7 @@ fn bad_mounts_fail_clearly_and_nothing_hangs() {
     assert!(t.elapsed() < Duration::from_secs(15));
     assert!(!testkit::mount::is_mounted(Path::new(&empty)));
     // Unformatted cluster.
-    let bare = Cluster::start(&Bins::beside_test(), 1);
+    let bare = Cluster::start(&Bins::fresh(), 1);
     let e = sheepfs(&["--cluster", &bare.addr(0), &empty]);
     assert!(e.contains("not formatted"), "{e}");
 
@@ -141,7 +141,7 @@ fn bad_mounts_fail_clearly_and_nothing_hangs() {
 
 #[test]
 fn background_mode_returns_when_ready_and_sigterm_unmounts() {
-    let cluster = Cluster::start(&Bins::beside_test(), 1);
+    let cluster = Cluster::start(&Bins::fresh(), 1);
     cluster.dog_ok(&["cluster", "format", "--copies", "1"]);
     cluster.dog_ok(&["vdi", "create", "bg", "1M"]);
     let mnt = cluster.dir.path().join("bgmnt");

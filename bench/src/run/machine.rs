@@ -72,7 +72,7 @@ pub fn utc_now() -> String {
 
 /// Seconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`, from the date dog prints.
 fn utc(secs: u64) -> String {
-    let text = objstore::lock::format_utc(secs);
+    let text = objstore_client::lock::format_utc(secs);
     let date_time = text.trim_end_matches(" UTC").replacen(' ', "T", 1);
     format!("{date_time}Z")
 }

@@ -248,13 +248,13 @@ impl Settings {
         if !o.is_power_of_two() || !(MIB..=64 * MIB).contains(&o) {
             bail!(
                 "--object-size {} must be a power of two from 1M to 64M",
-                objstore::size::format_size(o)
+                objstore_proto::size::format_size(o)
             );
         }
         if self.size < 4 * MIB || !self.size.is_multiple_of(MIB) {
             bail!(
                 "--size {} must be a whole number of MiB, at least 4M (the largest block size)",
-                objstore::size::format_size(self.size)
+                objstore_proto::size::format_size(self.size)
             );
         }
         if self.runtime_s == 0 {
@@ -283,7 +283,7 @@ impl Settings {
 
 /// Parses a human size (`4M`, `1G`, `512k`, plain bytes) as dog does, for clap.
 pub fn parse_size_arg(text: &str) -> Result<u64, String> {
-    objstore::size::parse_size(text).map_err(|e| e.to_string())
+    objstore_proto::size::parse_size(text).map_err(|e| e.to_string())
 }
 
 /// A block size as fio and job names spell it: `4k`, `64k`, `1m`, `4m`.

@@ -14,7 +14,7 @@ use fusefs::cache::{Cache, CacheConfig};
 use fusefs::control::CacheMode;
 use fusefs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
 use fusefs::SheepFs;
-use objstore::{Client, ClientOptions};
+use objstore_client::{Client, ClientOptions};
 
 const READY: &str = "sheepfs-ready";
 
@@ -73,7 +73,7 @@ struct Args {
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
-    objstore::size::parse_size(s).map_err(|e| e.to_string())
+    objstore_proto::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 fn addresses(spec: &str) -> anyhow::Result<Vec<SocketAddr>> {
@@ -274,13 +274,13 @@ fn serve(args: Args) -> anyhow::Result<()> {
         if left > 0 {
             tracing::error!(
                 "{} of unpushed writes stay in {}; they are pushed at the next mount",
-                objstore::size::format_size(left),
+                objstore_proto::size::format_size(left),
                 cache.dir().display()
             );
             rt.shutdown_timeout(Duration::from_secs(2));
             bail!(
                 "{} of unpushed writes stay in {} (the cluster did not take them); they are pushed at the next mount",
-                objstore::size::format_size(left),
+                objstore_proto::size::format_size(left),
                 cache.dir().display()
             );
         }

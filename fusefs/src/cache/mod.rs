@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
-use objstore::{lock, Client, Vdi, VdiError};
+use objstore_client::{lock, Client, Vdi, VdiError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
@@ -415,9 +415,9 @@ impl Cache {
         tracing::info!(
             "cache {}: {} of {} used, {} dirty",
             dir.display(),
-            objstore::size::format_size(inner.used.load(Ordering::Relaxed)),
-            objstore::size::format_size(inner.cfg.size),
-            objstore::size::format_size(inner.dirty.load(Ordering::Relaxed)),
+            objstore_proto::size::format_size(inner.used.load(Ordering::Relaxed)),
+            objstore_proto::size::format_size(inner.cfg.size),
+            objstore_proto::size::format_size(inner.dirty.load(Ordering::Relaxed)),
         );
         Ok(Cache {
             inner: Arc::new(inner),
@@ -490,7 +490,7 @@ impl Cache {
                         match inner.flush(Some(vid), |_, _| {}).await {
                             Ok(n) => tracing::info!(
                                 "pushed {} left by the last mount",
-                                objstore::size::format_size(n)
+                                objstore_proto::size::format_size(n)
                             ),
                             Err(e) => tracing::warn!(
                                 "pushing what the last mount left: {e} (the flusher retries)"
@@ -799,7 +799,7 @@ impl Inner {
             let dropped = self.drop_vdi(old, true);
             tracing::info!(
                 "VDI '{name}' was deleted and created again: dropped {} cached of the old one",
-                objstore::size::format_size(dropped)
+                objstore_proto::size::format_size(dropped)
             );
             self.forget_record(old);
         }
@@ -822,7 +822,7 @@ impl Inner {
             if dropped > 0 {
                 tracing::info!(
                     "VDI '{name}' was attached elsewhere, or written without its lock, since it was cached here: dropped {} of cached data",
-                    objstore::size::format_size(dropped)
+                    objstore_proto::size::format_size(dropped)
                 );
             }
         }
@@ -1164,7 +1164,7 @@ impl Inner {
             let off = s as u64 * BLOCK;
             let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
             // Pooled: a push of 4 MiB runs would otherwise fault in fresh memory each time.
-            let mut buf = objstore::pagebuf::PageBuf::zeroed(len as usize);
+            let mut buf = objstore_proto::pagebuf::PageBuf::zeroed(len as usize);
             if let Err(e) = o.read_data(buf.as_mut(), off) {
                 result = Err(format!("reading cached object {:?}: {e}", o.key));
                 break;

@@ -68,7 +68,7 @@ async fn handle(
 ) -> Response {
     let inner = cache.inner();
     // A VDI of the cluster that nothing was cached of has id 0 here: nothing to do for it.
-    let names = objstore::vdi::list_names(&inner.client)
+    let names = objstore_client::vdi::list_names(&inner.client)
         .await
         .unwrap_or_default();
     let vid_of = |name: &Option<String>| -> Result<Option<u32>, Box<Response>> {

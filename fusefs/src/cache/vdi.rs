@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use bytes::{Bytes, BytesMut};
-use objstore::{Vdi, VdiError};
+use objstore_client::{Vdi, VdiError};
 
 use super::object::State;
 use super::object::{CachedObject, BLOCK};

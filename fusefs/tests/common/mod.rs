@@ -20,7 +20,7 @@ pub struct Rig {
 impl Rig {
     /// `nodes` sheep, formatted with `copies` and `object_size`, mounted with `extra` options.
     pub fn start(nodes: usize, copies: u32, object_size: &str, extra: &[&str]) -> Rig {
-        let cluster = Cluster::start(&Bins::beside_test(), nodes);
+        let cluster = Cluster::start(&Bins::fresh(), nodes);
         cluster.dog_ok(&[
             "cluster",
             "format",

@@ -1,7 +1,7 @@
 //! A local cluster of real `sheep` processes for end-to-end tests, driven through real `dog`.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
@@ -25,27 +25,21 @@ impl Bins {
         }
     }
 
-    /// Beside the running test executable (`target/<profile>/deps/..`), for tests in crates
-    /// other than the one that builds them; `cargo build --bins` must have run.
-    pub fn beside_test() -> Bins {
-        let exe = std::env::current_exe().expect("test executable path");
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target directory")
-            .to_path_buf();
-        let bins = Bins {
+    /// The workspace's `sheep` and `dog`, built now if they are missing or older than their
+    /// sources: `cargo build --bins` runs once per test process (a no-op when nothing changed),
+    /// so `cargo test -p fusefs` alone never tests a stale `sheep`.
+    pub fn fresh() -> Bins {
+        let dir = crate::build::binaries()
+            .unwrap_or_else(|e| panic!("building the binaries under test: {e}"));
+        Bins {
             sheep: dir.join("sheep"),
             dog: dir.join("dog"),
-        };
-        for b in [&bins.sheep, &bins.dog] {
-            assert!(
-                b.exists(),
-                "{} is missing: build the binaries first (cargo build --workspace --bins)",
-                b.display()
-            );
         }
-        bins
+    }
+
+    /// Alias of [`Bins::fresh`], kept for older tests.
+    pub fn beside_test() -> Bins {
+        Bins::fresh()
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`cluster::Cluster`]: a local cluster of real `sheep` processes driven through real `dog`.
 //! - [`mount::Mount`]: a real `sheepfs` mount, unmounted and killed on drop.
 
+pub mod build;
 pub mod cluster;
 pub mod mount;
 

@@ -1,0 +1,536 @@
+//! The client library: placement computed here, requests sent straight to the replicas.
+//!
+//! - A write goes to every replica of the current epoch in parallel and succeeds only when all
+//!   of them succeed. Writes to one object are ordered here (a lock per object, sharded), so
+//!   every replica applies overlapping writes in the same order.
+//! - A read goes to the first replica and falls back to the others.
+//! - A stale epoch, a busy node or a lost connection refreshes the membership view and retries
+//!   with backoff until [`ClientOptions::timeout`], then fails with the last reason.
+//! - [`Client::flush`] makes every earlier acknowledged write durable on every node.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::conn::{ConnError, Pool};
+use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
+use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
+use objstore_proto::placement::Ring;
+use objstore_proto::view::{ClusterConfig, ClusterInfo};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const ORDER_SHARDS: usize = 1024;
+
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// How long one operation keeps retrying (stale epochs, dead nodes) before it fails.
+    pub timeout: Duration,
+    /// How long one request may wait for its answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    #[error("no node of the cluster answered (tried {addrs}): {reason}")]
+    Unreachable { addrs: String, reason: String },
+    #[error("the cluster is not formatted: run 'dog cluster format --copies N' first")]
+    NotFormatted,
+    #[error("{0}")]
+    AlreadyFormatted(String),
+    #[error("object {0} not found on any replica")]
+    NotFound(ObjectId),
+    #[error("node {0} is out of disk space")]
+    NoSpace(SocketAddr),
+    #[error("node {addr} refused the request: {message}")]
+    Refused {
+        addr: SocketAddr,
+        code: ResultCode,
+        message: String,
+    },
+    #[error("gave up after {secs:.1} s: {last}")]
+    Timeout { secs: f64, last: String },
+    #[error("the value changed under us")]
+    Conflict,
+    #[error("unreadable answer from {addr}: {reason}")]
+    BadReply { addr: SocketAddr, reason: String },
+}
+
+/// One attempt's outcome.
+enum Step<T> {
+    Done(T),
+    Fatal(ClientError),
+    /// Worth retrying after a view refresh; the text says why.
+    Retry(String),
+}
+
+/// What one answer means for the caller.
+enum Answer {
+    Ok(Frame),
+    NotFound,
+    Retry(String),
+    Fatal(ClientError),
+}
+
+fn answer(addr: SocketAddr, res: Result<Frame, ConnError>) -> Answer {
+    let f = match res {
+        Ok(f) => f,
+        Err(e) => return Answer::Retry(e.to_string()),
+    };
+    match f.header.result_code() {
+        ResultCode::Ok => Answer::Ok(f),
+        ResultCode::NotFound => Answer::NotFound,
+        ResultCode::StaleEpoch
+        | ResultCode::NodeBehind
+        | ResultCode::Busy
+        | ResultCode::ShuttingDown => Answer::Retry(format!("{addr}: {}", f.message())),
+        ResultCode::NotFormatted => Answer::Fatal(ClientError::NotFormatted),
+        ResultCode::NoSpace => Answer::Fatal(ClientError::NoSpace(addr)),
+        ResultCode::AlreadyFormatted => Answer::Fatal(ClientError::AlreadyFormatted(f.message())),
+        ResultCode::Conflict => Answer::Fatal(ClientError::Conflict),
+        code => Answer::Fatal(ClientError::Refused {
+            addr,
+            code,
+            message: f.message(),
+        }),
+    }
+}
+
+/// The cluster as this client last saw it.
+pub struct ClusterView {
+    pub info: ClusterInfo,
+    pub ring: Ring,
+}
+
+impl ClusterView {
+    fn new(info: ClusterInfo) -> Arc<ClusterView> {
+        Arc::new(ClusterView {
+            ring: Ring::new(&info.view.nodes),
+            info,
+        })
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.info.view.epoch
+    }
+
+    pub fn config(&self) -> Result<ClusterConfig, ClientError> {
+        self.info.config.ok_or(ClientError::NotFormatted)
+    }
+
+    /// Addresses of the replicas of `oid`, primary first.
+    pub fn replicas(&self, oid: ObjectId) -> Result<Vec<SocketAddr>, ClientError> {
+        let copies = self.config()?.copies as usize;
+        Ok(self
+            .ring
+            .replicas(oid, copies)
+            .iter()
+            .map(|n| n.addr)
+            .collect())
+    }
+}
+
+pub struct Client {
+    bootstrap: Vec<SocketAddr>,
+    opts: ClientOptions,
+    pool: Pool,
+    view: RwLock<Arc<ClusterView>>,
+    order: Vec<tokio::sync::Mutex<()>>,
+}
+
+impl Client {
+    /// Connects to the cluster through any of `addrs`.
+    pub async fn connect(addrs: &[SocketAddr], opts: ClientOptions) -> Result<Client, ClientError> {
+        let client = Client {
+            bootstrap: addrs.to_vec(),
+            opts,
+            pool: Pool::default(),
+            view: RwLock::new(ClusterView::new(ClusterInfo {
+                cluster_id: String::new(),
+                config: None,
+                view: Default::default(),
+            })),
+            order: (0..ORDER_SHARDS).map(|_| Default::default()).collect(),
+        };
+        client.refresh().await?;
+        Ok(client)
+    }
+
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.view.read().unwrap().clone()
+    }
+
+    pub fn options(&self) -> &ClientOptions {
+        &self.opts
+    }
+
+    /// Fetches the cluster view again from any node.
+    pub async fn refresh(&self) -> Result<Arc<ClusterView>, ClientError> {
+        let (addr, f) = self.any_node(Opcode::ClusterInfo, Bytes::new()).await?;
+        let info: ClusterInfo = parse(addr, &f.payload)?;
+        let mut cur = self.view.write().unwrap();
+        if info.view.epoch >= cur.info.view.epoch {
+            *cur = ClusterView::new(info);
+        }
+        Ok(cur.clone())
+    }
+
+    async fn call(&self, addr: SocketAddr, h: Header, payload: Bytes) -> Result<Frame, ConnError> {
+        let conn = self.pool.get(addr, CONNECT_TIMEOUT).await?;
+        let res = conn.call(h, payload, self.opts.request_timeout).await;
+        if res.is_err() {
+            self.pool.drop_conn(addr).await;
+        }
+        res
+    }
+
+    /// Sends an epoch-free request to the first node that answers.
+    async fn any_node(
+        &self,
+        op: Opcode,
+        payload: Bytes,
+    ) -> Result<(SocketAddr, Frame), ClientError> {
+        let mut addrs: Vec<SocketAddr> =
+            self.view().info.view.nodes.iter().map(|n| n.addr).collect();
+        for a in &self.bootstrap {
+            if !addrs.contains(a) {
+                addrs.push(*a);
+            }
+        }
+        let mut last = String::from("no address to try");
+        for &addr in &addrs {
+            match self
+                .call(addr, Header::request(op, 0, 0), payload.clone())
+                .await
+            {
+                Ok(f) => return Ok((addr, f)),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(ClientError::Unreachable {
+            addrs: addrs
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            reason: last,
+        })
+    }
+
+    async fn retry<T, F, Fut>(&self, mut attempt: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Arc<ClusterView>) -> Fut,
+        Fut: Future<Output = Step<T>>,
+    {
+        let start = Instant::now();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            match attempt(self.view()).await {
+                Step::Done(t) => return Ok(t),
+                Step::Fatal(e) => return Err(e),
+                Step::Retry(why) => {
+                    if start.elapsed() >= self.opts.timeout {
+                        return Err(ClientError::Timeout {
+                            secs: start.elapsed().as_secs_f64(),
+                            last: why,
+                        });
+                    }
+                    tracing::debug!("retrying: {why}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    let _ = self.refresh().await;
+                }
+            }
+        }
+    }
+
+    fn order_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
+        let h = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.order[(h >> 32) as usize % ORDER_SHARDS]
+    }
+
+    /// Sends one request to every replica of `oid`; all must succeed (not found counts as
+    /// success when `missing_ok`).
+    async fn to_all(
+        &self,
+        v: &ClusterView,
+        h: Header,
+        payload: Bytes,
+        missing_ok: bool,
+    ) -> Step<()> {
+        let targets = match v.replicas(ObjectId(h.oid)) {
+            Ok(t) => t,
+            Err(e) => return Step::Fatal(e),
+        };
+        if targets.is_empty() {
+            return Step::Retry("the cluster has no nodes".into());
+        }
+        let mut h = h;
+        h.epoch = v.epoch();
+        let results = futures::future::join_all(targets.iter().map(|&a| {
+            let payload = payload.clone();
+            async move { (a, self.call(a, h, payload).await) }
+        }))
+        .await;
+        let mut retry = None;
+        for (addr, res) in results {
+            match answer(addr, res) {
+                Answer::Ok(_) => {}
+                Answer::NotFound if missing_ok => {}
+                Answer::NotFound => {
+                    return Step::Fatal(ClientError::NotFound(ObjectId(h.oid)));
+                }
+                Answer::Retry(why) => retry = Some(why),
+                Answer::Fatal(e) => return Step::Fatal(e),
+            }
+        }
+        match retry {
+            Some(why) => Step::Retry(why),
+            None => Step::Done(()),
+        }
+    }
+
+    /// Writes `data` at `offset` of object `oid` on every replica.
+    pub async fn write_obj(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        let _order = self.order_lock(oid).lock().await;
+        let mut h = Header::request(Opcode::WriteObj, 0, 0);
+        h.oid = oid.0;
+        h.offset = offset;
+        h.length = data.len() as u32;
+        self.retry(|v| {
+            let data = data.clone();
+            async move { self.to_all(&v, h, data, false).await }
+        })
+        .await
+    }
+
+    /// Removes object `oid` from every replica.
+    pub async fn remove_obj(&self, oid: ObjectId) -> Result<(), ClientError> {
+        let _order = self.order_lock(oid).lock().await;
+        let mut h = Header::request(Opcode::RemoveObj, 0, 0);
+        h.oid = oid.0;
+        self.retry(|v| async move { self.to_all(&v, h, Bytes::new(), true).await })
+            .await
+    }
+
+    /// Reads `len` bytes at `offset` of object `oid` from the first replica that answers.
+    pub async fn read_obj(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        len: u32,
+    ) -> Result<Bytes, ClientError> {
+        let mut h = Header::request(Opcode::ReadObj, 0, 0);
+        h.oid = oid.0;
+        h.offset = offset;
+        h.length = len;
+        self.retry(|v| async move {
+            let targets = match v.replicas(oid) {
+                Ok(t) => t,
+                Err(e) => return Step::Fatal(e),
+            };
+            if targets.is_empty() {
+                return Step::Retry("the cluster has no nodes".into());
+            }
+            let mut h = h;
+            h.epoch = v.epoch();
+            let mut retry = None;
+            for addr in targets {
+                match answer(addr, self.call(addr, h, Bytes::new()).await) {
+                    Answer::Ok(f) if f.payload.len() == len as usize => {
+                        return Step::Done(f.payload)
+                    }
+                    Answer::Ok(f) => {
+                        retry = Some(format!("{addr} sent {} bytes, not {len}", f.payload.len()))
+                    }
+                    Answer::NotFound => {}
+                    Answer::Retry(why) => retry = Some(why),
+                    Answer::Fatal(e) => return Step::Fatal(e),
+                }
+            }
+            match retry {
+                Some(why) => Step::Retry(why),
+                None => Step::Fatal(ClientError::NotFound(oid)),
+            }
+        })
+        .await
+    }
+
+    /// Makes every write acknowledged before this call durable on every node.
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        self.retry(|v| async move {
+            let h = Header::request(Opcode::Flush, 0, v.epoch());
+            let results = futures::future::join_all(
+                v.info
+                    .view
+                    .nodes
+                    .iter()
+                    .map(|n| async move { (n.addr, self.call(n.addr, h, Bytes::new()).await) }),
+            )
+            .await;
+            for (addr, res) in results {
+                match answer(addr, res) {
+                    Answer::Ok(_) => {}
+                    Answer::Retry(why) => return Step::Retry(why),
+                    Answer::NotFound => return Step::Retry(format!("{addr}: flush not found")),
+                    Answer::Fatal(e) => return Step::Fatal(e),
+                }
+            }
+            Step::Done(())
+        })
+        .await
+    }
+
+    /// The stamp of `oid` on node `addr`, or None if that node does not hold it.
+    pub async fn stat_obj(
+        &self,
+        addr: SocketAddr,
+        oid: ObjectId,
+    ) -> Result<Option<u32>, ClientError> {
+        let mut h = Header::request(Opcode::StatObj, 0, 0);
+        h.oid = oid.0;
+        match answer(addr, self.call(addr, h, Bytes::new()).await) {
+            Answer::Ok(f) => Ok(Some(f.header.aux)),
+            Answer::NotFound => Ok(None),
+            Answer::Retry(why) => Err(unreachable(addr, why)),
+            Answer::Fatal(e) => Err(e),
+        }
+    }
+
+    /// Every node of `view` with its status (or why it did not answer), asked in parallel.
+    pub async fn node_statuses(
+        &self,
+        view: &ClusterView,
+    ) -> Vec<(
+        objstore_proto::view::NodeInfo,
+        Result<NodeStatus, ClientError>,
+    )> {
+        let nodes = view.info.view.nodes.clone();
+        let statuses =
+            futures::future::join_all(nodes.iter().map(|n| self.node_status(n.addr))).await;
+        nodes.into_iter().zip(statuses).collect()
+    }
+
+    pub async fn node_status(&self, addr: SocketAddr) -> Result<NodeStatus, ClientError> {
+        let h = Header::request(Opcode::NodeStatus, 0, 0);
+        match answer(addr, self.call(addr, h, Bytes::new()).await) {
+            Answer::Ok(f) => parse(addr, &f.payload),
+            Answer::Fatal(e) => Err(e),
+            Answer::NotFound => Err(unreachable(addr, "answered not found".into())),
+            Answer::Retry(why) => Err(unreachable(addr, why)),
+        }
+    }
+
+    pub async fn format(&self, copies: u32, object_size: u64) -> Result<(), ClientError> {
+        let body = serde_json::to_vec(&FormatRequest {
+            copies,
+            object_size,
+        })
+        .expect("serializable");
+        let (addr, f) = self.any_node(Opcode::Format, Bytes::from(body)).await?;
+        match answer(addr, Ok(f)) {
+            Answer::Ok(_) => {
+                self.refresh().await?;
+                Ok(())
+            }
+            Answer::Fatal(e) => Err(e),
+            Answer::NotFound => Err(unreachable(addr, "answered not found".into())),
+            Answer::Retry(why) => Err(unreachable(addr, why)),
+        }
+    }
+
+    /// A key-value request to any node, retried (all nodes unreachable, busy) until the
+    /// client's timeout.
+    async fn kv_call(&self, op: Opcode, body: Bytes) -> Result<Option<Frame>, ClientError> {
+        self.retry(|_| {
+            let body = body.clone();
+            async move {
+                let (addr, f) = match self.any_node(op, body).await {
+                    Ok(r) => r,
+                    Err(e @ ClientError::Unreachable { .. }) => return Step::Retry(e.to_string()),
+                    Err(e) => return Step::Fatal(e),
+                };
+                match answer(addr, Ok(f)) {
+                    Answer::Ok(f) => Step::Done(Some(f)),
+                    Answer::NotFound => Step::Done(None),
+                    Answer::Fatal(e) => Step::Fatal(e),
+                    Answer::Retry(why) => Step::Retry(why),
+                }
+            }
+        })
+        .await
+    }
+
+    pub async fn kv_get(&self, key: &str) -> Result<Option<String>, ClientError> {
+        let f = self
+            .kv_call(Opcode::KvGet, Bytes::from(key.to_string()))
+            .await?;
+        Ok(f.map(|f| String::from_utf8_lossy(&f.payload).into_owned()))
+    }
+
+    /// Replaces `key` if it still holds `expected`; false if it changed.
+    pub async fn kv_cas(
+        &self,
+        key: &str,
+        expected: Option<&str>,
+        new: Option<&str>,
+    ) -> Result<bool, ClientError> {
+        let body = serde_json::to_vec(&KvCasRequest {
+            key: key.to_string(),
+            expected: expected.map(str::to_string),
+            new: new.map(str::to_string),
+        })
+        .expect("serializable");
+        match self.kv_call(Opcode::KvCas, Bytes::from(body)).await {
+            Ok(_) => Ok(true),
+            Err(ClientError::Conflict) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn kv_list(&self, prefix: &str) -> Result<Vec<(String, String)>, ClientError> {
+        let f = self
+            .kv_call(Opcode::KvList, Bytes::from(prefix.to_string()))
+            .await?;
+        match f {
+            Some(f) => parse(self.bootstrap[0], &f.payload),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+fn unreachable(addr: SocketAddr, reason: String) -> ClientError {
+    ClientError::Unreachable {
+        addrs: addr.to_string(),
+        reason,
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    addr: SocketAddr,
+    payload: &[u8],
+) -> Result<T, ClientError> {
+    serde_json::from_slice(payload).map_err(|e| ClientError::BadReply {
+        addr,
+        reason: e.to_string(),
+    })
+}

@@ -1,0 +1,184 @@
+//! A multiplexed connection to one node: many requests in flight, matched to their responses
+//! by request id. A writer task batches outgoing frames; a reader task routes responses. When
+//! the connection breaks every waiting caller gets [`ConnError::Closed`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use thiserror::Error;
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use objstore_proto::frame::{read_frame_aligned, write_frame, Frame, Header};
+
+#[derive(Debug, Error, Clone)]
+#[non_exhaustive]
+pub enum ConnError {
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("connection to {0} closed")]
+    Closed(SocketAddr),
+    #[error("no answer from {0} within {1:?}")]
+    Timeout(SocketAddr, Duration),
+    #[error("bad frame from {addr}: {reason}")]
+    BadFrame { addr: SocketAddr, reason: String },
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Frame>>>>;
+
+/// One TCP connection to a node.
+pub struct Conn {
+    addr: SocketAddr,
+    tx: mpsc::UnboundedSender<(Header, Bytes)>,
+    pending: Pending,
+    next_id: AtomicU64,
+    closed: Arc<AtomicBool>,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, ConnError> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| ConnError::Connect {
+                addr,
+                reason: format!("timed out after {timeout:?}"),
+            })?
+            .map_err(|e| ConnError::Connect {
+                addr,
+                reason: e.to_string(),
+            })?;
+        let _ = stream.set_nodelay(true);
+        let (rd, wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
+        let pending: Pending = Arc::default();
+        let closed = Arc::new(AtomicBool::new(false));
+
+        let closed_w = closed.clone();
+        tokio::spawn(async move {
+            pump_frames(wr, &mut rx).await;
+            closed_w.store(true, Ordering::SeqCst);
+        });
+
+        let pending_r = pending.clone();
+        let closed_r = closed.clone();
+        tokio::spawn(async move {
+            let mut r = BufReader::with_capacity(256 << 10, rd);
+            loop {
+                match read_frame_aligned(&mut r).await {
+                    Ok(Some(frame)) => {
+                        let waiter = pending_r.lock().unwrap().remove(&frame.header.req_id);
+                        if let Some(w) = waiter {
+                            let _ = w.send(frame);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!("closing connection to {addr}: {e}");
+                        break;
+                    }
+                }
+            }
+            closed_r.store(true, Ordering::SeqCst);
+            // Dropping the senders wakes every waiter with an error.
+            pending_r.lock().unwrap().clear();
+        });
+
+        Ok(Conn {
+            addr,
+            tx,
+            pending,
+            next_id: AtomicU64::new(1),
+            closed,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Sends a request and waits for its response. `header.req_id` is assigned here.
+    pub async fn call(
+        &self,
+        mut header: Header,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Frame, ConnError> {
+        if self.is_closed() {
+            return Err(ConnError::Closed(self.addr));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        header.req_id = id;
+        header.payload_len = payload.len() as u32;
+        let (otx, orx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(id, otx);
+        if self.tx.send((header, payload)).is_err() {
+            self.pending.lock().unwrap().remove(&id);
+            return Err(ConnError::Closed(self.addr));
+        }
+        match tokio::time::timeout(timeout, orx).await {
+            Ok(Ok(frame)) => Ok(frame),
+            Ok(Err(_)) => Err(ConnError::Closed(self.addr)),
+            Err(_) => {
+                self.pending.lock().unwrap().remove(&id);
+                Err(ConnError::Timeout(self.addr, timeout))
+            }
+        }
+    }
+}
+
+/// Writes queued frames to `wr`, batching what is queued before each flush, until the queue
+/// closes or a write fails.
+pub(crate) async fn pump_frames(
+    wr: OwnedWriteHalf,
+    rx: &mut mpsc::UnboundedReceiver<(Header, Bytes)>,
+) {
+    let mut w = BufWriter::with_capacity(256 << 10, wr);
+    while let Some((h, p)) = rx.recv().await {
+        if write_frame(&mut w, &h, &p).await.is_err() {
+            return;
+        }
+        while let Ok((h, p)) = rx.try_recv() {
+            if write_frame(&mut w, &h, &p).await.is_err() {
+                return;
+            }
+        }
+        if w.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Connections by address, opened on first use and replaced when they break.
+#[derive(Default)]
+pub struct Pool {
+    conns: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Conn>>>,
+}
+
+impl Pool {
+    pub async fn get(&self, addr: SocketAddr, timeout: Duration) -> Result<Arc<Conn>, ConnError> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(&addr) {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let c = Arc::new(Conn::connect(addr, timeout).await?);
+        conns.insert(addr, c.clone());
+        Ok(c)
+    }
+
+    /// Forgets a connection that failed, so the next call opens a new one.
+    pub async fn drop_conn(&self, addr: SocketAddr) {
+        self.conns.lock().await.remove(&addr);
+    }
+}

@@ -1,0 +1,15 @@
+//! objstore-client: everything a program needs to use the cluster, and nothing of the node.
+//!
+//! - [`conn`]: multiplexed connections to nodes.
+//! - [`client`]: the placement-aware client (replica fan-out, retries, stale-epoch refresh).
+//! - [`lock`]: VDI attachment locks and generations in the cluster's key-value store.
+//! - [`vdi`]: the VDI table, inodes and the [`Vdi`] handle.
+
+pub mod client;
+pub mod conn;
+pub mod lock;
+pub mod vdi;
+
+pub use client::{Client, ClientError, ClientOptions};
+pub use objstore_proto::ObjectId;
+pub use vdi::{Vdi, VdiError};

@@ -1,0 +1,468 @@
+//! `dog vdi ...`.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::Subcommand;
+use futures::stream::{FuturesUnordered, StreamExt};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use objstore_client::lock::{self, LockInfo};
+use objstore_client::vdi::{self, VdiInfo, PARALLEL};
+use objstore_client::Vdi;
+use objstore_proto::size::format_size;
+use serde::Serialize;
+use std::io::{Read, Write};
+
+use crate::{size_arg, Ctx};
+
+#[derive(Subcommand)]
+pub enum VdiCmd {
+    /// Create a thin VDI (no space is used until it is written).
+    Create {
+        name: String,
+        /// Size, e.g. 10G.
+        #[arg(value_parser = size_arg)]
+        size: u64,
+    },
+    /// List every VDI.
+    List,
+    /// Show one VDI.
+    Info { name: String },
+    /// Delete a VDI and all its objects.
+    Delete { name: String },
+    /// Grow a VDI (shrinking is refused).
+    Resize {
+        name: String,
+        #[arg(value_parser = size_arg)]
+        size: u64,
+    },
+    /// Copy VDI contents to stdout (default: the whole VDI).
+    Read {
+        name: String,
+        #[arg(value_parser = size_arg)]
+        offset: Option<u64>,
+        #[arg(value_parser = size_arg)]
+        len: Option<u64>,
+    },
+    /// Copy stdin into a VDI at OFFSET (default 0), up to LEN bytes or the end of stdin.
+    /// Refused while a cache has the VDI attached read-write (see `dog vdi lock list`).
+    Write {
+        name: String,
+        #[arg(value_parser = size_arg)]
+        offset: Option<u64>,
+        #[arg(value_parser = size_arg)]
+        len: Option<u64>,
+        /// Write even while the VDI is attached: the cache that holds it does not see this
+        /// write, and may serve its older copy or push over it.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Show which nodes hold object INDEX of a VDI.
+    Object { name: String, index: u64 },
+    /// Attachment locks: who has a VDI attached read-write.
+    #[command(subcommand)]
+    Lock(LockCmd),
+}
+
+#[derive(Subcommand)]
+pub enum LockCmd {
+    /// List every attachment lock.
+    List,
+    /// Free a VDI's lock whoever holds it (only when its host is dead or gone).
+    Break { name: String },
+    /// Take a VDI's lock for OWNER (for scripts and tests; sheepfs takes its own).
+    Acquire {
+        name: String,
+        /// Who takes the lock; the same owner may take it again.
+        #[arg(long)]
+        owner: String,
+        /// The host to record (default: this host's name).
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Release OWNER's lock of a VDI; a lock held by another owner is left alone (for scripts
+    /// and tests).
+    Release {
+        name: String,
+        #[arg(long)]
+        owner: String,
+    },
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn table(list: &[VdiInfo]) -> String {
+    let mut s = format!(
+        "{:<24} {:>8} {:>11} {:>11} {:>6} {:>11}\n",
+        "Name", "Id", "Size", "Used", "Copies", "Object"
+    );
+    for v in list {
+        s += &format!(
+            "{:<24} {:>8x} {:>11} {:>11} {:>6} {:>11}\n",
+            v.name,
+            v.vid,
+            format_size(v.size),
+            format_size(v.used),
+            v.copies,
+            format_size(v.object_size as u64)
+        );
+    }
+    s
+}
+
+fn lock_table(list: &[LockInfo]) -> String {
+    let mut s = format!(
+        "{:<24} {:<20} {:<24} {:<23} {:>6}\n",
+        "VDI", "Host", "Owner", "Since", "Gen"
+    );
+    for l in list {
+        s += &format!(
+            "{:<24} {:<20} {:<24} {:<23} {:>6}\n",
+            l.vdi,
+            l.host,
+            l.owner,
+            lock::format_utc(l.since),
+            l.gen
+        );
+    }
+    s
+}
+
+/// This host's name, for the lock record.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it or
+    // truncates, and we stop at the first NUL or the end.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(h) if rc == 0 && !h.is_empty() => h.to_string(),
+        _ => "unknown-host".to_string(),
+    }
+}
+
+async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
+    let client = &ctx.client;
+    match cmd {
+        LockCmd::List => {
+            let list = lock::list(client).await?;
+            ctx.print(&list, || lock_table(&list));
+        }
+        LockCmd::Break { name } => {
+            let freed = lock::break_lock(client, &name).await?;
+            ctx.print(
+                &serde_json::json!({"vdi": name, "freed": freed}),
+                || match &freed {
+                    Some(l) => format!(
+                        "freed the lock of VDI '{name}' held by {} (owner {}) since {}, gen {}\n",
+                        l.host,
+                        l.owner,
+                        lock::format_utc(l.since),
+                        l.gen
+                    ),
+                    None => format!("VDI '{name}' had no lock\n"),
+                },
+            );
+        }
+        LockCmd::Acquire { name, owner, host } => {
+            let host = host.unwrap_or_else(hostname);
+            let info = lock::acquire(client, &name, &owner, &host).await?;
+            ctx.print(&info, || {
+                format!(
+                    "VDI '{name}' is locked by {} (owner {}) since {}, gen {}\n",
+                    info.host,
+                    info.owner,
+                    lock::format_utc(info.since),
+                    info.gen
+                )
+            });
+        }
+        LockCmd::Release { name, owner } => {
+            // Only to say what happened: release itself never frees another owner's lock.
+            let held = lock::list(client)
+                .await?
+                .into_iter()
+                .any(|l| l.vdi == name && l.owner == owner);
+            lock::release(client, &name, &owner).await?;
+            ctx.print(
+                &serde_json::json!({"vdi": name, "owner": owner, "released": held}),
+                || {
+                    if held {
+                        format!("released the lock of VDI '{name}' (owner {owner})\n")
+                    } else {
+                        format!("VDI '{name}' was not locked by owner {owner}: nothing released\n")
+                    }
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Holder {
+    addr: std::net::SocketAddr,
+    stamp: u32,
+}
+
+#[derive(Serialize)]
+struct ObjectOut {
+    vdi: String,
+    index: u64,
+    oid: Option<String>,
+    placement: Vec<std::net::SocketAddr>,
+    holders: Vec<Holder>,
+}
+
+pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
+    let client = &ctx.client;
+    match cmd {
+        VdiCmd::Lock(c) => return lock_cmd(ctx, c).await,
+        VdiCmd::Create { name, size } => {
+            let info = vdi::create(client, &name, size).await?;
+            ctx.print(&info, || {
+                format!(
+                    "created VDI '{name}' ({}, id {:x})\n",
+                    format_size(size),
+                    info.vid
+                )
+            });
+        }
+        VdiCmd::List => {
+            let list = vdi::list(client).await?;
+            ctx.print(&list, || table(&list));
+        }
+        VdiCmd::Info { name } => {
+            let info = Vdi::open(client.clone(), &name).await?.info();
+            ctx.print(&info, || {
+                table(std::slice::from_ref(&info))
+                    + &format!("{} of {} objects allocated\n", info.allocated_objects, {
+                        info.size.div_ceil(info.object_size as u64)
+                    })
+            });
+        }
+        VdiCmd::Delete { name } => {
+            vdi::delete(client, &name).await?;
+            ctx.print(&serde_json::json!({"deleted": name}), || {
+                format!("deleted VDI '{name}'\n")
+            });
+        }
+        VdiCmd::Resize { name, size } => {
+            let info = vdi::resize(client, &name, size).await?;
+            ctx.print(&info, || {
+                format!("resized VDI '{name}' to {}\n", format_size(info.size))
+            });
+        }
+        VdiCmd::Read { name, offset, len } => {
+            let v = Arc::new(Vdi::open(client.clone(), &name).await?);
+            let offset = offset.unwrap_or(0);
+            let len = match len {
+                Some(l) => l,
+                None => v.size().checked_sub(offset).with_context(|| {
+                    format!(
+                        "offset {offset} is past the end of VDI '{name}' ({} bytes)",
+                        v.size()
+                    )
+                })?,
+            };
+            read(v, offset, len).await?;
+        }
+        VdiCmd::Write {
+            name,
+            offset,
+            len,
+            force,
+        } => {
+            if !force {
+                if let Err(e) = vdi::check_not_attached(client, &name).await {
+                    bail!("{e}; --force writes behind that cache (it will not see this write)");
+                }
+            }
+            let v = Arc::new(Vdi::open(client.clone(), &name).await?);
+            let offset = offset.unwrap_or(0);
+            let written = write(v.clone(), offset, len).await?;
+            v.flush().await?;
+            if let Some(l) = len {
+                if written < l {
+                    bail!("stdin ended after {written} of {l} bytes (those were written)");
+                }
+            }
+        }
+        VdiCmd::Object { name, index } => {
+            let v = Vdi::open(client.clone(), &name).await?;
+            let view = client.refresh().await?;
+            let oid = v.object(index);
+            let mut out = ObjectOut {
+                vdi: name.clone(),
+                index,
+                oid: oid.map(|o| o.to_string()),
+                placement: Vec::new(),
+                holders: Vec::new(),
+            };
+            if let Some(oid) = oid {
+                out.placement = view.replicas(oid)?;
+                let stats = futures::future::join_all(
+                    view.info
+                        .view
+                        .nodes
+                        .iter()
+                        .map(|n| client.stat_obj(n.addr, oid)),
+                )
+                .await;
+                for (n, s) in view.info.view.nodes.iter().zip(stats) {
+                    if let Some(stamp) = s? {
+                        out.holders.push(Holder {
+                            addr: n.addr,
+                            stamp,
+                        });
+                    }
+                }
+            } else if index >= v.size().div_ceil(v.object_size() as u64) {
+                bail!("index {index} is past the end of VDI '{name}'");
+            }
+            ctx.print(&out, || match &out.oid {
+                None => format!("index {index} of VDI '{name}' is a hole: no object\n"),
+                Some(oid) => {
+                    let mut s = format!("object {oid} (index {index} of VDI '{name}')\n");
+                    for h in &out.holders {
+                        let placed = if out.placement.contains(&h.addr) {
+                            ""
+                        } else {
+                            " (not an owner: will be dropped after recovery)"
+                        };
+                        s += &format!("  {}  stamp {}{placed}\n", h.addr, h.stamp);
+                    }
+                    for p in &out.placement {
+                        if !out.holders.iter().any(|h| h.addr == *p) {
+                            s += &format!("  {p}  missing (to be recovered)\n");
+                        }
+                    }
+                    s
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Object-aligned chunks covering `[offset, offset+len)`.
+fn chunks(offset: u64, len: u64, object_size: u64) -> impl Iterator<Item = (u64, u64)> {
+    let end = offset + len;
+    let mut pos = offset;
+    std::iter::from_fn(move || {
+        if pos >= end {
+            return None;
+        }
+        let n = (object_size - pos % object_size).min(end - pos);
+        let c = (pos, n);
+        pos += n;
+        Some(c)
+    })
+}
+
+async fn read(v: Arc<Vdi>, offset: u64, len: u64) -> anyhow::Result<()> {
+    let pb = progress(len, "reading");
+    // stdout is written by its own thread so a slow consumer never stalls the runtime.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        while let Some(b) = rx.blocking_recv() {
+            out.write_all(&b)?;
+        }
+        out.flush()
+    });
+    let mut stream = futures::stream::iter(chunks(offset, len, v.object_size() as u64))
+        .map(|(off, n)| {
+            let v = v.clone();
+            async move { v.read_at(off, n).await }
+        })
+        .buffered(PARALLEL);
+    while let Some(data) = stream.next().await {
+        let data = data?;
+        let n = data.len() as u64;
+        if tx.send(data).await.is_err() {
+            break; // the writer failed; its error is reported below
+        }
+        pb.inc(n);
+    }
+    drop(tx);
+    writer
+        .join()
+        .expect("stdout writer")
+        .context("writing to stdout")?;
+    pb.finish_and_clear();
+    Ok(())
+}
+
+/// Reads up to `n` bytes; fewer only at the end of the input.
+fn fill(input: &mut impl Read, n: usize) -> std::io::Result<Bytes> {
+    let mut buf = Vec::with_capacity(n);
+    input.take(n as u64).read_to_end(&mut buf)?;
+    Ok(Bytes::from(buf))
+}
+
+/// Copies stdin to the VDI at `offset`, object by object, many objects in flight. Without `len`
+/// it reads to the end of stdin; input beyond the end of the VDI is an error.
+async fn write(v: Arc<Vdi>, offset: u64, len: Option<u64>) -> anyhow::Result<u64> {
+    let os = v.object_size() as u64;
+    let end = offset + len.unwrap_or(v.size().saturating_sub(offset));
+    let pb = progress(end - offset, "writing");
+    // stdin is read by its own thread, in object-aligned chunks.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<(u64, Bytes)>>(4);
+    let bounded = len.is_some();
+    std::thread::spawn(move || {
+        let mut input = std::io::stdin().lock();
+        let mut pos = offset;
+        loop {
+            let want = if pos < end {
+                (os - pos % os).min(end - pos)
+            } else if bounded {
+                break;
+            } else {
+                1 // anything more is past the end of the VDI
+            };
+            let chunk = fill(&mut input, want as usize);
+            let n = chunk.as_ref().map(|c| c.len() as u64).unwrap_or(0);
+            let stop = chunk.is_err() || n < want;
+            if (n > 0 || chunk.is_err()) && tx.blocking_send(chunk.map(|c| (pos, c))).is_err() {
+                break;
+            }
+            if stop {
+                break;
+            }
+            pos += n;
+        }
+    });
+    let mut inflight = FuturesUnordered::new();
+    let mut written = 0u64;
+    while let Some(chunk) = rx.recv().await {
+        let (at, data) = chunk.context("reading stdin")?;
+        let n = data.len() as u64;
+        let v2 = v.clone();
+        inflight.push(async move { v2.write_at(at, data).await.map(|_| n) });
+        while inflight.len() >= PARALLEL {
+            let n = inflight.next().await.expect("non-empty")?;
+            written += n;
+            pb.inc(n);
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        let n = r?;
+        written += n;
+        pb.inc(n);
+    }
+    pb.finish_and_clear();
+    Ok(written)
+}

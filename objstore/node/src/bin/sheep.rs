@@ -1,0 +1,64 @@
+//! `sheep`: the storage node daemon.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use objstore_node::{Node, NodeOptions};
+
+/// A storage node: keeps objects under DIR and serves them to clients and peers.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Data directory (objects and the node's identity); created if missing.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    listen: SocketAddr,
+    /// Membership driver: local:STATE_DIR (nodes on one host share STATE_DIR).
+    #[arg(long)]
+    cluster: String,
+    /// Failure domain; copies of one object go to distinct zones. Default: one zone per node.
+    #[arg(long)]
+    zone: Option<u32>,
+    /// Virtual nodes on the placement ring (the node's weight; scale it with capacity).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    vnodes: u32,
+    /// Log filter when RUST_LOG is not set.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&args.log));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(async {
+        let running = Node::start(NodeOptions {
+            dir: args.dir.clone(),
+            listen: args.listen,
+            cluster: args.cluster.clone(),
+            zone: args.zone,
+            vnodes: args.vnodes,
+        })
+        .await
+        .with_context(|| format!("sheep on {} could not start", args.listen))?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: leaving"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving"),
+        }
+        running.shutdown().await;
+        Ok(())
+    })
+}

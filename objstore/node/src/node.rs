@@ -1,0 +1,313 @@
+//! The storage node `sheep`: serves objects over the wire protocol, follows membership epochs,
+//! and recovers the objects each new epoch makes it responsible for.
+//!
+//! ```text
+//!  tick thread ── Driver::tick every 500 ms ──► epoch watch ──► recovery task (plan, pull, gc)
+//!  TCP listener ── one task per connection ── one task per request ──► ObjectStore (blocking pool)
+//! ```
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::membership::{self, Driver, DriverError, TICK};
+use crate::store::ObjectStore;
+use objstore_client::conn::Pool;
+use objstore_proto::api::RecoveryStatus;
+use objstore_proto::keys;
+use objstore_proto::placement::Ring;
+use objstore_proto::view::{ClusterConfig, ClusterInfo, NodeInfo, View};
+
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
+    /// Driver spelling, e.g. `local:/path/to/state`.
+    pub cluster: String,
+    /// Failure domain; defaults to one zone per node.
+    pub zone: Option<u32>,
+    pub vnodes: u32,
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    #[error("data directory {0} is in use by another sheep")]
+    DirInUse(PathBuf),
+    #[error(
+        "data directory {dir} belongs to cluster {dir_cluster}, but the membership store holds cluster {store_cluster}; use an empty directory or the store it was formatted with"
+    )]
+    ForeignDir {
+        dir: PathBuf,
+        dir_cluster: String,
+        store_cluster: String,
+    },
+    #[error("data directory {dir}: {op} failed")]
+    Io {
+        dir: PathBuf,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+}
+
+/// The node's identity, kept in `DIR/node.json`.
+#[derive(Serialize, Deserialize)]
+struct Identity {
+    id: u64,
+    cluster_id: String,
+}
+
+/// One membership epoch as the node uses it.
+pub struct Epoch {
+    pub view: View,
+    pub ring: Ring,
+}
+
+impl Epoch {
+    fn new(view: View) -> Arc<Epoch> {
+        Arc::new(Epoch {
+            ring: Ring::new(&view.nodes),
+            view,
+        })
+    }
+}
+
+pub struct Node {
+    pub(crate) me: NodeInfo,
+    pub(crate) cluster_id: String,
+    pub(crate) store: Arc<ObjectStore>,
+    pub(crate) driver: Arc<dyn Driver>,
+    pub(crate) epoch_tx: watch::Sender<Arc<Epoch>>,
+    pub(crate) config: OnceLock<ClusterConfig>,
+    pub(crate) peers: Pool,
+    pub(crate) recovery: crate::recovery::Recovery,
+    pub(crate) stop: AtomicBool,
+    pub(crate) _dir_lock: File,
+}
+
+/// A started node; dropping it does not stop it, call [`Running::shutdown`].
+pub struct Running {
+    pub node: Arc<Node>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+fn dir_err<'a>(dir: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> NodeError + 'a {
+    move |source| NodeError::Io {
+        dir: dir.to_path_buf(),
+        op,
+        source,
+    }
+}
+
+/// Locks the data directory and reads (or creates) the node's identity.
+fn open_dir(dir: &Path, cluster_id: &str) -> Result<(File, u64), NodeError> {
+    fs::create_dir_all(dir).map_err(dir_err(dir, "create"))?;
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))
+        .map_err(dir_err(dir, "open lock"))?;
+    // SAFETY: flock on a valid descriptor; held for the life of the process.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(NodeError::DirInUse(dir.to_path_buf()));
+    }
+    let id_path = dir.join("node.json");
+    let ident = match fs::read(&id_path) {
+        Ok(b) => serde_json::from_slice::<Identity>(&b).map_err(|e| NodeError::Io {
+            dir: dir.to_path_buf(),
+            op: "read node.json",
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+        })?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let ident = Identity {
+                id: rand::random::<u64>() >> 1,
+                cluster_id: cluster_id.to_string(),
+            };
+            let tmp = dir.join("node.json.tmp");
+            let mut f = File::create(&tmp).map_err(dir_err(dir, "write node.json"))?;
+            f.write_all(&serde_json::to_vec_pretty(&ident).unwrap())
+                .and_then(|_| f.sync_all())
+                .and_then(|_| fs::rename(&tmp, &id_path))
+                .map_err(dir_err(dir, "write node.json"))?;
+            ident
+        }
+        Err(e) => return Err(dir_err(dir, "read node.json")(e)),
+    };
+    if ident.cluster_id != cluster_id {
+        return Err(NodeError::ForeignDir {
+            dir: dir.to_path_buf(),
+            dir_cluster: ident.cluster_id,
+            store_cluster: cluster_id.to_string(),
+        });
+    }
+    Ok((lock, ident.id))
+}
+
+impl Node {
+    /// Opens the data directory, joins the cluster and starts serving. Must run inside a tokio
+    /// runtime.
+    pub async fn start(opts: NodeOptions) -> Result<Running, NodeError> {
+        let driver: Arc<dyn Driver> = Arc::from(membership::open(&opts.cluster)?);
+        let d = driver.clone();
+        let cluster_id = tokio::task::spawn_blocking(move || d.cluster_id())
+            .await
+            .expect("cluster_id task")?;
+        let (dir_lock, id) = open_dir(&opts.dir, &cluster_id)?;
+        let obj_dir = opts.dir.join("obj");
+        let store = Arc::new(ObjectStore::open(&obj_dir).map_err(dir_err(&obj_dir, "open store"))?);
+        let listener = TcpListener::bind(opts.listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: opts.listen,
+                source,
+            })?;
+        let me = NodeInfo {
+            id,
+            addr: listener.local_addr().unwrap_or(opts.listen),
+            zone: opts.zone.unwrap_or(id as u32),
+            vnodes: opts.vnodes,
+            incarnation: rand::random(),
+        };
+        let d = driver.clone();
+        let m = me.clone();
+        let view = tokio::task::spawn_blocking(move || d.join(&m))
+            .await
+            .expect("join task")?;
+        tracing::info!(
+            "sheep {:016x} serving {} objects at {}, epoch {} with {} node(s)",
+            me.id,
+            store.len(),
+            me.addr,
+            view.epoch,
+            view.nodes.len()
+        );
+        let (epoch_tx, _) = watch::channel(Epoch::new(view));
+        let node = Arc::new(Node {
+            me,
+            cluster_id,
+            store,
+            driver,
+            epoch_tx,
+            config: OnceLock::new(),
+            peers: Pool::default(),
+            recovery: crate::recovery::Recovery::default(),
+            stop: AtomicBool::new(false),
+            _dir_lock: dir_lock,
+        });
+        let ticker = {
+            let node = node.clone();
+            std::thread::Builder::new()
+                .name("membership".into())
+                .spawn(move || node.tick_loop())
+                .map_err(dir_err(&opts.dir, "start membership thread"))?
+        };
+        tokio::spawn(crate::recovery::run(node.clone()));
+        tokio::spawn(crate::server::serve(node.clone(), listener));
+        Ok(Running {
+            node,
+            ticker: Some(ticker),
+        })
+    }
+
+    fn tick_loop(&self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(TICK);
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            match self.driver.tick() {
+                Ok(view) => self.adopt(view),
+                Err(e) => tracing::warn!("membership tick failed: {e}"),
+            }
+        }
+    }
+
+    /// Publishes a view if it is newer than the current one.
+    fn adopt(&self, view: View) {
+        self.epoch_tx.send_if_modified(|cur| {
+            if view.epoch > cur.view.epoch {
+                tracing::info!(
+                    "epoch {} -> {}: {} node(s)",
+                    cur.view.epoch,
+                    view.epoch,
+                    view.nodes.len()
+                );
+                *cur = Epoch::new(view);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub fn me(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    pub fn epoch(&self) -> Arc<Epoch> {
+        self.epoch_tx.borrow().clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Epoch>> {
+        self.epoch_tx.subscribe()
+    }
+
+    /// The cluster format, once `dog cluster format` has run.
+    pub fn config(&self) -> Option<ClusterConfig> {
+        if let Some(c) = self.config.get() {
+            return Some(*c);
+        }
+        let raw = self.driver.kv_get(keys::CONFIG).ok().flatten()?;
+        let c: ClusterConfig = serde_json::from_slice(&raw).ok()?;
+        Some(*self.config.get_or_init(|| c))
+    }
+
+    pub fn cluster_info(&self) -> ClusterInfo {
+        ClusterInfo {
+            cluster_id: self.cluster_id.clone(),
+            config: self.config(),
+            view: self.epoch().view.clone(),
+        }
+    }
+
+    pub fn recovery_status(&self) -> RecoveryStatus {
+        self.recovery.status()
+    }
+}
+
+impl Running {
+    /// Leaves the cluster and stops the membership thread. Connections still open are dropped
+    /// when the process exits.
+    pub async fn shutdown(mut self) {
+        self.node.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.ticker.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+        let d = self.node.driver.clone();
+        match tokio::task::spawn_blocking(move || d.leave()).await {
+            Ok(Ok(())) => tracing::info!("left the cluster"),
+            Ok(Err(e)) => tracing::warn!("leaving the cluster failed: {e}"),
+            Err(e) => tracing::warn!("leaving the cluster failed: {e}"),
+        }
+    }
+}

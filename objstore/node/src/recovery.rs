@@ -1,0 +1,357 @@
+//! Recovery: after every new epoch, bring this node's objects up to what the epoch makes it
+//! responsible for, then drop what it no longer owns once every owner holds its copies.
+//!
+//! 1. **Plan.** List `(oid, stamp)` from every reachable node of this epoch and the previous one.
+//!    For each object this node owns now, if some node has a higher stamp than the local copy (or
+//!    there is no local copy), it goes to `pending` with the nodes holding the newest stamp.
+//!    Object I/O waits until the plan exists, so no request touches a copy not yet judged.
+//! 2. **Pull.** Pending objects are copied whole from a newest holder and installed only if still
+//!    newer than the local copy. A request for a pending object pulls it first.
+//! 3. **Collect.** When every node of the epoch reports it has recovered this epoch, objects this
+//!    node does not own are removed. Any new epoch abandons the current round and starts over.
+//!
+//! A node that comes back with old copies lists lower stamps than the survivors that took the
+//! writes it missed, so it pulls before it serves: no read returns data older than the newest
+//! acknowledged write.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{watch, OnceCell};
+
+use crate::node::{Epoch, Node};
+use objstore_proto::api::{RecoveryState, RecoveryStatus};
+use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
+
+const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+const PULL_PARALLEL: usize = 4;
+const PLAN_WAIT: Duration = Duration::from_secs(10);
+
+struct Pull {
+    stamp: u32,
+    sources: Vec<SocketAddr>,
+    result: OnceCell<bool>,
+}
+
+pub(super) struct Recovery {
+    planned: watch::Sender<u32>,
+    recovered: AtomicU32,
+    pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
+    tombstones: Mutex<HashSet<ObjectId>>,
+    status: Mutex<RecoveryStatus>,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Recovery {
+            planned: watch::channel(0).0,
+            recovered: AtomicU32::new(0),
+            pending: Mutex::default(),
+            tombstones: Mutex::default(),
+            status: Mutex::default(),
+        }
+    }
+}
+
+impl Recovery {
+    pub(super) fn status(&self) -> RecoveryStatus {
+        self.status.lock().unwrap().clone()
+    }
+
+    pub(super) fn recovered_epoch(&self) -> u32 {
+        self.recovered.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn is_pending(&self, oid: ObjectId) -> bool {
+        self.pending.lock().unwrap().contains_key(&oid)
+    }
+
+    /// Waits until the plan for `epoch` exists. False on timeout.
+    pub(super) async fn wait_planned(&self, epoch: u32) -> bool {
+        // The usual case on every request: planned long ago, no waiting machinery.
+        if *self.planned.borrow() >= epoch {
+            return true;
+        }
+        let mut rx = self.planned.subscribe();
+        tokio::time::timeout(PLAN_WAIT, rx.wait_for(|p| *p >= epoch))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// A removed object must not come back through recovery from a stale holder.
+    pub(super) fn removed(&self, oid: ObjectId) {
+        self.tombstones.lock().unwrap().insert(oid);
+        self.pending.lock().unwrap().remove(&oid);
+    }
+
+    pub(super) fn written(&self, oid: ObjectId) {
+        self.tombstones.lock().unwrap().remove(&oid);
+    }
+
+    fn update(&self, f: impl FnOnce(&mut RecoveryStatus)) {
+        f(&mut self.status.lock().unwrap());
+    }
+}
+
+impl Node {
+    /// Pulls `oid` now if it is still pending; waits if another task is pulling it.
+    pub(super) async fn ensure_recovered(&self, oid: ObjectId) {
+        let Some(pull) = self.recovery.pending.lock().unwrap().get(&oid).cloned() else {
+            return;
+        };
+        pull.result.get_or_init(|| self.pull(oid, &pull)).await;
+        let mut pending = self.recovery.pending.lock().unwrap();
+        if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
+            pending.remove(&oid);
+        }
+    }
+
+    async fn pull(&self, oid: ObjectId, pull: &Pull) -> bool {
+        for &src in &pull.sources {
+            let mut h = Header::request(Opcode::PeerRead, 0, self.epoch().view.epoch);
+            h.oid = oid.0;
+            let res = match self.peers.get(src, PEER_TIMEOUT).await {
+                Ok(c) => c.call(h, Bytes::new(), PEER_TIMEOUT).await,
+                Err(e) => Err(e),
+            };
+            let frame = match res {
+                Ok(f) if f.header.result_code() == ResultCode::Ok => f,
+                Ok(f) => {
+                    tracing::debug!(
+                        "pull {oid} from {src}: {:?} {}",
+                        f.header.result_code(),
+                        f.message()
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    self.peers.drop_conn(src).await;
+                    tracing::debug!("pull {oid} from {src}: {e}");
+                    continue;
+                }
+            };
+            let stamp = frame.header.aux;
+            let store = self.store.clone();
+            let put =
+                tokio::task::spawn_blocking(move || store.put_if_newer(oid, &frame.payload, stamp))
+                    .await
+                    .expect("store task");
+            match put {
+                Ok(_) => {
+                    self.recovery.update(|s| s.done += 1);
+                    return true;
+                }
+                Err(e) => tracing::warn!("recovering {oid}: {e}"),
+            }
+        }
+        tracing::error!(
+            "could not recover object {oid} (stamp {}) from any of {:?}",
+            pull.stamp,
+            pull.sources
+        );
+        self.recovery.update(|s| s.failed += 1);
+        false
+    }
+
+    /// Lists `(oid, stamp)` from a peer.
+    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, u32)>> {
+        let h = Header::request(Opcode::PeerList, 0, epoch);
+        let conn = self.peers.get(addr, PEER_TIMEOUT).await.ok()?;
+        let f = match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
+            Ok(f) if f.header.result_code() == ResultCode::Ok => f,
+            _ => {
+                self.peers.drop_conn(addr).await;
+                return None;
+            }
+        };
+        Some(
+            f.payload
+                .chunks_exact(12)
+                .map(|c| {
+                    (
+                        ObjectId(u64::from_be_bytes(c[..8].try_into().unwrap())),
+                        u32::from_be_bytes(c[8..].try_into().unwrap()),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    async fn peer_recovered(&self, addr: SocketAddr, epoch: u32) -> u32 {
+        let h = Header::request(Opcode::PeerStatus, 0, epoch);
+        let Ok(conn) = self.peers.get(addr, PEER_TIMEOUT).await else {
+            return 0;
+        };
+        match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
+            Ok(f) if f.header.result_code() == ResultCode::Ok => f.header.aux,
+            _ => 0,
+        }
+    }
+
+    /// Builds the pending set for `ep`. None if the epoch changed meanwhile.
+    async fn plan(&self, ep: &Epoch, copies: usize) -> Option<HashMap<ObjectId, Arc<Pull>>> {
+        let e = ep.view.epoch;
+        let mut sources: Vec<SocketAddr> = ep.view.nodes.iter().map(|n| n.addr).collect();
+        let d = self.driver.clone();
+        if let Ok(Ok(Some(prev))) = tokio::task::spawn_blocking(move || d.view_at(e - 1)).await {
+            sources.extend(prev.nodes.iter().map(|n| n.addr));
+        }
+        sources.sort();
+        sources.dedup();
+        sources.retain(|a| *a != self.me.addr);
+        let listings =
+            futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e))).await;
+        // oid -> (newest stamp, holders of it)
+        let mut best: HashMap<ObjectId, (u32, Vec<SocketAddr>)> = HashMap::new();
+        for (addr, list) in sources.iter().zip(listings) {
+            for (oid, stamp) in list.into_iter().flatten() {
+                let b = best.entry(oid).or_insert((stamp, Vec::new()));
+                if stamp > b.0 {
+                    *b = (stamp, Vec::new());
+                }
+                if stamp == b.0 {
+                    b.1.push(*addr);
+                }
+            }
+        }
+        if self.epoch().view.epoch != e {
+            return None;
+        }
+        let tombstones = self.recovery.tombstones.lock().unwrap().clone();
+        let mut pending = HashMap::new();
+        for (oid, (stamp, holders)) in best {
+            if tombstones.contains(&oid) || !ep.ring.holds(self.me.id, oid, copies) {
+                continue;
+            }
+            if self.store.meta(oid).is_some_and(|m| m.stamp >= stamp) {
+                continue;
+            }
+            pending.insert(
+                oid,
+                Arc::new(Pull {
+                    stamp,
+                    sources: holders,
+                    result: OnceCell::new(),
+                }),
+            );
+        }
+        Some(pending)
+    }
+
+    /// One round of recovery for `ep`; returns early when the epoch changes.
+    async fn recover_epoch(&self, ep: Arc<Epoch>) {
+        let e = ep.view.epoch;
+        let changed = || self.epoch().view.epoch != e;
+        self.recovery.update(|s| {
+            *s = RecoveryStatus {
+                epoch: e,
+                ..Default::default()
+            }
+        });
+        let Some(cfg) = self.config() else {
+            // Nothing can be stored before the format.
+            self.recovery.planned.send_replace(e);
+            self.recovery.recovered.store(e, Ordering::SeqCst);
+            self.recovery.update(|s| s.state = RecoveryState::Done);
+            return;
+        };
+        let copies = cfg.copies as usize;
+        let Some(pending) = self.plan(&ep, copies).await else {
+            return;
+        };
+        let total = pending.len() as u64;
+        if total > 0 {
+            tracing::info!("epoch {e}: recovering {total} object(s)");
+        }
+        let oids: Vec<ObjectId> = pending.keys().copied().collect();
+        *self.recovery.pending.lock().unwrap() = pending;
+        self.recovery.update(|s| {
+            s.total = total;
+            s.state = RecoveryState::Recovering;
+        });
+        self.recovery.planned.send_replace(e);
+
+        use futures::StreamExt;
+        let mut work = futures::stream::iter(oids)
+            .map(|oid| self.ensure_recovered(oid))
+            .buffer_unordered(PULL_PARALLEL);
+        while work.next().await.is_some() {
+            if changed() {
+                return;
+            }
+        }
+        drop(work);
+        self.recovery.recovered.store(e, Ordering::SeqCst);
+        self.recovery
+            .update(|s| s.state = RecoveryState::Collecting);
+        if total > 0 {
+            tracing::info!("epoch {e}: recovery done");
+        }
+
+        // Collect: wait until every owner has recovered this epoch.
+        loop {
+            if changed() {
+                return;
+            }
+            let others: Vec<SocketAddr> = ep
+                .view
+                .nodes
+                .iter()
+                .filter(|n| n.id != self.me.id)
+                .map(|n| n.addr)
+                .collect();
+            let got =
+                futures::future::join_all(others.iter().map(|&a| self.peer_recovered(a, e))).await;
+            if got.iter().all(|&r| r >= e) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut removed = 0;
+        for (oid, _) in self.store.list() {
+            if changed() {
+                return;
+            }
+            if ep.ring.holds(self.me.id, oid, copies) {
+                continue;
+            }
+            let store = self.store.clone();
+            if let Ok(Ok(())) = tokio::task::spawn_blocking(move || store.remove(oid)).await {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!("epoch {e}: dropped {removed} object(s) now held by others");
+        }
+        self.recovery.update(|s| {
+            s.removed = removed;
+            s.state = RecoveryState::Done;
+        });
+    }
+}
+
+/// The recovery task: one round per epoch, restarted whenever the epoch changes.
+pub(super) async fn run(node: Arc<Node>) {
+    let mut rx = node.subscribe();
+    loop {
+        let ep = rx.borrow_and_update().clone();
+        let round = node.recover_epoch(ep);
+        tokio::select! {
+            _ = round => {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+            r = rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! The node's side of the wire protocol: one task per connection, one task per request, so a
+//! connection carries many requests at once. A frame that does not decode closes its connection
+//! (with the reason logged); every other connection goes on.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::node::{Epoch, Node};
+use crate::store::StoreError;
+use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
+use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
+use objstore_proto::keys;
+use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
+use objstore_proto::view::{ClusterConfig, ClusterInfo};
+
+/// Reads up to this size run on the request's task instead of the blocking pool.
+const INLINE_READ: usize = 64 << 10;
+
+pub(super) async fn serve(node: Arc<Node>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                tokio::spawn(connection(node.clone(), stream, peer));
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn connection(node: Arc<Node>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    // Each request task writes its own response: no hop through a writer task. Request tasks
+    // are never cancelled, so a frame is never left half written.
+    let wr = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
+        256 << 10,
+        wr,
+    )));
+    let mut r = BufReader::with_capacity(256 << 10, rd);
+    loop {
+        match read_frame(&mut r).await {
+            Ok(Some(frame)) => {
+                let node = node.clone();
+                let wr = wr.clone();
+                tokio::spawn(async move {
+                    let (h, payload) = handle(&node, frame).await;
+                    let mut w = wr.lock().await;
+                    if write_frame(&mut *w, &h, &payload).await.is_ok() {
+                        let _ = w.flush().await;
+                    }
+                });
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!("closing connection from {peer}: {e}");
+                break;
+            }
+        }
+    }
+}
+
+/// A failed request: result code, message for the payload, and `aux`.
+struct Failure {
+    code: ResultCode,
+    message: String,
+    aux: u32,
+}
+
+impl Failure {
+    fn new(code: ResultCode, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+            aux: 0,
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Failure {
+        Failure::new(ResultCode::InvalidRequest, message)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        let code = match e {
+            StoreError::NotFound(_) => ResultCode::NotFound,
+            StoreError::NoSpace => ResultCode::NoSpace,
+            _ => ResultCode::Io,
+        };
+        let mut message = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            message.push_str(": ");
+            message.push_str(&s.to_string());
+            src = s.source();
+        }
+        Failure::new(code, message)
+    }
+}
+
+struct Reply {
+    payload: Bytes,
+    aux: u32,
+}
+
+impl Reply {
+    fn empty() -> Reply {
+        Reply::bytes(Bytes::new())
+    }
+    fn bytes(payload: Bytes) -> Reply {
+        Reply { payload, aux: 0 }
+    }
+    fn json<T: serde::Serialize>(v: &T) -> Reply {
+        Reply::bytes(Bytes::from(serde_json::to_vec(v).expect("serializable")))
+    }
+}
+
+type Handled = Result<Reply, Failure>;
+
+async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
+    let h = frame.header;
+    let res = if h.is_response() {
+        Err(Failure::invalid("a response frame was sent as a request"))
+    } else {
+        dispatch(node, &h, frame.payload).await
+    };
+    let epoch = node.epoch().view.epoch;
+    match res {
+        Ok(r) => {
+            let mut rh = h.response(ResultCode::Ok, epoch);
+            rh.aux = r.aux;
+            (rh, r.payload)
+        }
+        Err(f) => {
+            if f.code == ResultCode::InvalidRequest {
+                tracing::warn!("refused {:?}: {}", h.opcode, f.message);
+            }
+            let mut rh = h.response(f.code, epoch);
+            rh.aux = f.aux;
+            (rh, Bytes::from(f.message))
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Failure::from),
+        Err(e) => Err(Failure::new(
+            ResultCode::Io,
+            format!("store task failed: {e}"),
+        )),
+    }
+}
+
+fn text(payload: &[u8]) -> Result<&str, Failure> {
+    std::str::from_utf8(payload).map_err(|_| Failure::invalid("payload is not UTF-8"))
+}
+
+fn json<'a, T: serde::Deserialize<'a>>(payload: &'a [u8]) -> Result<T, Failure> {
+    serde_json::from_slice(payload).map_err(|e| Failure::invalid(format!("bad request body: {e}")))
+}
+
+fn driver_failure(e: impl std::fmt::Display) -> Failure {
+    Failure::new(ResultCode::Io, format!("membership store: {e}"))
+}
+
+async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
+    let oid = ObjectId(h.oid);
+    match h.opcode {
+        Opcode::ReadObj => {
+            let (_, cfg) = io_epoch(node, h).await?;
+            check_range(oid, h.offset, h.length, &cfg)?;
+            node.ensure_recovered(oid).await;
+            let store = node.store.clone();
+            let (off, len) = (h.offset, h.length as usize);
+            let data = if len <= INLINE_READ {
+                // Small reads are page-cache hits far more often than not: a hop to the
+                // blocking pool would cost more than the read.
+                store.read(oid, off, len)?
+            } else {
+                blocking(move || store.read(oid, off, len)).await?
+            };
+            Ok(Reply::bytes(Bytes::from(data)))
+        }
+        Opcode::WriteObj => {
+            let (ep, cfg) = io_epoch(node, h).await?;
+            if payload.len() != h.length as usize {
+                return Err(Failure::invalid(format!(
+                    "write length {} but payload of {} bytes",
+                    h.length,
+                    payload.len()
+                )));
+            }
+            check_range(oid, h.offset, h.length, &cfg)?;
+            node.ensure_recovered(oid).await;
+            node.recovery.written(oid);
+            let store = node.store.clone();
+            let (off, e) = (h.offset, ep.view.epoch);
+            blocking(move || store.write(oid, off, &payload, e)).await?;
+            Ok(Reply::empty())
+        }
+        Opcode::RemoveObj => {
+            io_epoch(node, h).await?;
+            node.recovery.removed(oid);
+            let store = node.store.clone();
+            blocking(move || store.remove(oid)).await?;
+            Ok(Reply::empty())
+        }
+        Opcode::Flush => {
+            let store = node.store.clone();
+            blocking(move || store.flush()).await?;
+            Ok(Reply::empty())
+        }
+        Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
+            ResultCode::NotFound,
+            format!("object {oid} is not recovered here yet"),
+        )),
+        Opcode::StatObj => match node.store.meta(oid) {
+            Some(m) => Ok(Reply {
+                payload: Bytes::new(),
+                aux: m.stamp,
+            }),
+            None => Err(StoreError::NotFound(oid).into()),
+        },
+        Opcode::PeerRead => {
+            let store = node.store.clone();
+            let (data, stamp) = blocking(move || store.read_whole(oid)).await?;
+            Ok(Reply {
+                payload: Bytes::from(data),
+                aux: stamp,
+            })
+        }
+        Opcode::PeerList => {
+            let list = node.store.list();
+            let mut b = BytesMut::with_capacity(list.len() * 12);
+            for (oid, stamp) in list {
+                b.put_u64(oid.0);
+                b.put_u32(stamp);
+            }
+            Ok(Reply::bytes(b.freeze()))
+        }
+        Opcode::PeerStatus => Ok(Reply {
+            payload: Bytes::new(),
+            aux: node.recovery.recovered_epoch(),
+        }),
+        Opcode::ClusterInfo => Ok(Reply::json::<ClusterInfo>(&node.cluster_info())),
+        Opcode::NodeStatus => {
+            let (disk_total, disk_free) = node.store.capacity().unwrap_or((0, 0));
+            Ok(Reply::json(&NodeStatus {
+                id: node.me.id,
+                addr: node.me.addr,
+                zone: node.me.zone,
+                vnodes: node.me.vnodes,
+                epoch: node.epoch().view.epoch,
+                objects: node.store.len(),
+                disk_total,
+                disk_free,
+                recovery: node.recovery_status(),
+            }))
+        }
+        Opcode::Format => format(node, json(&payload)?).await,
+        Opcode::KvGet => {
+            let key = text(&payload)?.to_string();
+            let d = node.driver.clone();
+            let v = tokio::task::spawn_blocking(move || d.kv_get(&key))
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
+            match v {
+                Some(v) => Ok(Reply::bytes(Bytes::from(v))),
+                None => Err(Failure::new(ResultCode::NotFound, "no such key")),
+            }
+        }
+        Opcode::KvCas => {
+            let req: KvCasRequest = json(&payload)?;
+            if req.key == keys::CONFIG {
+                return Err(Failure::invalid(
+                    "the cluster format is set only by the Format operation",
+                ));
+            }
+            let d = node.driver.clone();
+            let ok = tokio::task::spawn_blocking(move || {
+                d.kv_cas(
+                    &req.key,
+                    req.expected.as_deref().map(str::as_bytes),
+                    req.new.as_deref().map(str::as_bytes),
+                )
+            })
+            .await
+            .map_err(driver_failure)?
+            .map_err(driver_failure)?;
+            if ok {
+                Ok(Reply::empty())
+            } else {
+                Err(Failure::new(ResultCode::Conflict, "the key changed"))
+            }
+        }
+        Opcode::KvList => {
+            let prefix = text(&payload)?.to_string();
+            let d = node.driver.clone();
+            let list = tokio::task::spawn_blocking(move || d.kv_list(&prefix))
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
+            let list: Vec<(String, String)> = list
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                .collect();
+            Ok(Reply::json(&list))
+        }
+    }
+}
+
+/// Checks the request's epoch and waits for this epoch's recovery plan.
+async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
+    let cfg = node.config().ok_or_else(|| {
+        Failure::new(
+            ResultCode::NotFormatted,
+            "the cluster is not formatted: run 'dog cluster format'",
+        )
+    })?;
+    let ep = node.epoch();
+    let cur = ep.view.epoch;
+    if h.epoch < cur {
+        return Err(Failure {
+            code: ResultCode::StaleEpoch,
+            message: format!("request epoch {} is older than the node's {cur}", h.epoch),
+            aux: cur,
+        });
+    }
+    if h.epoch > cur {
+        return Err(Failure {
+            code: ResultCode::NodeBehind,
+            message: format!("node is at epoch {cur}, request at {}", h.epoch),
+            aux: cur,
+        });
+    }
+    if !node.recovery.wait_planned(cur).await {
+        return Err(Failure::new(
+            ResultCode::Busy,
+            format!("still planning recovery for epoch {cur}"),
+        ));
+    }
+    Ok((ep, cfg))
+}
+
+fn check_range(
+    oid: ObjectId,
+    offset: u64,
+    length: u32,
+    cfg: &ClusterConfig,
+) -> Result<(), Failure> {
+    let limit = if oid.is_inode() {
+        MAX_INODE_LEN
+    } else {
+        cfg.object_size as u64
+    };
+    match offset.checked_add(length as u64) {
+        Some(end) if end <= limit => Ok(()),
+        _ => Err(Failure::invalid(format!(
+            "range {offset}+{length} is outside object {oid} ({limit} bytes)"
+        ))),
+    }
+}
+
+async fn format(node: &Node, req: FormatRequest) -> Handled {
+    ClusterConfig::validate(req.copies, req.object_size).map_err(Failure::invalid)?;
+    let cfg = ClusterConfig {
+        copies: req.copies,
+        object_size: req.object_size as u32,
+        formatted_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    };
+    let d = node.driver.clone();
+    let raw = serde_json::to_vec(&cfg).expect("serializable");
+    let ok = tokio::task::spawn_blocking(move || d.kv_cas(keys::CONFIG, None, Some(&raw)))
+        .await
+        .map_err(driver_failure)?
+        .map_err(driver_failure)?;
+    if !ok {
+        let cur = node.config();
+        return Err(Failure::new(
+            ResultCode::AlreadyFormatted,
+            match cur {
+                Some(c) => format!(
+                    "the cluster is already formatted ({} copies, {} MiB objects)",
+                    c.copies,
+                    c.object_size >> 20
+                ),
+                None => "the cluster is already formatted".to_string(),
+            },
+        ));
+    }
+    tracing::info!(
+        "cluster formatted: {} copies, {} byte objects",
+        cfg.copies,
+        cfg.object_size
+    );
+    Ok(Reply::empty())
+}

@@ -1,0 +1,58 @@
+//! JSON bodies of the administrative operations (format, key-value, status). Data operations
+//! carry raw bytes; see docs/wire.md.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// `Format` request body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FormatRequest {
+    pub copies: u32,
+    pub object_size: u64,
+}
+
+/// `KvCas` request body: replace `key` if it still holds `expected` (`None` = absent); a `None`
+/// `new` deletes it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KvCasRequest {
+    pub key: String,
+    pub expected: Option<String>,
+    pub new: Option<String>,
+}
+
+/// `NodeStatus` response body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub id: u64,
+    pub addr: SocketAddr,
+    pub zone: u32,
+    pub vnodes: u32,
+    pub epoch: u32,
+    pub objects: usize,
+    pub disk_total: u64,
+    pub disk_free: u64,
+    pub recovery: RecoveryStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryState {
+    #[default]
+    Planning,
+    Recovering,
+    /// Recovered; waiting for every owner before dropping objects this node no longer owns.
+    Collecting,
+    Done,
+}
+
+/// What `dog node recovery` shows.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct RecoveryStatus {
+    pub epoch: u32,
+    pub state: RecoveryState,
+    pub total: u64,
+    pub done: u64,
+    pub failed: u64,
+    pub removed: u64,
+}

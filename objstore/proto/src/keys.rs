@@ -1,0 +1,48 @@
+//! Key names in the cluster's key-value store (the membership driver's store). Every part that
+//! reads or writes a key builds it here, so the layout is written down once.
+//!
+//! | key | value |
+//! |---|---|
+//! | `cluster` | the cluster format ([`crate::view::ClusterConfig`], JSON) |
+//! | `vdi-next-vid` | the next VDI id to hand out (decimal) |
+//! | `vdi/<name>` | the VDI table: `{"vid": N}` |
+//! | `lock/<name>` | who holds the VDI's read-write attachment (JSON) |
+//! | `vdi-gen/<name>` | the VDI's attachment generation (decimal, absent = 0) |
+
+/// The cluster format.
+pub const CONFIG: &str = "cluster";
+/// The VDI id counter.
+pub const NEXT_VID: &str = "vdi-next-vid";
+/// Prefix of the VDI table.
+pub const VDI_PREFIX: &str = "vdi/";
+/// Prefix of the attachment locks.
+pub const LOCK_PREFIX: &str = "lock/";
+/// Prefix of the attachment generations.
+pub const GEN_PREFIX: &str = "vdi-gen/";
+
+/// The VDI table entry of `name`.
+pub fn vdi(name: &str) -> String {
+    format!("{VDI_PREFIX}{name}")
+}
+
+/// The attachment lock of `name`.
+pub fn lock(name: &str) -> String {
+    format!("{LOCK_PREFIX}{name}")
+}
+
+/// The attachment generation of `name`.
+pub fn gen(name: &str) -> String {
+    format!("{GEN_PREFIX}{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_layout() {
+        assert_eq!(vdi("a"), "vdi/a");
+        assert_eq!(lock("a"), "lock/a");
+        assert_eq!(gen("a"), "vdi-gen/a");
+    }
+}

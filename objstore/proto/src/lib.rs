@@ -1,0 +1,20 @@
+//! objstore-proto: what every part of the cluster agrees on. Plain data and pure functions, no
+//! I/O beyond reading and writing frames on a stream.
+//!
+//! - [`oid`], [`view`], [`size`]: object ids, cluster views and formats, human sizes.
+//! - [`name`]: VDI names. [`keys`]: the cluster key-value store's key names.
+//! - [`placement`]: which nodes hold an object, a pure function.
+//! - [`frame`]: frames and opcodes of the wire protocol; [`api`]: its JSON bodies;
+//!   [`pagebuf`]: the page-aligned buffers large payloads are received into.
+
+pub mod api;
+pub mod frame;
+pub mod keys;
+pub mod name;
+pub mod oid;
+pub mod pagebuf;
+pub mod placement;
+pub mod size;
+pub mod view;
+
+pub use oid::ObjectId;
