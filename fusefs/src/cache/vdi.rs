@@ -167,17 +167,8 @@ impl CachedVdi {
     /// The pieces of a range, one per object it touches: (object index, offset in the
     /// object, length, offset in the range).
     fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u32, u64, u64, usize)> {
-        let os = self.object_size;
-        let end = offset + len;
-        let mut pos = offset;
-        std::iter::from_fn(move || {
-            (pos < end).then(|| {
-                let n = (os - pos % os).min(end - pos);
-                let piece = ((pos / os) as u32, pos % os, n, (pos - offset) as usize);
-                pos += n;
-                piece
-            })
-        })
+        objstore_proto::extent::extents(offset, len, self.object_size)
+            .map(|e| (e.index as u32, e.offset, e.len, e.at))
     }
 
     /// The one piece of a non-empty range within one object (object index, offset in it,

@@ -4,12 +4,15 @@
 //! - [`client`]: the placement-aware client (replica fan-out, retries, stale-epoch refresh).
 //! - [`lock`]: VDI attachment locks and generations in the cluster's key-value store.
 //! - [`vdi`]: the VDI table, inodes and the [`Vdi`] handle.
+//! - [`volume`]: the [`Volume`] trait a VDI implements, and [`MemVolume`] for tests.
 
 pub mod client;
 pub mod conn;
 pub mod lock;
 pub mod vdi;
+pub mod volume;
 
 pub use client::{Client, ClientError, ClientOptions};
 pub use objstore_proto::ObjectId;
 pub use vdi::{Vdi, VdiError};
+pub use volume::{MemVolume, Volume};

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use objstore_proto::extent::extents;
 use objstore_proto::keys;
 pub use objstore_proto::name::{validate_name, InvalidName};
 use objstore_proto::oid::{ObjectId, INODE_HEADER_LEN, MAX_INDEXES, MAX_VID};
@@ -529,17 +530,9 @@ impl Vdi {
 
     /// Splits `[offset, offset+len)` into (index, offset in object, length, offset in buffer).
     fn pieces(&self, offset: u64, len: u64) -> Vec<(u64, u64, u64, usize)> {
-        let os = self.object_size() as u64;
-        let mut out = Vec::new();
-        let mut pos = offset;
-        while pos < offset + len {
-            let idx = pos / os;
-            let in_obj = pos % os;
-            let n = (os - in_obj).min(offset + len - pos);
-            out.push((idx, in_obj, n, (pos - offset) as usize));
-            pos += n;
-        }
-        out
+        extents(offset, len, self.object_size() as u64)
+            .map(|e| (e.index, e.offset, e.len, e.at))
+            .collect()
     }
 
     /// Reads `len` bytes at `offset`. Holes read as zeros without a request.

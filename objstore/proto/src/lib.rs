@@ -3,11 +3,13 @@
 //!
 //! - [`oid`], [`view`], [`size`]: object ids, cluster views and formats, human sizes.
 //! - [`name`]: VDI names. [`keys`]: the cluster key-value store's key names.
+//! - [`extent`]: a VDI range cut at object boundaries.
 //! - [`placement`]: which nodes hold an object, a pure function.
 //! - [`frame`]: frames and opcodes of the wire protocol; [`api`]: its JSON bodies;
 //!   [`pagebuf`]: the page-aligned buffers large payloads are received into.
 
 pub mod api;
+pub mod extent;
 pub mod frame;
 pub mod keys;
 pub mod name;
