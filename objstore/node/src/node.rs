@@ -21,8 +21,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::membership::{self, Driver, DriverError, TICK};
-use crate::store::ObjectStore;
+use crate::store::{FileStore, ObjectBackend};
 use objstore_client::conn::Pool;
+use objstore_client::transport::{Listener, Tcp, Transport};
 use objstore_proto::api::RecoveryStatus;
 use objstore_proto::keys;
 use objstore_proto::placement::Ring;
@@ -94,7 +95,7 @@ impl Epoch {
 pub struct Node {
     pub(crate) me: NodeInfo,
     pub(crate) cluster_id: String,
-    pub(crate) store: Arc<ObjectStore>,
+    pub(crate) store: Arc<dyn ObjectBackend>,
     pub(crate) driver: Arc<dyn Driver>,
     pub(crate) epoch_tx: watch::Sender<Arc<Epoch>>,
     pub(crate) config: OnceLock<ClusterConfig>,
@@ -102,6 +103,16 @@ pub struct Node {
     pub(crate) recovery: crate::recovery::Recovery,
     pub(crate) stop: AtomicBool,
     pub(crate) _dir_lock: File,
+}
+
+/// What [`Node::start_with`] runs on.
+pub struct NodeParts {
+    /// The object backend; None: files under `DIR/obj`.
+    pub store: Option<Arc<dyn ObjectBackend>>,
+    /// Where the node accepts connections; None: TCP on `NodeOptions::listen`.
+    pub listener: Option<Listener>,
+    /// How the node connects to its peers (recovery).
+    pub transport: Arc<dyn Transport>,
 }
 
 /// A started node; dropping it does not stop it, call [`Running::shutdown`].
@@ -164,23 +175,44 @@ fn open_dir(dir: &Path, cluster_id: &str) -> Result<(File, u64), NodeError> {
 }
 
 impl Node {
-    /// Opens the data directory, joins the cluster and starts serving. Must run inside a tokio
-    /// runtime.
+    /// Opens the data directory, joins the cluster and starts serving over TCP, with objects
+    /// as files under `DIR/obj`. Must run inside a tokio runtime.
     pub async fn start(opts: NodeOptions) -> Result<Running, NodeError> {
+        let parts = NodeParts {
+            store: None,
+            listener: None,
+            transport: Arc::new(Tcp),
+        };
+        Node::start_with(opts, parts).await
+    }
+
+    /// Like [`Node::start`] with the seams chosen by the caller: the object backend (None: files
+    /// under `DIR/obj`), where it accepts connections, and how it connects to peers. Tests run
+    /// whole clusters in one process this way (a [`crate::store::MemStore`] and an in-memory
+    /// network).
+    pub async fn start_with(opts: NodeOptions, parts: NodeParts) -> Result<Running, NodeError> {
         let driver: Arc<dyn Driver> = Arc::from(membership::open(&opts.cluster)?);
         let d = driver.clone();
         let cluster_id = tokio::task::spawn_blocking(move || d.cluster_id())
             .await
             .expect("cluster_id task")?;
         let (dir_lock, id) = open_dir(&opts.dir, &cluster_id)?;
-        let obj_dir = opts.dir.join("obj");
-        let store = Arc::new(ObjectStore::open(&obj_dir).map_err(dir_err(&obj_dir, "open store"))?);
-        let listener = TcpListener::bind(opts.listen)
-            .await
-            .map_err(|source| NodeError::Bind {
-                addr: opts.listen,
-                source,
-            })?;
+        let store: Arc<dyn ObjectBackend> = match parts.store {
+            Some(s) => s,
+            None => {
+                let obj_dir = opts.dir.join("obj");
+                Arc::new(FileStore::open(&obj_dir).map_err(dir_err(&obj_dir, "open store"))?)
+            }
+        };
+        let listener = match parts.listener {
+            Some(l) => l,
+            None => Listener::Tcp(TcpListener::bind(opts.listen).await.map_err(|source| {
+                NodeError::Bind {
+                    addr: opts.listen,
+                    source,
+                }
+            })?),
+        };
         let me = NodeInfo {
             id,
             addr: listener.local_addr().unwrap_or(opts.listen),
@@ -209,7 +241,7 @@ impl Node {
             driver,
             epoch_tx,
             config: OnceLock::new(),
-            peers: Pool::default(),
+            peers: Pool::new(parts.transport),
             recovery: crate::recovery::Recovery::default(),
             stop: AtomicBool::new(false),
             _dir_lock: dir_lock,
@@ -296,6 +328,15 @@ impl Node {
 }
 
 impl Running {
+    /// Stops the membership thread without leaving: to the cluster the node just went silent,
+    /// as after a crash. Its tasks live on in their runtime; drop that runtime to end them.
+    pub fn halt(mut self) {
+        self.node.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+
     /// Leaves the cluster and stops the membership thread. Connections still open are dropped
     /// when the process exits.
     pub async fn shutdown(mut self) {
