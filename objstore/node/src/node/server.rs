@@ -11,7 +11,7 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 
 use objstore_client::transport::{Listener, Reader, Writer};
 
-use crate::node::{Epoch, Node};
+use super::{Epoch, Node};
 use crate::store::StoreError;
 use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};

@@ -3,8 +3,12 @@
 //!
 //! ```text
 //!  tick thread ── Driver::tick every 500 ms ──► epoch watch ──► recovery task (plan, pull, gc)
-//!  TCP listener ── one task per connection ── one task per request ──► ObjectStore (blocking pool)
+//!  Listener (TCP or in-memory) ── one task per connection ── one task per request
+//!                                                 ──► ObjectBackend (blocking pool)
 //! ```
+
+mod recovery;
+mod server;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -93,16 +97,16 @@ impl Epoch {
 }
 
 pub struct Node {
-    pub(crate) me: NodeInfo,
-    pub(crate) cluster_id: String,
-    pub(crate) store: Arc<dyn ObjectBackend>,
-    pub(crate) driver: Arc<dyn Driver>,
-    pub(crate) epoch_tx: watch::Sender<Arc<Epoch>>,
-    pub(crate) config: OnceLock<ClusterConfig>,
-    pub(crate) peers: Pool,
-    pub(crate) recovery: crate::recovery::Recovery,
-    pub(crate) stop: AtomicBool,
-    pub(crate) _dir_lock: File,
+    me: NodeInfo,
+    cluster_id: String,
+    store: Arc<dyn ObjectBackend>,
+    driver: Arc<dyn Driver>,
+    epoch_tx: watch::Sender<Arc<Epoch>>,
+    config: OnceLock<ClusterConfig>,
+    peers: Pool,
+    recovery: recovery::Recovery,
+    stop: AtomicBool,
+    _dir_lock: File,
 }
 
 /// What [`Node::start_with`] runs on.
@@ -242,7 +246,7 @@ impl Node {
             epoch_tx,
             config: OnceLock::new(),
             peers: Pool::new(parts.transport),
-            recovery: crate::recovery::Recovery::default(),
+            recovery: recovery::Recovery::default(),
             stop: AtomicBool::new(false),
             _dir_lock: dir_lock,
         });
@@ -253,8 +257,8 @@ impl Node {
                 .spawn(move || node.tick_loop())
                 .map_err(dir_err(&opts.dir, "start membership thread"))?
         };
-        tokio::spawn(crate::recovery::run(node.clone()));
-        tokio::spawn(crate::server::serve(node.clone(), listener));
+        tokio::spawn(recovery::run(node.clone()));
+        tokio::spawn(server::serve(node.clone(), listener));
         Ok(Running {
             node,
             ticker: Some(ticker),
@@ -300,7 +304,7 @@ impl Node {
         self.epoch_tx.borrow().clone()
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Epoch>> {
+    fn subscribe(&self) -> watch::Receiver<Arc<Epoch>> {
         self.epoch_tx.subscribe()
     }
 
