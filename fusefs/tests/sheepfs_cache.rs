@@ -691,9 +691,17 @@ fn evict_and_flush_during_fio_verify() {
     assert!(v["jobs"][0]["read"]["total_ios"].as_u64().unwrap() >= 8000);
     assert!(rounds > 0);
     // Refusals: discarding dirty data needs --yes; unknown VDIs are named.
+    let used = stats(&cache)["used"].clone();
     let out = cachectl(&cache, &["evict", "--discard-dirty"]);
-    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("refusing to evict with --discard-dirty") && e.contains("add --yes"),
+        "{e}"
+    );
+    assert_eq!(stats(&cache)["used"], used, "nothing was evicted");
     let out = cachectl(&cache, &["flush", "nope"]);
+    assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
 }
 
