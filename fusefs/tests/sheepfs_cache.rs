@@ -7,50 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{fio_verify_args as fio_job, run, Rig, SHEEPFS};
+use common::{
+    cache_args, cachectl, cachectl_bin, cachectl_ok, fio_verify_args as fio_job, run, stats, Rig,
+    SHEEPFS,
+};
 use serde_json::Value;
 use testkit::mount::Mount;
 use testkit::{pseudo_random, wait_until};
-
-fn cachectl_bin() -> PathBuf {
-    Path::new(SHEEPFS).with_file_name("cachectl")
-}
-
-fn cachectl(dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(cachectl_bin())
-        .arg("--cache-dir")
-        .arg(dir)
-        .args(args)
-        .output()
-        .expect("run cachectl (cargo build --workspace --bins)")
-}
-
-/// Runs cachectl and fails the test, with its error, unless it succeeds.
-fn cachectl_ok(dir: &Path, args: &[&str]) -> std::process::Output {
-    let out = cachectl(dir, args);
-    assert!(
-        out.status.success(),
-        "cachectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn stats(dir: &Path) -> Value {
-    let out = cachectl_ok(dir, &["stats", "--json"]);
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn cache_args(dir: &Path, size: &str) -> Vec<String> {
-    vec![
-        "--cache-dir".into(),
-        dir.to_string_lossy().into_owned(),
-        "--cache-size".into(),
-        size.into(),
-        "--cache-max-dirty-age".into(),
-        "3600".into(),
-    ]
-}
 
 /// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
 /// drop in reverse order), after the rig has unmounted and stopped everything.
