@@ -197,6 +197,8 @@ impl Mount {
             // A sheepfs pushes its cache before it exits: give it time.
             proc: daemon(Duration::from_secs(120)),
             timeout: START,
+            // Its death signal is SIGTERM: sheepfs and bindfs unmount themselves.
+            sentinel: false,
         };
         let mount = testkit::mount::Mount::try_spawn(&name, command, dir, log, opts)?;
         Ok(Mount { label, mount })

@@ -9,10 +9,18 @@
 //! Drop, as the daemon's [`ProcOptions`] say: killed at once (tests: the mount is detached
 //! lazily, then SIGKILL), or stopped gracefully (`bench run`: unmounted, then SIGTERM and up
 //! to `stop_grace` for sheepfs to push its cache).
+//!
+//! If the harness itself is killed, the parent-death signal takes the daemon down, but a
+//! FUSE mount outlives its daemon (ENOTCONN until someone unmounts it). So, unless
+//! [`MountOptions::sentinel`] is off, each mount has a sentinel: a small `sh` in its own
+//! process group, blocked reading a pipe only the harness holds. When the harness dies the
+//! pipe closes and the sentinel detaches the mount point; a drop kills the sentinel first,
+//! so it never touches a later mount on the same path.
 
 use std::ffi::CString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use crate::{or_panic, try_wait_until, wait_until, Error, Proc, ProcOptions, Result};
@@ -73,19 +81,65 @@ pub struct MountOptions {
     pub proc: ProcOptions,
     /// How long the mount may take to appear.
     pub timeout: Duration,
+    /// Detach the mount point if this process dies without dropping the mount (see the
+    /// module's doc). Off for a daemon that unmounts itself on its death signal.
+    pub sentinel: bool,
 }
 
 impl Default for MountOptions {
-    /// What tests use: 20 s to mount, killed at once on drop.
+    /// What tests use: 20 s to mount, killed at once on drop, a sentinel.
     fn default() -> MountOptions {
         MountOptions {
             proc: ProcOptions::default(),
             timeout: Duration::from_secs(20),
+            sentinel: true,
         }
     }
 }
 
+/// Detaches a mount point once the pipe it reads closes: when this process dies.
+struct Sentinel {
+    child: Child,
+    /// The pipe's only writer; never written to.
+    _pipe: ChildStdin,
+}
+
+impl Sentinel {
+    fn start(dir: &Path) -> Result<Sentinel> {
+        let (child, pipe) = spawn_sentinel(dir)?;
+        Ok(Sentinel { child, _pipe: pipe })
+    }
+}
+
+/// `sh` waiting for EOF on its stdin, then detaching `dir`; and the pipe's write end.
+fn spawn_sentinel(dir: &Path) -> Result<(Child, ChildStdin)> {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"read -r _; umount -l -- "$0" 2>/dev/null || fusermount3 -uz -- "$0""#)
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // Out of the terminal's reach: a Ctrl-C that kills the harness must not kill it.
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::io("starting the mount's sentinel (sh)", e))?;
+    let pipe = child.stdin.take().expect("stdin is piped");
+    Ok((child, pipe))
+}
+
+impl Drop for Sentinel {
+    /// Killed before its pipe closes, so it never unmounts anything.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Fields drop in order: the sentinel goes before the daemon.
 pub struct Mount {
+    sentinel: Option<Sentinel>,
     proc: Option<Proc>,
     pub dir: PathBuf,
 }
@@ -134,6 +188,7 @@ impl Mount {
         let dir = dir
             .canonicalize()
             .map_err(|e| Error::io(format!("resolving {}", dir.display()), e))?;
+        let sentinel = opts.sentinel.then(|| Sentinel::start(&dir)).transpose()?;
         let mut proc = Proc::try_spawn_with(name, command(&dir), log, opts.proc)?;
         let what = format!("{name} to mount {}", dir.display());
         let ready = try_wait_until(&what, opts.timeout, || {
@@ -142,6 +197,7 @@ impl Mount {
         });
         if let Err(e) = ready {
             let tail = proc.log_tail(2000);
+            drop(sentinel);
             proc.kill9();
             // A mount made after the deadline, or just before the daemon died.
             if is_mounted(&dir) {
@@ -156,6 +212,7 @@ impl Mount {
             });
         }
         Ok(Mount {
+            sentinel,
             proc: Some(proc),
             dir,
         })
@@ -202,6 +259,7 @@ impl Mount {
 
     /// Unmounts and waits for sheepfs to exit on its own.
     pub fn unmount_and_wait(&mut self) {
+        self.sentinel = None;
         let (ok, err) = self.umount();
         assert!(ok, "umount {}: {err}", self.dir.display());
         if let Some(p) = self.proc.as_mut() {
@@ -215,6 +273,7 @@ impl Mount {
     }
 
     pub fn kill9(&mut self) {
+        self.sentinel = None;
         if let Some(p) = self.proc.as_mut() {
             p.kill9();
         }
@@ -227,6 +286,7 @@ impl Drop for Mount {
     fn drop(&mut self) {
         // Only a mount this value still owns: after unmount_and_wait or kill9 the same path
         // may already hold a newer mount.
+        self.sentinel = None;
         let Some(proc) = self.proc.as_ref() else {
             return;
         };
@@ -244,6 +304,46 @@ impl Drop for Mount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tmpfs on a fresh directory, or `None` where this process may not mount.
+    fn tmpfs() -> Option<tempfile::TempDir> {
+        let d = tempfile::tempdir().unwrap();
+        let path = c_path(d.path()).unwrap();
+        let fstype = CString::new("tmpfs").unwrap();
+        // SAFETY: valid NUL-terminated strings, no data.
+        let rc = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                path.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        (rc == 0).then_some(d)
+    }
+
+    #[test]
+    fn the_sentinel_detaches_when_its_pipe_closes_and_never_once_killed() {
+        let Some(d) = tmpfs() else {
+            eprintln!("skipped: cannot mount a tmpfs here");
+            return;
+        };
+        assert!(is_mounted(d.path()));
+        // Killed first (a drop): the mount stays.
+        let (mut child, pipe) = spawn_sentinel(d.path()).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        drop(pipe);
+        assert!(is_mounted(d.path()));
+        // Its pipe closed (the harness died): the mount goes.
+        let (mut child, pipe) = spawn_sentinel(d.path()).unwrap();
+        drop(pipe);
+        child.wait().unwrap();
+        let mounted = is_mounted(d.path());
+        detach(d.path());
+        assert!(!mounted, "the sentinel left the mount");
+    }
 
     #[test]
     fn a_daemon_that_never_mounts_is_killed_and_named() {
