@@ -8,12 +8,12 @@
 //! ```
 //! - [`fs`]: the `fuser::Filesystem` implementation.
 //! - [`cache`]: the local object cache.
-//! - [`control`]: the cache control protocol spoken on the cache's unix socket.
+//! - the cache control protocol spoken on the cache's unix socket is the `cache_control`
+//!   crate (`fusefs/control`), shared with `cachectl`.
 //! - [`errno`]: the one mapping from library errors to errno values.
 //! - [`mount`]: mount options and the checks made before mounting.
 
 pub mod cache;
-pub mod control;
 pub mod errno;
 pub mod fs;
 pub mod mount;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use cache_control::CacheMode;
 use clap::Parser;
 use fusefs::cache::{Cache, CacheConfig};
-use fusefs::control::CacheMode;
 use fusefs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
 use fusefs::SheepFs;
 use objstore_client::{Client, ClientOptions};

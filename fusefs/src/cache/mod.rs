@@ -39,7 +39,7 @@ use objstore_client::{lock, Client, Vdi, VdiError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use crate::control::{CacheMode, CacheStats, VdiStats};
+use cache_control::{CacheMode, CacheStats, VdiStats};
 use object::{CachedObject, Key, BLOCK};
 
 pub use vdi::{CachedVdi, Missed};
@@ -610,7 +610,7 @@ impl Cache {
             st.clean = true;
             let _ = write_json_atomic(&state_path, &st);
         }
-        let _ = std::fs::remove_file(inner.cfg.dir.join(crate::control::SOCKET_NAME));
+        let _ = std::fs::remove_file(inner.cfg.dir.join(cache_control::SOCKET_NAME));
         left
     }
 

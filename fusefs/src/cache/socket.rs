@@ -1,4 +1,4 @@
-//! The control socket: `DIR/control.sock`, mode 0600, JSON lines (see `crate::control`).
+//! The control socket: `DIR/control.sock`, mode 0600, JSON lines (see `cache_control`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::Cache;
-use crate::control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
+use cache_control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
 
 /// Binds the socket (replacing a stale one) with mode 0600.
 pub(super) fn bind(dir: &Path) -> std::io::Result<UnixListener> {

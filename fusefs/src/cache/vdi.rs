@@ -12,7 +12,7 @@ use objstore_client::{Vdi, VdiError};
 use super::object::State;
 use super::object::{CachedObject, BLOCK};
 use super::{Counters, FillJob, Inner, ModeCell};
-use crate::control::CacheMode;
+use cache_control::CacheMode;
 
 /// Sequential misses fetch this far ahead (within the object).
 const READ_AHEAD: u64 = 1 << 20;
