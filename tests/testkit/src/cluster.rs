@@ -27,7 +27,7 @@ impl Bins {
 
     /// The workspace's `sheep` and `dog`, built now if they are missing or older than their
     /// sources: `cargo build --bins` runs once per test process (a no-op when nothing changed),
-    /// so `cargo test -p fusefs` alone never tests a stale `sheep`.
+    /// so `cargo test -p sheepfs` alone never tests a stale `sheep`.
     pub fn fresh() -> Bins {
         let dir = crate::build::binaries()
             .unwrap_or_else(|e| panic!("building the binaries under test: {e}"));

@@ -26,7 +26,8 @@ use objstore_client::vdi::{self, VdiInfo};
 use objstore_client::{lock::LockError, Client, Vdi, VdiError};
 use objstore_proto::size::format_size;
 
-use crate::cache::{Cache, CacheError, CachedVdi, Missed};
+use objcache::{Cache, CacheError, CachedVdi, Missed};
+
 use crate::errno;
 
 /// An open VDI: straight to the cluster, or through the cache.
@@ -131,8 +132,8 @@ impl OpenVdi {
     }
 }
 
-/// State shared by the FUSE threads and the tasks answering them.
-struct Shared {
+/// State shared by the FUSE threads, the tasks answering them and the control socket.
+pub(crate) struct Shared {
     client: Arc<Client>,
     cache: Option<Cache>,
     /// ino → VDI name, learnt from lookup, readdir and create.
@@ -303,7 +304,7 @@ impl Shared {
     /// in only once every request of the plain handle is done and the VDI's allocation is
     /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
     /// if there was nothing to take over.
-    async fn take_over(&self, vid: u32) -> Result<bool, String> {
+    pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, String> {
         let ino = ino_of(vid);
         let name = match self.open.lock().unwrap().get(&ino) {
             Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(_)) => {
@@ -331,6 +332,10 @@ impl Shared {
             None => cached.open_gate(),
         }
         Ok(true)
+    }
+
+    pub(crate) fn client(&self) -> &Arc<Client> {
+        &self.client
     }
 
     fn new_fh(&self) -> FileHandle {
@@ -399,20 +404,22 @@ impl SheepFs {
             gid,
             mounted_at: SystemTime::now(),
         });
-        if let Some(cache) = &sh.cache {
-            // Weak: the cache lives inside Shared.
-            let weak = Arc::downgrade(&sh);
-            cache.set_take_over(Box::new(move |vid| {
-                let weak = weak.clone();
-                Box::pin(async move {
-                    match weak.upgrade() {
-                        Some(sh) => sh.take_over(vid).await,
-                        None => Ok(false),
-                    }
-                })
-            }));
-        }
         SheepFs { rt, sh }
+    }
+
+    /// Binds the cache's control socket (mode 0600, replacing a stale one) and serves it
+    /// on the runtime. Nothing to do without a cache.
+    pub fn serve_control(&self) -> std::io::Result<()> {
+        let Some(cache) = &self.sh.cache else {
+            return Ok(());
+        };
+        let listener = crate::socket::bind(cache.dir())?;
+        self.rt.spawn(crate::socket::serve(
+            self.sh.clone(),
+            cache.clone(),
+            listener,
+        ));
+        Ok(())
     }
 
     /// Runs `f` on the runtime; the FUSE thread returns at once.

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! DIR/state.json            {cache_id, boot_id, clean}: how the last mount ended
-//! DIR/control.sock          cachectl's socket (0600)
+//! DIR/control.sock          cachectl's socket (0600), served by sheepfs (`cache_control`)
 //! DIR/index/                sled: last access per object (rebuilt from files when lost)
 //! DIR/vdis/<vid>.json       {name, vid, gen, mode}: the lock generation the cache matches
 //! DIR/obj/<vid>/<idx>.data  cached bytes (sparse)
@@ -24,7 +24,6 @@ mod admit;
 mod bitmap;
 mod object;
 mod pressure;
-mod socket;
 mod spare;
 mod vdi;
 
@@ -220,15 +219,7 @@ pub(crate) struct Inner {
     streams: AtomicU64,
     /// Emptied files of evicted objects, reused for new ones.
     spares: spare::Spares,
-    /// The filesystem's [`TakeOver`], once it is mounted.
-    take_over_open: std::sync::OnceLock<TakeOver>,
 }
-
-/// Called by `cachectl mode` after it set a caching mode for VDI `vid` that this cache has
-/// not attached: the filesystem puts the VDI's open read-write file, if it has one, under the
-/// cache ([`Cache::take_over`]). Ok(true) if it did.
-pub type TakeOver =
-    Box<dyn Fn(u32) -> futures::future::BoxFuture<'static, Result<bool, String>> + Send + Sync>;
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket.
 #[derive(Clone)]
@@ -374,7 +365,6 @@ impl Cache {
             cpu: pressure::CpuPressure::new(),
             streams: AtomicU64::new(1),
             spares: spare::Spares::open(dir.join("spare")),
-            take_over_open: std::sync::OnceLock::new(),
             creating: Mutex::default(),
             created: std::sync::Condvar::new(),
             cfg,
@@ -428,14 +418,9 @@ impl Cache {
         &self.inner.cfg.dir
     }
 
-    /// Starts the flusher and the control socket, and attaches every VDI that still has
+    /// Starts the flusher and the fill thread, and attaches every VDI that still has
     /// unpushed writes from an earlier mount so they are pushed.
     pub fn start(&self, rt: &tokio::runtime::Handle) -> Result<(), CacheError> {
-        let sock = socket::bind(&self.inner.cfg.dir).map_err(|e| CacheError::Dir {
-            dir: self.inner.cfg.dir.clone(),
-            what: format!("control socket: {e}"),
-        })?;
-        rt.spawn(socket::serve(self.clone(), sock));
         rt.spawn(flusher(self.inner.clone()));
         if let Some(rx) = self.inner.fill_rx.lock().unwrap().take() {
             // One fill thread. Two kept the disk busier on a first sequential read (more of it
@@ -539,12 +524,6 @@ impl Cache {
         Ok(CachedVdi::gated(self.inner.clone(), vdi))
     }
 
-    /// Sets what `cachectl mode` calls to take over an open file (once; later calls are
-    /// ignored).
-    pub fn set_take_over(&self, f: TakeOver) {
-        let _ = self.inner.take_over_open.set(f);
-    }
-
     /// Pushes every dirty block of `vid` (all VDIs if None) and flushes the cluster.
     pub async fn flush(
         &self,
@@ -610,12 +589,76 @@ impl Cache {
             st.clean = true;
             let _ = write_json_atomic(&state_path, &st);
         }
-        let _ = std::fs::remove_file(inner.cfg.dir.join(cache_control::SOCKET_NAME));
         left
     }
 
-    pub(crate) fn inner(&self) -> &Arc<Inner> {
-        &self.inner
+    /// Counters and sizes of the whole cache and of every VDI it holds or counted.
+    pub fn stats(&self) -> CacheStats {
+        self.inner.stats()
+    }
+
+    /// The id of the VDI named `name` as this cache knows it (None: nothing was ever
+    /// cached of it).
+    pub fn vid_of(&self, name: &str) -> Option<u32> {
+        self.inner.vid_of(name)
+    }
+
+    /// VDI `vid`'s cache mode (its own, or the default).
+    pub fn mode_of(&self, vid: u32) -> CacheMode {
+        self.inner.mode_of(vid)
+    }
+
+    /// Whether this cache holds VDI `vid`'s attachment lock.
+    pub fn is_attached(&self, vid: u32) -> bool {
+        self.inner.attached.lock().unwrap().contains_key(&vid)
+    }
+
+    /// Drops cached data of `vid` (every VDI if None): clean data only, or dirty data too
+    /// if `discard_dirty` (the caller flushed first otherwise). Returns (bytes dropped,
+    /// dirty bytes thrown away).
+    pub fn evict(&self, vid: Option<u32>, discard_dirty: bool) -> (u64, u64) {
+        let inner = &self.inner;
+        let dirty_before = inner.dirty.load(Ordering::SeqCst);
+        let vids: Vec<u32> = match vid {
+            Some(v) => vec![v],
+            None => inner.records.read().unwrap().keys().copied().collect(),
+        };
+        let mut bytes = 0;
+        for v in vids {
+            bytes += inner.drop_vdi(v, discard_dirty);
+        }
+        let discarded = if discard_dirty {
+            dirty_before.saturating_sub(inner.dirty.load(Ordering::SeqCst))
+        } else {
+            0
+        };
+        (bytes, discarded)
+    }
+
+    /// Sets the cache's size bound and makes room down to it (pushing dirty data if it must);
+    /// false if the cache could not shrink to it within the client's timeout.
+    pub async fn resize(&self, size: u64) -> bool {
+        let inner = &self.inner;
+        inner.size.store(size, Ordering::SeqCst);
+        inner.admission.resize(size);
+        inner.reserve(0).await
+    }
+
+    /// Records VDI `vid`'s new mode (the caller flushed it first when it leaves writeback);
+    /// `off` drops its clean cached data. Writes that went straight to the cluster in the
+    /// old mode (off, writethrough) may not be flushed on the nodes yet: the next fsync
+    /// flushes the cluster even if it pushes nothing.
+    pub fn set_mode(&self, vid: u32, mode: CacheMode) {
+        let inner = &self.inner;
+        let rec = inner.records.read().unwrap().get(&vid).cloned();
+        if let Some(mut r) = rec {
+            r.mode = Some(mode);
+            inner.save_record(&r);
+        }
+        if mode == CacheMode::Off {
+            inner.drop_vdi(vid, false);
+        }
+        inner.unflushed.store(true, Ordering::SeqCst);
     }
 
     /// Before a VDI is deleted: drops what is cached of it (dirty data too: it is being

@@ -1,21 +1,23 @@
-//! `sheepfs`: the cluster's VDIs as plain files at a FUSE mount point.
+//! `sheepfs`: the cluster's VDIs as plain files at a FUSE mount point, through the local
+//! object cache (crate `objcache`) when there is one.
 //!
 //! ```text
 //!  kernel FUSE ── fuser session threads (clone_fd) ── SheepFs::<op>() returns at once
 //!                                                       │ reply moved into a tokio task
 //!                                                       ▼
-//!                                   objstore_client::Vdi (cached inode) ── objstore_client::Client ── sheep × N
+//!              objcache::CachedVdi ─or─ objstore_client::Vdi (cached inode) ── Client ── sheep × N
+//!                      ▲
+//!  cachectl ── DIR/control.sock (socket: calls the cache, and the fs to take a file over)
 //! ```
 //! - [`fs`]: the `fuser::Filesystem` implementation.
-//! - [`cache`]: the local object cache.
-//! - the cache control protocol spoken on the cache's unix socket is the `cache_control`
+//! - [`socket`]: the cache's control socket server; the protocol is the `cache_control`
 //!   crate (`fusefs/control`), shared with `cachectl`.
 //! - [`errno`]: the one mapping from library errors to errno values.
 //! - [`mount`]: mount options and the checks made before mounting.
 
-pub mod cache;
 pub mod errno;
 pub mod fs;
 pub mod mount;
+pub mod socket;
 
 pub use fs::SheepFs;
