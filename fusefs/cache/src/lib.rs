@@ -22,6 +22,7 @@
 
 mod admit;
 mod bitmap;
+mod error;
 mod object;
 mod pressure;
 mod spare;
@@ -34,13 +35,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lru::LruCache;
-use objstore_client::{lock, Client, Vdi, VdiError};
+use objstore_client::{lock, Client, Vdi};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use cache_control::{CacheMode, CacheStats, VdiStats};
 use object::{CachedObject, Key, BLOCK};
 
+pub use error::{chain, CacheError, PushError};
 pub use vdi::{CachedVdi, Missed};
 
 #[derive(Debug, Clone)]
@@ -53,25 +55,6 @@ pub struct CacheConfig {
     /// Sequential runs longer than this are streams, cached on their second pass (0: on
     /// their first); see [`CachedVdi`]'s stream tracking.
     pub sequential_cutoff: u64,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CacheError {
-    #[error("cache directory {dir}: {what}")]
-    Dir { dir: PathBuf, what: String },
-    #[error(transparent)]
-    Lock(#[from] lock::LockError),
-    #[error(
-        "cached unpushed writes to VDI '{name}' belong to an attachment that is no longer current (lock generation {ours} here, {theirs} in the cluster: the lock was broken or taken elsewhere since); drop them with 'cachectl evict {name} --discard-dirty --yes'"
-    )]
-    Conflict {
-        name: String,
-        ours: u64,
-        theirs: u64,
-    },
-    #[error(transparent)]
-    Vdi(#[from] VdiError),
 }
 
 #[derive(Default)]
@@ -295,29 +278,29 @@ impl Cache {
     /// there, and marks the directory in use.
     pub fn open(cfg: CacheConfig, client: Arc<Client>) -> Result<Cache, CacheError> {
         let dir = cfg.dir.clone();
-        let derr = |what: String| CacheError::Dir {
-            dir: dir.clone(),
-            what,
+        let derr = |what: &'static str| {
+            let dir = dir.clone();
+            move |source| CacheError::Dir { dir, what, source }
         };
         for sub in ["obj", "vdis"] {
-            std::fs::create_dir_all(dir.join(sub)).map_err(|e| derr(format!("create: {e}")))?;
+            std::fs::create_dir_all(dir.join(sub)).map_err(derr("create"))?;
         }
         {
             use std::os::unix::fs::PermissionsExt;
             // Cached VDI data is nobody else's business.
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| derr(format!("chmod: {e}")))?;
+                .map_err(derr("chmod"))?;
         }
         let dir_lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(dir.join("lock"))
-            .map_err(|e| derr(format!("open lock: {e}")))?;
+            .map_err(derr("open lock"))?;
         use std::os::unix::io::AsRawFd;
         // SAFETY: flock on a valid descriptor, held for the life of the cache.
         if unsafe { libc::flock(dir_lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(derr("in use by another sheepfs".into()));
+            return Err(CacheError::InUse { dir });
         }
         let state_path = dir.join("state.json");
         let boot = boot_id();
@@ -383,7 +366,7 @@ impl Cache {
             inner.load_objects(keys);
         }
         for e in std::fs::read_dir(dir.join("vdis"))
-            .map_err(|e| derr(format!("list: {e}")))?
+            .map_err(derr("list"))?
             .flatten()
         {
             if let Some(r) = std::fs::read(e.path())
@@ -401,7 +384,7 @@ impl Cache {
                 clean: false,
             },
         )
-        .map_err(|e| derr(format!("write state: {e}")))?;
+        .map_err(derr("write state"))?;
         tracing::info!(
             "cache {}: {} of {} used, {} dirty",
             dir.display(),
@@ -430,9 +413,10 @@ impl Cache {
             std::thread::Builder::new()
                 .name("cache-fill".into())
                 .spawn(move || fill_worker(&inner, rx))
-                .map_err(|e| CacheError::Dir {
+                .map_err(|source| CacheError::Dir {
                     dir: self.inner.cfg.dir.clone(),
-                    what: format!("starting the fill thread: {e}"),
+                    what: "starting the fill thread",
+                    source,
                 })?;
         }
         // VDIs with unpushed writes, and VDIs the last mount attached without releasing (a
@@ -482,7 +466,7 @@ impl Cache {
                             ),
                         }
                     }
-                    Err(e) => inner.push_failed(format!("attaching '{name}' to push its writes: {e}")),
+                    Err(e) => inner.push_failed(format!("attaching '{name}' to push its writes: {}", chain(&e))),
                 }
             });
         }
@@ -529,7 +513,7 @@ impl Cache {
         &self,
         vid: Option<u32>,
         progress: impl Fn(u64, u64),
-    ) -> Result<u64, String> {
+    ) -> Result<u64, PushError> {
         self.inner.flush(vid, progress).await
     }
 
@@ -541,7 +525,10 @@ impl Cache {
             match inner.flush(None, |_, _| {}).await {
                 Ok(_) => break,
                 Err(e) => {
-                    inner.push_failed(format!("unmount push (attempt {attempt} of 3): {e}"));
+                    inner.push_failed(format!(
+                        "unmount push (attempt {attempt} of 3): {}",
+                        chain(&e)
+                    ));
                     tokio::time::sleep(Duration::from_secs(attempt)).await;
                 }
             }
@@ -713,7 +700,7 @@ impl Inner {
                     loaded.push((atime, Arc::new(o)));
                 }
                 Err(why) => {
-                    tracing::warn!("dropping cached object {k:?}: {why}");
+                    tracing::warn!("dropping cached object {k:?}: {}", chain(&why));
                     object::remove_key(&self.obj_dir, k);
                 }
             }
@@ -977,7 +964,7 @@ impl Inner {
             match oldest {
                 Some(o) => {
                     if let Err(e) = self.push_object(&o).await {
-                        self.push_failed(e);
+                        self.push_failed(chain(&e));
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
@@ -1178,19 +1165,14 @@ impl Inner {
 
     /// Pushes one object's dirty blocks to the cluster (not flushed there). Blocks written
     /// again while the push is in flight stay dirty.
-    async fn push_object(&self, o: &CachedObject) -> Result<u64, String> {
+    async fn push_object(&self, o: &CachedObject) -> Result<u64, PushError> {
         let vdi = self
             .attached
             .lock()
             .unwrap()
             .get(&o.key.0)
             .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "VDI id {:x} is not attached: cannot push its writes",
-                    o.key.0
-                )
-            })?;
+            .ok_or(PushError::NotAttached { vid: o.key.0 })?;
         let _one = o.pushing.lock().await;
         let snapshot = {
             let mut st = o.state.lock().unwrap();
@@ -1208,8 +1190,8 @@ impl Inner {
             let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
             // Pooled: a push of 4 MiB runs would otherwise fault in fresh memory each time.
             let mut buf = objstore_proto::pagebuf::PageBuf::zeroed(len as usize);
-            if let Err(e) = o.read_data(buf.as_mut(), off) {
-                result = Err(format!("reading cached object {:?}: {e}", o.key));
+            if let Err(source) = o.read_data(buf.as_mut(), off) {
+                result = Err(PushError::ReadCache { key: o.key, source });
                 break;
             }
             // Never past the end of the VDI (its last object may be partial).
@@ -1218,8 +1200,11 @@ impl Inner {
                 continue;
             }
             buf.truncate((end - base - off) as usize);
-            if let Err(e) = vdi.write_at(base + off, buf.freeze()).await {
-                result = Err(format!("writing VDI '{}': {e}", vdi.header().name));
+            if let Err(source) = vdi.write_at(base + off, buf.freeze()).await {
+                result = Err(PushError::Write {
+                    name: vdi.header().name,
+                    source,
+                });
                 break;
             }
             pushed += end - base - off;
@@ -1246,7 +1231,7 @@ impl Inner {
     }
 
     /// Pushes every dirty object of `vid` (or all), then flushes the cluster.
-    async fn flush(&self, vid: Option<u32>, progress: impl Fn(u64, u64)) -> Result<u64, String> {
+    async fn flush(&self, vid: Option<u32>, progress: impl Fn(u64, u64)) -> Result<u64, PushError> {
         let _one = self.push_lock.lock().await;
         let dirty: Vec<Arc<CachedObject>> = self
             .objects
@@ -1288,7 +1273,7 @@ impl Inner {
                 }
                 Err(e) => {
                     failed.store(true, Ordering::SeqCst);
-                    self.push_failed(e.clone());
+                    self.push_failed(chain(&e));
                     first_err.get_or_insert(e);
                 }
             }
@@ -1303,8 +1288,8 @@ impl Inner {
         }
         self.client.flush().await.map_err(|e| {
             self.unflushed.store(true, Ordering::SeqCst);
-            let e = format!("flushing the cluster: {e}");
-            self.push_failed(e.clone());
+            let e = PushError::ClusterFlush(e);
+            self.push_failed(chain(&e));
             e
         })?;
         Ok(done)
@@ -1528,7 +1513,7 @@ async fn flusher(inner: Arc<Inner>) {
         let mut failed = false;
         for (_, o) in due {
             if let Err(e) = inner.push_object(&o).await {
-                inner.push_failed(e);
+                inner.push_failed(chain(&e));
                 failed = true;
                 break;
             }

@@ -17,6 +17,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use super::bitmap::Bitmap;
+use super::error::LoadError;
 use super::spare::Spares;
 
 /// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
@@ -185,37 +186,44 @@ impl CachedObject {
     }
 
     /// Loads a cached object from its files; None (with the reason) if they cannot be trusted.
-    pub fn load(dir: &Path, key: Key) -> Result<CachedObject, String> {
+    pub fn load(dir: &Path, key: Key) -> Result<CachedObject, LoadError> {
         let (dp, mp) = paths(dir, key);
-        let raw = fs::read(&mp).map_err(|e| format!("reading {}: {e}", mp.display()))?;
+        let raw = fs::read(&mp).map_err(|source| LoadError::Read {
+            path: mp.clone(),
+            source,
+        })?;
+        let untrusted = |why| LoadError::Untrusted {
+            path: mp.clone(),
+            why,
+        };
         if raw.len() < META_HEAD || &raw[..8] != META_MAGIC {
-            return Err(format!("{} has no valid header", mp.display()));
+            return Err(untrusted("has no valid header"));
         }
         let object_size = u32::from_le_bytes(raw[8..12].try_into().unwrap()) as u64;
         let blocks = u32::from_le_bytes(raw[12..16].try_into().unwrap()) as usize;
         if !object_size.is_power_of_two() || blocks as u64 != object_size.div_ceil(BLOCK) {
-            return Err(format!("{} has a bad geometry", mp.display()));
+            return Err(untrusted("has a bad geometry"));
         }
         let bl = Bitmap::byte_len(blocks);
         if raw.len() != META_HEAD + 2 * bl {
-            return Err(format!("{} is truncated", mp.display()));
+            return Err(untrusted("is truncated"));
         }
         let valid = Bitmap::from_bytes(&raw[META_HEAD..META_HEAD + bl], blocks)
-            .ok_or_else(|| format!("{} has a bad valid map", mp.display()))?;
+            .ok_or_else(|| untrusted("has a bad valid map"))?;
         let dirty = Bitmap::from_bytes(&raw[META_HEAD + bl..], blocks)
-            .ok_or_else(|| format!("{} has a bad dirty map", mp.display()))?;
+            .ok_or_else(|| untrusted("has a bad dirty map"))?;
         if !dirty.minus(&valid).is_empty() {
-            return Err(format!(
-                "{} marks blocks dirty that are not valid",
-                mp.display()
-            ));
+            return Err(untrusted("marks blocks dirty that are not valid"));
         }
         let open = |p: &Path| {
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(p)
-                .map_err(|e| format!("opening {}: {e}", p.display()))
+                .map_err(|source| LoadError::Open {
+                    path: p.to_path_buf(),
+                    source,
+                })
         };
         let dirty_since = (!dirty.is_empty()).then(Instant::now);
         Ok(CachedObject {

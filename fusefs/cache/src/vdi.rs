@@ -9,6 +9,9 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use bytes::{Bytes, BytesMut};
 use objstore_client::{Vdi, VdiError};
 
+use crate::object::Key;
+use crate::CacheError;
+
 use super::object::State;
 use super::object::{CachedObject, BLOCK};
 use super::{Counters, FillJob, Inner, ModeCell};
@@ -21,7 +24,8 @@ const READ_AHEAD: u64 = 1 << 20;
 /// continues it: readers with several requests in flight have them served out of order.
 const STREAM_SLACK: u64 = 4 << 20;
 
-type Fetch = Shared<BoxFuture<'static, Result<Bytes, String>>>;
+/// A fetch other readers may join: its error is shared with them all.
+type Fetch = Shared<BoxFuture<'static, Result<Bytes, Arc<VdiError>>>>;
 
 /// A fetch from the cluster in flight (and until its fill lands): later reads of its range
 /// wait for it instead of fetching again.
@@ -88,11 +92,9 @@ fn forget_fetch(map: &Mutex<InflightMap>, idx: u32, id: u64) {
     }
 }
 
-fn io_err(what: &str, e: std::io::Error) -> VdiError {
-    VdiError::Corrupt {
-        name: "(cache)".into(),
-        reason: format!("{what}: {e}"),
-    }
+/// A failed read or write of the cache's files of object `key`.
+fn io_err(what: &'static str, key: Key) -> impl FnOnce(std::io::Error) -> CacheError {
+    move |source| CacheError::Io { what, key, source }
 }
 
 impl CachedVdi {
@@ -246,10 +248,10 @@ impl CachedVdi {
         offset: u64,
         len: u64,
         missed: Missed,
-    ) -> Result<Bytes, VdiError> {
+    ) -> Result<Bytes, CacheError> {
         self.pass_gate().await;
         if self.mode() == CacheMode::Off {
-            return self.vdi.read_at(offset, len).await;
+            return Ok(self.vdi.read_at(offset, len).await?);
         }
         let sequential = self.last_end.swap(offset + len, Ordering::Relaxed) == offset;
         let how = ReadKind {
@@ -307,7 +309,7 @@ impl CachedVdi {
         n: u64,
         how: ReadKind,
         looked: Option<Option<Arc<CachedObject>>>,
-    ) -> Result<Bytes, VdiError> {
+    ) -> Result<Bytes, CacheError> {
         let os = self.object_size;
         let key = (self.vid(), idx);
         let base = idx as u64 * os;
@@ -373,7 +375,7 @@ impl CachedVdi {
                     let fetch: Fetch = async move {
                         vdi.read_at(base + fstart, fend - fstart)
                             .await
-                            .map_err(|e| e.to_string())
+                            .map_err(Arc::new)
                     }
                     .boxed()
                     .shared();
@@ -408,9 +410,9 @@ impl CachedVdi {
                 if mine.is_some() {
                     forget_fetch(&self.inflight, idx, fid);
                 }
-                return Err(VdiError::Unavailable {
+                return Err(CacheError::Fetch {
                     name: self.vdi.header().name,
-                    reason: e,
+                    source: e,
                 });
             }
         };
@@ -443,7 +445,7 @@ impl CachedVdi {
         off: u64,
         b0: usize,
         b1: usize,
-    ) -> Result<Bytes, VdiError> {
+    ) -> Result<Bytes, CacheError> {
         match o.filter(|o| o.state.lock().unwrap().valid.any(b0, b1)) {
             None => Ok(fetched),
             Some(o) => self.overlay_cached(o, fetched, off, b0, b1),
@@ -458,7 +460,7 @@ impl CachedVdi {
         off: u64,
         b0: usize,
         b1: usize,
-    ) -> Result<Bytes, VdiError> {
+    ) -> Result<Bytes, CacheError> {
         let n = fetched.len() as u64;
         let mut buf = fetched.to_vec();
         {
@@ -469,7 +471,7 @@ impl CachedVdi {
                     let be = ((b as u64 + 1) * BLOCK).min(off + n);
                     let mut tmp = vec![0u8; (be - bs) as usize];
                     o.read_data(&mut tmp, bs)
-                        .map_err(|e| io_err("reading the cache", e))?;
+                        .map_err(io_err("reading the cache", o.key))?;
                     buf[(bs - off) as usize..(be - off) as usize].copy_from_slice(&tmp);
                 }
             }
@@ -550,7 +552,7 @@ impl CachedVdi {
     }
 
     /// Writes `data` at `offset` per the VDI's mode.
-    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
         self.pass_gate().await;
         match self.mode() {
             CacheMode::Off => {
@@ -571,7 +573,8 @@ impl CachedVdi {
                         offset,
                         len: data.len() as u64,
                         size: self.vdi.size(),
-                    });
+                    }
+                    .into());
                 }
                 self.store(offset, data, true).await?;
                 if self.inner.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
@@ -584,7 +587,7 @@ impl CachedVdi {
 
     /// Puts written data into the cache; `dirty` for writeback. Partial blocks not yet cached
     /// are read from the cluster first (writeback) or left uncached (writethrough).
-    async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), VdiError> {
+    async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), CacheError> {
         let os = self.object_size;
         for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
             let key = (self.vid(), idx);
@@ -650,16 +653,16 @@ impl CachedVdi {
                 match old_blocks.iter().find(|(ob, _)| *ob == b) {
                     Some((_, old)) => o
                         .write_data(old, b as u64 * BLOCK)
-                        .map_err(|e| io_err("writing the cache", e))?,
+                        .map_err(io_err("writing the cache", key))?,
                     None => skip.push(b), // writethrough: leave partial blocks uncached
                 }
             }
             let (added, dirtied) = commit(&o, &mut st, off, piece, &skip, dirty)
-                .map_err(|e| io_err("writing the cache", e))?;
+                .map_err(io_err("writing the cache", key))?;
             let saved = o.save(&st);
             drop(st);
             self.inner.settle(reserved, added as u64 * BLOCK);
-            saved.map_err(|e| io_err("writing cache metadata", e))?;
+            saved.map_err(io_err("writing cache metadata", key))?;
             self.inner
                 .dirty
                 .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
@@ -705,7 +708,7 @@ impl CachedVdi {
     /// Discard: the range reads as zeros afterwards, here and in the cluster. Whole cached
     /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
     /// part and keep their other bytes (and dirty state).
-    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         self.pass_gate().await;
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
@@ -728,11 +731,11 @@ impl CachedVdi {
                 let st = o.state.lock().unwrap();
                 if st.valid.get((off / BLOCK) as usize) {
                     o.write_data(&vec![0u8; (e - s) as usize], off)
-                        .map_err(|e| io_err("writing the cache", e))?;
+                        .map_err(io_err("writing the cache", o.key))?;
                 }
             }
         }
-        self.bypassing(self.vdi.discard(offset, len)).await
+        Ok(self.bypassing(self.vdi.discard(offset, len)).await?)
     }
 
     /// Runs a change that reaches the cluster without going through the cache. The counter
@@ -765,22 +768,20 @@ impl CachedVdi {
     }
 
     /// fsync: this VDI's dirty data to the cluster, flushed there.
-    pub async fn flush(&self) -> Result<(), VdiError> {
+    pub async fn flush(&self) -> Result<(), CacheError> {
         self.pass_gate().await;
         if self.mode() == CacheMode::Writeback {
             let vid = self.vid();
             self.inner
                 .flush(Some(vid), |_, _| {})
                 .await
-                .map_err(|e| VdiError::Unavailable {
+                .map_err(|source| CacheError::Push {
                     name: self.vdi.header().name,
-                    reason: format!(
-                        "pushing cached writes failed (they stay cached and are retried): {e}"
-                    ),
+                    source,
                 })?;
             return Ok(());
         }
-        self.vdi.flush().await
+        Ok(self.vdi.flush().await?)
     }
 }
 
@@ -807,18 +808,19 @@ fn copy_hit(
 /// `n` cached bytes at `off`: from the page cache directly, else from the disk on the
 /// blocking pool (a runtime thread never waits for the disk). Holding `o` keeps the object
 /// from eviction meanwhile.
-async fn read_cached(o: &Arc<CachedObject>, off: u64, n: u64) -> Result<Vec<u8>, VdiError> {
+async fn read_cached(o: &Arc<CachedObject>, off: u64, n: u64) -> Result<Vec<u8>, CacheError> {
     let mut buf = vec![0u8; n as usize];
     if o.read_data_nowait(&mut buf, off)
-        .map_err(|e| io_err("reading the cache", e))?
+        .map_err(io_err("reading the cache", o.key))?
     {
         return Ok(buf);
     }
+    let key = o.key;
     let o = o.clone();
     tokio::task::spawn_blocking(move || o.read_data(&mut buf, off).map(|()| buf))
         .await
-        .map_err(|e| io_err("reading the cache", std::io::Error::other(e)))?
-        .map_err(|e| io_err("reading the cache", e))
+        .map_err(|e| io_err("reading the cache", key)(std::io::Error::other(e)))?
+        .map_err(io_err("reading the cache", key))
 }
 
 /// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and

@@ -26,7 +26,7 @@ use objstore_client::vdi::{self, VdiInfo};
 use objstore_client::{lock::LockError, Client, Vdi, VdiError};
 use objstore_proto::size::format_size;
 
-use objcache::{Cache, CacheError, CachedVdi, Missed};
+use objcache::{chain, Cache, CacheError, CachedVdi, Missed};
 
 use crate::errno;
 
@@ -45,50 +45,44 @@ impl Disk {
         }
     }
 
-    async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+    async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
         match self {
-            Disk::Plain(v) => v.write_at(offset, data).await,
+            Disk::Plain(v) => Ok(v.write_at(offset, data).await?),
             Disk::Cached(c) => c.write(offset, data).await,
         }
     }
 
-    async fn flush(&self) -> Result<(), VdiError> {
+    async fn flush(&self) -> Result<(), CacheError> {
         match self {
-            Disk::Plain(v) => v.flush().await,
+            Disk::Plain(v) => Ok(v.flush().await?),
             Disk::Cached(c) => c.flush().await,
         }
     }
 
-    async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+    async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         match self {
-            Disk::Plain(v) => v.discard(offset, len).await,
+            Disk::Plain(v) => Ok(v.discard(offset, len).await?),
             Disk::Cached(c) => c.discard(offset, len).await,
         }
     }
 }
 
-/// The errno for a failed attach through the cache, logged with its reason.
+/// The errno for a request that failed through the cache (or a plain handle's, as a
+/// [`CacheError::Vdi`]), logged once with its causes.
 fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
-    match e {
-        CacheError::Vdi(v) => fail(op, what, v),
-        CacheError::Lock(l) if !matches!(l, LockError::Held { .. }) => {
-            let errno = errno::from_lock(l);
-            if errno == Errno::ENOENT {
-                tracing::debug!("{op} {what}: {e}");
-            } else {
-                tracing::warn!("{op} {what}: {e}");
-            }
-            errno
-        }
-        CacheError::Lock(LockError::Held { .. }) | CacheError::Conflict { .. } => {
-            tracing::error!("{op} {what}: {e}");
-            Errno::EBUSY
-        }
-        _ => {
-            tracing::warn!("{op} {what}: {e}");
-            Errno::EIO
-        }
+    let errno = errno::from_cache(e);
+    let held = matches!(
+        e,
+        CacheError::Lock(LockError::Held { .. }) | CacheError::Conflict { .. }
+    );
+    if held {
+        tracing::error!("{op} {what}: {}", chain(e));
+    } else if errno == Errno::ENOENT {
+        tracing::debug!("{op} {what}: {}", chain(e));
+    } else {
+        tracing::warn!("{op} {what}: {}", chain(e));
     }
+    errno
 }
 
 const TTL: Duration = Duration::from_secs(1);
@@ -304,7 +298,7 @@ impl Shared {
     /// in only once every request of the plain handle is done and the VDI's allocation is
     /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
     /// if there was nothing to take over.
-    pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, String> {
+    pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, CacheError> {
         let ino = ino_of(vid);
         let name = match self.open.lock().unwrap().get(&ino) {
             Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(_)) => {
@@ -315,12 +309,7 @@ impl Shared {
         let Some(cache) = &self.cache else {
             return Ok(false);
         };
-        let cached = Arc::new(
-            cache
-                .take_over(vid, &name)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+        let cached = Arc::new(cache.take_over(vid, &name).await?);
         let plain = match self.open.lock().unwrap().get_mut(&ino) {
             Some(o) => o.upgrade(&cached),
             None => None,
@@ -665,12 +654,12 @@ impl Filesystem for SheepFs {
             }
             let len = (size as u64).min(end - offset);
             let read = match &disk {
-                Disk::Plain(v) => v.read_at(offset, len).await,
+                Disk::Plain(v) => v.read_at(offset, len).await.map_err(CacheError::from),
                 Disk::Cached(c) => c.read_missed(offset, len, missed).await,
             };
             match read {
                 Ok(data) => reply.data(&data),
-                Err(e) => reply.error(fail("read", &disk.vdi().header().name, &e)),
+                Err(e) => reply.error(cache_fail("read", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -705,7 +694,7 @@ impl Filesystem for SheepFs {
             let n = (data.len() as u64).min(end - offset) as usize;
             match disk.write(offset, data.slice(..n)).await {
                 Ok(()) => reply.written(n as u32),
-                Err(e) => reply.error(fail("write", &disk.vdi().header().name, &e)),
+                Err(e) => reply.error(cache_fail("write", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -738,7 +727,7 @@ impl Filesystem for SheepFs {
         self.rt.spawn(async move {
             match disk.flush().await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fsync", &disk.vdi().header().name, &e)),
+                Err(e) => reply.error(cache_fail("fsync", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -898,7 +887,7 @@ impl Filesystem for SheepFs {
                 // Preallocation: space is taken on write; grow the VDI unless KEEP_SIZE.
                 let end = offset.saturating_add(length);
                 if mode & FALLOC_KEEP_SIZE == 0 && end > size {
-                    vdi.grow(end).await
+                    vdi.grow(end).await.map_err(CacheError::from)
                 } else {
                     Ok(())
                 }
@@ -907,7 +896,7 @@ impl Filesystem for SheepFs {
             };
             match res {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fallocate", &name, &e)),
+                Err(e) => reply.error(cache_fail("fallocate", &name, &e)),
             }
         });
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cache_control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
-use objcache::Cache;
+use objcache::{chain, Cache};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -116,7 +116,7 @@ async fn handle(
                     r = &mut flush => {
                         return match r {
                             Ok(bytes) => Response::Ok(Reply::Flushed { bytes }),
-                            Err(e) => Response::Error(format!("flush failed (the data stays dirty and is retried): {e}")),
+                            Err(e) => Response::Error(format!("flush failed (the data stays dirty and is retried): {}", chain(&e))),
                         };
                     }
                     Some((pushed, total)) = rx.recv() => {
@@ -133,7 +133,8 @@ async fn handle(
             if !discard_dirty {
                 if let Err(e) = cache.flush(vid, |_, _| {}).await {
                     return Response::Error(format!(
-                        "evict: flushing dirty data first failed, nothing evicted: {e}"
+                        "evict: flushing dirty data first failed, nothing evicted: {}",
+                        chain(&e)
                     ));
                 }
             }
@@ -169,7 +170,8 @@ async fn handle(
             if cache.mode_of(vid) == CacheMode::Writeback && mode != CacheMode::Writeback {
                 if let Err(e) = cache.flush(Some(vid), |_, _| {}).await {
                     return Response::Error(format!(
-                        "leaving writeback needs a flush, which failed (mode unchanged): {e}"
+                        "leaving writeback needs a flush, which failed (mode unchanged): {}",
+                        chain(&e)
                     ));
                 }
             }
@@ -181,7 +183,8 @@ async fn handle(
                     Ok(took) => attached = took,
                     Err(e) => {
                         return Response::Error(format!(
-                            "VDI '{vdi}' is now {mode}, but the cache could not take over its open file, which goes on straight to the cluster until its next read-write open: {e}"
+                            "VDI '{vdi}' is now {mode}, but the cache could not take over its open file, which goes on straight to the cluster until its next read-write open: {}",
+                            chain(&e)
                         ))
                     }
                 }
