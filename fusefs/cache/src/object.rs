@@ -540,7 +540,7 @@ mod tests {
         let saved = || CachedObject::load(d.path(), (1, 2)).unwrap();
         // A fill: data written, bitmaps changed but not saved yet.
         let fill = |o: &CachedObject, start: u64, parts: &[&[u8]]| {
-            super::super::vdi::write_fill(o, start, parts, || true)
+            crate::fill::write_fill(o, start, parts, || true)
         };
         assert_eq!(fill(&o, 0, &[&[7u8; 4096]]), (1, true));
         // Already valid: nothing added, and the object is already listed as unsaved.
@@ -584,7 +584,7 @@ mod tests {
         o.state.lock().unwrap().valid.set_range(2, 3, true);
         let (p1, p2) = (vec![1u8; 3 * b - 100], vec![2u8; 2 * b + 100]);
         let fill = |o: &CachedObject, start: u64, parts: &[&[u8]]| {
-            super::super::vdi::write_fill(o, start, parts, || true)
+            crate::fill::write_fill(o, start, parts, || true)
         };
         assert_eq!(fill(&o, 0, &[&p1, &p2]), (4, true));
         assert_eq!(o.state.lock().unwrap().valid.runs(), vec![(0, 5)]);

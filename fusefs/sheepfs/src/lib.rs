@@ -10,6 +10,7 @@
 //!  cachectl ── DIR/control.sock (socket: calls the cache, and the fs to take a file over)
 //! ```
 //! - [`fs`]: the `fuser::Filesystem` implementation.
+//! - `handles`: the open VDIs' handles (plain or cached), and taking one over into the cache.
 //! - [`socket`]: the cache's control socket server; the protocol is the `cache_control`
 //!   crate (`fusefs/control`), shared with `cachectl`.
 //! - [`errno`]: the one mapping from library errors to errno values.
@@ -17,6 +18,7 @@
 
 pub mod errno;
 pub mod fs;
+mod handles;
 pub mod mount;
 pub mod socket;
 

@@ -11,7 +11,7 @@ use objcache::{chain, Cache};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::fs::Shared;
+use crate::handles::Shared;
 
 /// Binds the socket (replacing a stale one) with mode 0600.
 pub(crate) fn bind(dir: &Path) -> std::io::Result<UnixListener> {

@@ -1,0 +1,396 @@
+//! Space: the cached objects in LRU order, the bytes they hold against the size bound, and
+//! their files. Making room evicts the least recently used object nobody is using and that
+//! has no dirty blocks; when only dirty ones are left, it pushes the oldest first. The LRU
+//! order survives a remount through the sled index (`DIR/index/`).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+
+use crate::dir::now_ms;
+use crate::object::{self, CachedObject, Key};
+use crate::stats::Counters;
+use crate::{chain, spare, Inner};
+
+/// The cached objects and the bytes they hold.
+pub(crate) struct Space {
+    /// The size bound in bytes (`cachectl resize` changes it).
+    pub(crate) size: AtomicU64,
+    pub(crate) obj_dir: PathBuf,
+    pub(crate) objects: Mutex<LruCache<Key, Arc<CachedObject>>>,
+    /// Bytes of valid blocks, and of dirty ones.
+    pub(crate) used: AtomicU64,
+    pub(crate) dirty: AtomicU64,
+    /// When the index last recorded the objects' last uses ([`object::clock_ms`]).
+    pub(crate) index_saved_at: AtomicU64,
+    pub(crate) index: Option<sled::Tree>,
+    /// Keys whose files are being created or retired: a key's files are made only once
+    /// those of the object it had before are gone (retiring renames them by path, which would
+    /// otherwise take the new object's files).
+    pub(crate) creating: Mutex<HashSet<Key>>,
+    /// Signalled when a key leaves `creating`.
+    pub(crate) created: std::sync::Condvar,
+    /// Emptied files of evicted objects, reused for new ones.
+    pub(crate) spares: spare::Spares,
+}
+
+impl Space {
+    /// Empty, over the cache directory `dir`; [`Inner::load_objects`] fills it.
+    pub(crate) fn new(dir: &Path, size: u64) -> Space {
+        Space {
+            size: AtomicU64::new(size),
+            obj_dir: dir.join("obj"),
+            objects: Mutex::new(LruCache::unbounded()),
+            used: AtomicU64::new(0),
+            dirty: AtomicU64::new(0),
+            index_saved_at: AtomicU64::new(0),
+            index: open_index(dir),
+            creating: Mutex::default(),
+            created: std::sync::Condvar::new(),
+            spares: spare::Spares::open(dir.join("spare")),
+        }
+    }
+}
+
+fn key_bytes(k: Key) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&k.0.to_be_bytes());
+    b[4..].copy_from_slice(&k.1.to_be_bytes());
+    b
+}
+
+/// Opens the sled index, recreating it if it is missing or unreadable: it only holds what the
+/// cache files can rebuild.
+fn open_index(dir: &Path) -> Option<sled::Tree> {
+    let path = dir.join("index");
+    let open = || {
+        sled::Config::new()
+            .path(&path)
+            .open()
+            .and_then(|db| db.open_tree("atime"))
+    };
+    match open() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(
+                "cache index {} is unreadable ({e}): rebuilding it",
+                path.display()
+            );
+            let _ = std::fs::remove_dir_all(&path);
+            match open() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(
+                        "cache index unavailable ({e}): LRU order starts from directory order"
+                    );
+                    None
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn load_objects(&self, keys: Vec<Key>) {
+        let mut loaded: Vec<(u64, Arc<CachedObject>)> = Vec::new();
+        for k in keys {
+            match CachedObject::load(&self.space.obj_dir, k) {
+                Ok(o) => {
+                    let st = o.state.lock().unwrap();
+                    self.space
+                        .used
+                        .fetch_add(o.bytes_of(st.valid.count()), Ordering::Relaxed);
+                    self.space
+                        .dirty
+                        .fetch_add(o.bytes_of(st.dirty.count()), Ordering::Relaxed);
+                    drop(st);
+                    let atime = self
+                        .space
+                        .index
+                        .as_ref()
+                        .and_then(|t| t.get(key_bytes(k)).ok().flatten())
+                        .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+                        .unwrap_or(0);
+                    loaded.push((atime, Arc::new(o)));
+                }
+                Err(why) => {
+                    tracing::warn!("dropping cached object {k:?}: {}", chain(&why));
+                    object::remove_key(&self.space.obj_dir, k);
+                }
+            }
+        }
+        loaded.sort_by_key(|(t, _)| *t);
+        let mut objects = self.space.objects.lock().unwrap();
+        for (_, o) in loaded {
+            objects.put(o.key, o);
+        }
+    }
+
+    /// Records in the index when each object used since the last save was last used (as wall
+    /// time, for the LRU order of the next mount).
+    pub(crate) fn save_index(&self) {
+        let Some(t) = &self.space.index else { return };
+        let now = object::clock_ms();
+        let since = self.space.index_saved_at.swap(now, Ordering::Relaxed);
+        let wall = now_ms();
+        let used: Vec<(Key, u64)> = self
+            .space
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            // 0: loaded at mount and unused since, its recorded time stands.
+            .filter(|(_, o)| o.used_at() > 0 && o.used_at() >= since)
+            // Used after `now` was read (on another thread): now.
+            .map(|(k, o)| (*k, wall.saturating_sub(now.saturating_sub(o.used_at()))))
+            .collect();
+        for (k, at) in used {
+            let _ = t.insert(key_bytes(k), &at.to_be_bytes());
+        }
+        let _ = t.flush();
+    }
+
+    /// How long the least recently used object has gone unused, in milliseconds (None: the
+    /// cache holds none). What a displacing fill would evict first, unless it is dirty or
+    /// being read.
+    pub(crate) fn lru_idle_ms(&self) -> Option<u64> {
+        let objects = self.space.objects.lock().unwrap();
+        let (_, o) = objects.peek_lru()?;
+        Some(object::clock_ms().saturating_sub(o.used_at()))
+    }
+
+    pub(crate) fn dirty_of(&self, vid: u32) -> u64 {
+        self.space
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.0 == vid)
+            .map(|(_, o)| o.bytes_of(o.state.lock().unwrap().dirty.count()))
+            .sum()
+    }
+
+    /// Removes cached objects of `vid` (dirty ones only if `discard_dirty`) and forgets
+    /// which of its objects streams passed through (after an evict, a stream over the VDI is
+    /// a first pass again); returns the bytes dropped.
+    pub(crate) fn drop_vdi(&self, vid: u32, discard_dirty: bool) -> u64 {
+        self.fills.admission.forget_streams(vid);
+        let victims: Vec<Arc<CachedObject>> = {
+            let mut objects = self.space.objects.lock().unwrap();
+            let keys: Vec<Key> = objects
+                .iter()
+                .filter(|(k, o)| {
+                    k.0 == vid
+                        && Arc::strong_count(o) == 1
+                        && (discard_dirty || o.state.lock().unwrap().dirty.is_empty())
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            keys.iter()
+                .filter_map(|k| self.take_out(&mut objects, *k))
+                .collect()
+        };
+        victims.iter().map(|o| self.forget(o)).sum()
+    }
+
+    /// Takes `key`'s object out of the LRU (whose lock the caller holds) for
+    /// [`Inner::forget`]; until that is done, nobody creates the key's files again.
+    pub(crate) fn take_out(
+        &self,
+        objects: &mut LruCache<Key, Arc<CachedObject>>,
+        key: Key,
+    ) -> Option<Arc<CachedObject>> {
+        let o = objects.pop(&key)?;
+        self.space.creating.lock().unwrap().insert(key);
+        Some(o)
+    }
+
+    /// Accounting and files of an object [`Inner::take_out`] took out of the LRU; returns its
+    /// bytes.
+    pub(crate) fn forget(&self, o: &CachedObject) -> u64 {
+        let st = o.state.lock().unwrap();
+        let bytes = o.bytes_of(st.valid.count());
+        let dirty = o.bytes_of(st.dirty.count());
+        drop(st);
+        self.space.used.fetch_sub(bytes, Ordering::SeqCst);
+        self.space.dirty.fetch_sub(dirty, Ordering::SeqCst);
+        o.retire(&self.space.spares);
+        if let Some(t) = &self.space.index {
+            let _ = t.remove(key_bytes(o.key));
+        }
+        self.space.creating.lock().unwrap().remove(&o.key);
+        self.space.created.notify_all();
+        bytes
+    }
+
+    /// Makes room for `bytes` more and counts them as used (the caller settles the difference
+    /// with [`Inner::settle`] once it knows how many it really added): evicts least recently
+    /// used objects without dirty blocks; when only dirty ones remain, pushes the oldest first.
+    /// False if no room could be made within the client's timeout (nothing is counted then).
+    pub(crate) async fn reserve(&self, bytes: u64) -> bool {
+        let deadline = Instant::now() + self.client.options().timeout;
+        loop {
+            let size = self.space.size.load(Ordering::SeqCst);
+            let fits = self
+                .space
+                .used
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                    (u + bytes <= size).then_some(u + bytes)
+                })
+                .is_ok();
+            if fits {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            if self.evict_one() {
+                continue;
+            }
+            // Everything left is dirty or in use: push the least recently used dirty object.
+            let oldest = self
+                .space
+                .objects
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|(_, o)| {
+                    let st = o.state.lock().unwrap();
+                    !st.dirty.is_empty() && st.rewritten.is_none()
+                })
+                .map(|(_, o)| o.clone());
+            match oldest {
+                Some(o) => {
+                    if let Err(e) = self.push_object(&o).await {
+                        self.push_failed(chain(&e));
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                None => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+
+    /// Makes room for `bytes` by evicting clean objects only (never waits on the network);
+    /// false if that is not enough.
+    pub(crate) fn reserve_now(&self, bytes: u64) -> bool {
+        loop {
+            if self.try_reserve(bytes) {
+                return true;
+            }
+            if !self.evict_one() {
+                return false;
+            }
+        }
+    }
+
+    /// Evicts the least recently used object that nobody is using (the LRU holds the only
+    /// reference) and that has no dirty blocks; the check and the removal happen under the
+    /// same lock as the lookups that hand out references. False if there is none.
+    pub(crate) fn evict_one(&self) -> bool {
+        let victim = {
+            let mut objects = self.space.objects.lock().unwrap();
+            let key = objects
+                .iter()
+                .rev()
+                .find(|(_, o)| {
+                    Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
+                })
+                .map(|(k, _)| *k);
+            key.and_then(|k| self.take_out(&mut objects, k))
+        };
+        let Some(o) = victim else { return false };
+        let freed = self.forget(&o);
+        let c = self.counters(o.key.0);
+        Counters::add(&c.evictions, 1);
+        Counters::add(&c.evicted_bytes, freed);
+        true
+    }
+
+    /// Reserves `bytes` only if they fit without evicting anything.
+    pub(crate) fn try_reserve(&self, bytes: u64) -> bool {
+        let size = self.space.size.load(Ordering::SeqCst);
+        self.space
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u + bytes <= size).then_some(u + bytes)
+            })
+            .is_ok()
+    }
+
+    /// After [`Inner::reserve`]d `reserved` bytes, `added` were really added.
+    pub(crate) fn settle(&self, reserved: u64, added: u64) {
+        if reserved > added {
+            self.space
+                .used
+                .fetch_sub(reserved - added, Ordering::SeqCst);
+        } else {
+            self.space
+                .used
+                .fetch_add(added - reserved, Ordering::SeqCst);
+        }
+    }
+
+    /// The cached object for `key`, created if `create` (after making room).
+    pub(crate) async fn object(
+        &self,
+        key: Key,
+        object_size: u64,
+        create: bool,
+    ) -> Option<Arc<CachedObject>> {
+        self.object_now(key, object_size, create)
+    }
+
+    /// [`Inner::object`] without waiting (nothing in it waits).
+    pub(crate) fn object_now(
+        &self,
+        key: Key,
+        object_size: u64,
+        create: bool,
+    ) -> Option<Arc<CachedObject>> {
+        if let Some(o) = self.space.objects.lock().unwrap().get(&key) {
+            o.touch();
+            return Some(o.clone());
+        }
+        if !create {
+            return None;
+        }
+        // One creator per key (two would share its files), and the files are made without
+        // holding the LRU's lock, which every read and write takes.
+        loop {
+            let objects = self.space.objects.lock().unwrap();
+            if let Some(existing) = objects.peek(&key) {
+                return Some(existing.clone());
+            }
+            let mut creating = self.space.creating.lock().unwrap();
+            if creating.insert(key) {
+                break;
+            }
+            drop(objects);
+            // Another thread is making or retiring this key's files: sleep until it is done
+            // (spinning took the CPU it needed to finish).
+            while creating.contains(&key) {
+                creating = self.space.created.wait(creating).unwrap();
+            }
+        }
+        let created =
+            CachedObject::create(&self.space.obj_dir, key, object_size, &self.space.spares);
+        let mut objects = self.space.objects.lock().unwrap();
+        self.space.creating.lock().unwrap().remove(&key);
+        self.space.created.notify_all();
+        let o = match created {
+            Ok(o) => Arc::new(o),
+            Err(e) => {
+                tracing::warn!("creating cache object {key:?}: {e}");
+                return None;
+            }
+        };
+        objects.put(key, o.clone());
+        Some(o)
+    }
+}
