@@ -32,13 +32,30 @@ pub(crate) struct Space {
     /// those of the object it had before are gone (retiring renames them by path, which would
     /// otherwise take the new object's files).
     pub(crate) creating: Mutex<HashSet<Key>>,
-    /// Signalled when a key leaves `creating`.
+    /// Signalled when a key leaves `creating`: to threads ([`Inner::object_now`]) and to
+    /// tasks ([`Inner::object`]), which never block on the condition variable.
     pub(crate) created: std::sync::Condvar,
+    pub(crate) created_async: tokio::sync::Notify,
     /// Emptied files of evicted objects, reused for new ones.
     pub(crate) spares: spare::Spares,
 }
 
+/// What [`Inner::claim`] found.
+enum Claim {
+    Found(Arc<CachedObject>),
+    /// The caller makes the key's files.
+    Mine,
+    /// Another thread is making or retiring them.
+    Busy,
+}
+
 impl Space {
+    /// A key left `creating`: wakes whoever waits for it.
+    fn key_done(&self) {
+        self.created.notify_all();
+        self.created_async.notify_waiters();
+    }
+
     /// Empty, over the cache directory `dir`; [`Inner::load_objects`] fills it.
     pub(crate) fn new(dir: &Path, size: u64) -> Space {
         Space {
@@ -51,6 +68,7 @@ impl Space {
             index: open_index(dir),
             creating: Mutex::default(),
             created: std::sync::Condvar::new(),
+            created_async: tokio::sync::Notify::new(),
             spares: spare::Spares::open(dir.join("spare")),
         }
     }
@@ -223,7 +241,7 @@ impl Inner {
             let _ = t.remove(key_bytes(o.key));
         }
         self.space.creating.lock().unwrap().remove(&o.key);
-        self.space.created.notify_all();
+        self.space.key_done();
         bytes
     }
 
@@ -336,53 +354,95 @@ impl Inner {
         }
     }
 
-    /// The cached object for `key`, created if `create` (after making room).
+    /// The cached object for `key`, created if `create`. Waits (asynchronously) while
+    /// another task or thread is making or retiring the key's files.
     pub(crate) async fn object(
         &self,
         key: Key,
         object_size: u64,
         create: bool,
     ) -> Option<Arc<CachedObject>> {
-        self.object_now(key, object_size, create)
+        if let Some(o) = self.lookup(key) {
+            return Some(o);
+        }
+        if !create {
+            return None;
+        }
+        loop {
+            // Registered before the claim: a key leaving `creating` after it still wakes this.
+            let done = self.space.created_async.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            match self.claim(key) {
+                Claim::Found(o) => return Some(o),
+                Claim::Mine => break,
+                Claim::Busy => done.await,
+            }
+        }
+        self.create_claimed(key, object_size)
     }
 
-    /// [`Inner::object`] without waiting (nothing in it waits).
+    /// [`Inner::object`] for threads outside the runtime (the fill thread, the FUSE
+    /// threads): the same, blocking while the key's files are made or retired elsewhere.
     pub(crate) fn object_now(
         &self,
         key: Key,
         object_size: u64,
         create: bool,
     ) -> Option<Arc<CachedObject>> {
-        if let Some(o) = self.space.objects.lock().unwrap().get(&key) {
-            o.touch();
-            return Some(o.clone());
+        if let Some(o) = self.lookup(key) {
+            return Some(o);
         }
         if !create {
             return None;
         }
-        // One creator per key (two would share its files), and the files are made without
-        // holding the LRU's lock, which every read and write takes.
         loop {
-            let objects = self.space.objects.lock().unwrap();
-            if let Some(existing) = objects.peek(&key) {
-                return Some(existing.clone());
-            }
-            let mut creating = self.space.creating.lock().unwrap();
-            if creating.insert(key) {
-                break;
-            }
-            drop(objects);
-            // Another thread is making or retiring this key's files: sleep until it is done
-            // (spinning took the CPU it needed to finish).
-            while creating.contains(&key) {
-                creating = self.space.created.wait(creating).unwrap();
+            match self.claim(key) {
+                Claim::Found(o) => return Some(o),
+                Claim::Mine => break,
+                Claim::Busy => {
+                    // Sleep until it is done (spinning took the CPU it needed to finish).
+                    let mut creating = self.space.creating.lock().unwrap();
+                    while creating.contains(&key) {
+                        creating = self.space.created.wait(creating).unwrap();
+                    }
+                }
             }
         }
+        self.create_claimed(key, object_size)
+    }
+
+    /// The cached object for `key`, now the most recently used.
+    fn lookup(&self, key: Key) -> Option<Arc<CachedObject>> {
+        let mut objects = self.space.objects.lock().unwrap();
+        let o = objects.get(&key)?;
+        o.touch();
+        Some(o.clone())
+    }
+
+    /// One creator per key (two would share its files): the object if it is there, else
+    /// the right to make its files (without holding the LRU's lock, which every read and
+    /// write takes), unless another thread is making or retiring them.
+    fn claim(&self, key: Key) -> Claim {
+        let objects = self.space.objects.lock().unwrap();
+        if let Some(existing) = objects.peek(&key) {
+            return Claim::Found(existing.clone());
+        }
+        if self.space.creating.lock().unwrap().insert(key) {
+            Claim::Mine
+        } else {
+            Claim::Busy
+        }
+    }
+
+    /// Makes the files of `key`, which [`Inner::claim`] gave this caller, and puts the
+    /// object in the LRU.
+    fn create_claimed(&self, key: Key, object_size: u64) -> Option<Arc<CachedObject>> {
         let created =
             CachedObject::create(&self.space.obj_dir, key, object_size, &self.space.spares);
         let mut objects = self.space.objects.lock().unwrap();
         self.space.creating.lock().unwrap().remove(&key);
-        self.space.created.notify_all();
+        self.space.key_done();
         let o = match created {
             Ok(o) => Arc::new(o),
             Err(e) => {

@@ -65,6 +65,7 @@ impl SheepFs {
             cache,
             names: Mutex::default(),
             open: Mutex::default(),
+            closed: tokio::sync::Notify::new(),
             next_fh: AtomicU64::new(1),
             uid,
             gid,
@@ -182,7 +183,9 @@ impl Filesystem for SheepFs {
                 Ok(n) => n,
                 Err(e) => return reply.error(e),
             };
-            let vdi = match sh.opened(ino.0) {
+            // Held to the end: a resize is a request on the open handle.
+            let open = sh.opened(ino.0);
+            let vdi = match &open {
                 Some(d) => d.vdi().clone(),
                 None => match Vdi::open(sh.client.clone(), &name).await {
                     Ok(v) => Arc::new(v),
@@ -220,12 +223,9 @@ impl Filesystem for SheepFs {
             // The kernel sends the release of a closed file on its own time: an `rm` right
             // after the last close can arrive first. Give that release a moment.
             let deadline = tokio::time::Instant::now() + UNLINK_WAIT;
-            while sh.is_open(&name) {
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
-                    return reply.error(Errno::EBUSY);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            if !sh.closed_by(&name, deadline).await {
+                tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
+                return reply.error(Errno::EBUSY);
             }
             if let Some(cache) = &sh.cache {
                 // Deleting: what this mount cached of it (dirty too) goes, and so does its lock.
@@ -314,7 +314,7 @@ impl Filesystem for SheepFs {
             return reply.error(Errno::EBADF);
         };
         let mut missed = Missed::default();
-        if let Disk::Cached(c) = &disk {
+        if let Disk::Cached(c) = &*disk {
             let end = c.vdi().size();
             let len = (size as u64).min(end.saturating_sub(offset));
             if len > 0 {
@@ -330,8 +330,8 @@ impl Filesystem for SheepFs {
                 return reply.data(&[]);
             }
             let len = (size as u64).min(end - offset);
-            let read = match &disk {
-                Disk::Plain(v) => v.read_at(offset, len).await.map_err(CacheError::from),
+            let read = match &*disk {
+                Disk::Plain(v, _) => v.read_at(offset, len).await.map_err(CacheError::from),
                 Disk::Cached(c) => c.read_missed(offset, len, missed).await,
             };
             match read {
@@ -356,7 +356,7 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
-        if let Disk::Cached(c) = &disk {
+        if let Disk::Cached(c) = &*disk {
             if c.write_fast(offset, data) {
                 return reply.written(data.len() as u32);
             }

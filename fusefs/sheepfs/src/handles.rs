@@ -4,7 +4,7 @@
 //! turned into errno.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -17,38 +17,108 @@ use objcache::{chain, Cache, CacheError, CachedVdi};
 
 use crate::errno;
 
-/// An open VDI: straight to the cluster, or through the cache.
+/// An open VDI: straight to the cluster (with its requests in flight, counted), or through
+/// the cache.
 #[derive(Clone)]
 pub(crate) enum Disk {
-    Plain(Arc<Vdi>),
+    Plain(Arc<Vdi>, Arc<InFlight>),
     Cached(Arc<CachedVdi>),
+}
+
+/// Requests in flight on a plain handle, each holding a [`HandlePin`]: taking the handle
+/// over into the cache waits for them ([`InFlight::drained`]).
+#[derive(Default)]
+pub(crate) struct InFlight {
+    pins: AtomicUsize,
+    /// Signalled when the last pin goes.
+    idle: tokio::sync::Notify,
+}
+
+/// One request's hold on a plain handle (see [`InFlight`]).
+pub(crate) struct HandlePin(Arc<InFlight>);
+
+impl InFlight {
+    fn pin(self: &Arc<Self>) -> HandlePin {
+        self.pins.fetch_add(1, Ordering::SeqCst);
+        HandlePin(self.clone())
+    }
+
+    /// Returns once no request holds a pin. New pins are no longer handed out by then:
+    /// the handle was replaced under the open table's lock, which pins are taken under.
+    async fn drained(&self) {
+        loop {
+            // Registered before the check: a pin dropped after it still wakes this.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.pins.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+impl Drop for HandlePin {
+    fn drop(&mut self) {
+        if self.0.pins.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// A request's handle: the disk, pinned if it is a plain one.
+pub(crate) struct InUse {
+    disk: Disk,
+    _pin: Option<HandlePin>,
+}
+
+impl InUse {
+    /// Pins `disk` for one request; taken under the open table's lock.
+    fn of(disk: &Disk) -> InUse {
+        let pin = match disk {
+            Disk::Plain(_, inflight) => Some(inflight.pin()),
+            Disk::Cached(_) => None,
+        };
+        InUse {
+            disk: disk.clone(),
+            _pin: pin,
+        }
+    }
+}
+
+impl std::ops::Deref for InUse {
+    type Target = Disk;
+    fn deref(&self) -> &Disk {
+        &self.disk
+    }
 }
 
 impl Disk {
     pub(crate) fn vdi(&self) -> &Arc<Vdi> {
         match self {
-            Disk::Plain(v) => v,
+            Disk::Plain(v, _) => v,
             Disk::Cached(c) => c.vdi(),
         }
     }
 
     pub(crate) async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
         match self {
-            Disk::Plain(v) => Ok(v.write_at(offset, data).await?),
+            Disk::Plain(v, _) => Ok(v.write_at(offset, data).await?),
             Disk::Cached(c) => c.write(offset, data).await,
         }
     }
 
     pub(crate) async fn flush(&self) -> Result<(), CacheError> {
         match self {
-            Disk::Plain(v) => Ok(v.flush().await?),
+            Disk::Plain(v, _) => Ok(v.flush().await?),
             Disk::Cached(c) => c.flush().await,
         }
     }
 
     pub(crate) async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         match self {
-            Disk::Plain(v) => Ok(v.discard(offset, len).await?),
+            Disk::Plain(v, _) => Ok(v.discard(offset, len).await?),
             Disk::Cached(c) => c.discard(offset, len).await,
         }
     }
@@ -85,13 +155,13 @@ pub(crate) struct OpenVdi {
 
 impl OpenVdi {
     /// Makes `cached` the handle every request takes if the VDI has a plain one. Returns the
-    /// plain handle when a read-write file of it is open, so writes of it may be in flight:
-    /// `cached` then lets requests in only at [`hand_over`].
-    pub(crate) fn upgrade(&mut self, cached: &Arc<CachedVdi>) -> Option<Arc<Vdi>> {
-        let Disk::Plain(plain) = &self.disk else {
+    /// plain handle's requests in flight when a read-write file of it is open, so writes of
+    /// it may be in flight: `cached` then lets requests in only at [`hand_over`].
+    pub(crate) fn upgrade(&mut self, cached: &Arc<CachedVdi>) -> Option<Arc<InFlight>> {
+        let Disk::Plain(_, inflight) = &self.disk else {
             return None;
         };
-        let plain = (self.writers > 0).then(|| plain.clone());
+        let plain = (self.writers > 0).then(|| inflight.clone());
         if plain.is_some() {
             cached.close_gate();
         }
@@ -107,6 +177,8 @@ pub(crate) struct Shared {
     /// ino → VDI name, learnt from lookup, readdir and create.
     pub(crate) names: Mutex<HashMap<u64, String>>,
     pub(crate) open: Mutex<HashMap<u64, OpenVdi>>,
+    /// Signalled whenever a VDI's last handle is released (an `rm` waits for it).
+    pub(crate) closed: tokio::sync::Notify,
     pub(crate) next_fh: AtomicU64,
     pub(crate) uid: u32,
     pub(crate) gid: u32,
@@ -168,8 +240,13 @@ impl Shared {
             .ok_or(Errno::ENOENT)
     }
 
-    pub(crate) fn opened(&self, ino: u64) -> Option<Disk> {
-        self.open.lock().unwrap().get(&ino).map(|o| o.disk.clone())
+    /// The handle of open VDI `ino`, pinned for one request.
+    pub(crate) fn opened(&self, ino: u64) -> Option<InUse> {
+        self.open
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .map(|o| InUse::of(&o.disk))
     }
 
     pub(crate) fn is_open(&self, name: &str) -> bool {
@@ -211,14 +288,14 @@ impl Shared {
             }
         }
         match Vdi::open(self.client.clone(), name).await {
-            Ok(v) => Ok(Disk::Plain(Arc::new(v))),
+            Ok(v) => Ok(Disk::Plain(Arc::new(v), Arc::default())),
             Err(e) => Err(fail("open", name, &e)),
         }
     }
 
     /// Opens (or shares) the handle of `name`; returns its inode number. Every open reads the
     /// inode afresh, so it sees what other clients allocated or resized before it.
-    pub(crate) async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, Disk), Errno> {
+    pub(crate) async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, InUse), Errno> {
         let fresh = self.make_disk(name, rw).await?;
         let ino = ino_of(fresh.vdi().header().vid);
         let mut replaced = None;
@@ -235,7 +312,7 @@ impl Shared {
             }
             entry.handles += 1;
             entry.writers += rw as usize;
-            entry.disk.clone()
+            InUse::of(&entry.disk)
         };
         if let (Some(plain), Disk::Cached(cached)) = (replaced, &fresh) {
             hand_over(plain, cached, name).await;
@@ -257,6 +334,24 @@ impl Shared {
             o.writers = o.writers.saturating_sub(rw as usize);
             if o.handles == 0 {
                 open.remove(&ino);
+                self.closed.notify_waiters();
+            }
+        }
+    }
+
+    /// Waits until no handle of `name` is open on this mount; false if one still is at
+    /// `deadline`.
+    pub(crate) async fn closed_by(&self, name: &str, deadline: tokio::time::Instant) -> bool {
+        loop {
+            // Registered before the check: a release right after it still wakes this.
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if !self.is_open(name) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
+                return !self.is_open(name);
             }
         }
     }
@@ -270,7 +365,7 @@ impl Shared {
     pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, CacheError> {
         let ino = ino_of(vid);
         let name = match self.open.lock().unwrap().get(&ino) {
-            Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(_)) => {
+            Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(..)) => {
                 o.disk.vdi().header().name
             }
             _ => return Ok(false),
@@ -301,19 +396,17 @@ impl Shared {
     }
 }
 
-/// Lets `cached` (gated, see `CachedVdi::gated`) take requests once every request of `plain`,
-/// the handle it replaces, is done (each holds a clone of it) and the VDI's inode is read
-/// afresh, so that a read of an object `plain` allocated is not taken for a hole.
-pub(crate) async fn hand_over(plain: Arc<Vdi>, cached: &CachedVdi, name: &str) {
-    let mut waited = 0u64;
-    while Arc::strong_count(&plain) > 1 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        waited += 1;
-        if waited.is_multiple_of(10_000) {
-            tracing::warn!(
-                "taking '{name}' into the cache: still waiting for requests sent straight to the cluster"
-            );
-        }
+/// Lets `cached` (gated, see `CachedVdi::gated`) take requests once every request of the
+/// plain handle it replaces is done (`plain`: their pins) and the VDI's inode is read
+/// afresh, so that a read of an object the plain handle allocated is not taken for a hole.
+pub(crate) async fn hand_over(plain: Arc<InFlight>, cached: &CachedVdi, name: &str) {
+    while tokio::time::timeout(Duration::from_secs(10), plain.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "taking '{name}' into the cache: still waiting for requests sent straight to the cluster"
+        );
     }
     let mut attempt = 0u32;
     while let Err(e) = cached.vdi().refresh().await {
