@@ -250,7 +250,7 @@ fn fill_one(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
     let fresh = || inner.fills.bypass_writes.load(Ordering::SeqCst) == job.bypass;
     let (added, newly_unsaved) = write_fill(&o, job.start, &parts, fresh);
     if newly_unsaved {
-        inner.fills.unsaved.lock().unwrap().push(Arc::downgrade(&o));
+        inner.fills.unsaved.lock().unwrap().push(o.downgrade());
     }
     inner.settle(reserved, added * BLOCK);
     if added > 0 {

@@ -19,6 +19,9 @@
 //! - A VDI's cached data is used only while this cache holds its attachment lock and the lock's
 //!   generation equals the one recorded when the data was cached: if another host attached the
 //!   VDI since, the data is dropped on attach.
+//! - An object is evicted only while nobody holds a pin on it ([`space::Pinned`], taken under
+//!   the LRU's lock by every lookup that hands the object out); nothing waits by polling:
+//!   making room waits for a pin released, a push done or space freed ([`space::Room`]).
 //!
 //! One module, and one part of [`Inner`], per job:
 //! - [`lifecycle`]: open at mount, start the workers, shut down at unmount.

@@ -12,9 +12,9 @@ use objstore_client::{lock, Client, Vdi};
 use crate::attach::Attachments;
 use crate::dir::{boot_id, hostname, rand_u64, write_json_atomic, CacheDir, DirState, VdiRecord};
 use crate::fill::{fill_worker, Fills};
-use crate::object::{self, CachedObject};
+use crate::object;
 use crate::push::{flusher, Pushes};
-use crate::space::Space;
+use crate::space::{Pinned, Space};
 use crate::stats::Stats;
 use crate::{chain, Cache, CacheConfig, CacheError, Inner};
 
@@ -216,13 +216,13 @@ impl Cache {
         }
         let left = inner.space.dirty.load(Ordering::SeqCst);
         inner.save_unsaved();
-        let objs: Vec<Arc<CachedObject>> = inner
+        let objs: Vec<Pinned> = inner
             .space
             .objects
             .lock()
             .unwrap()
             .iter()
-            .map(|(_, o)| o.clone())
+            .map(|(_, o)| inner.space.pin(o))
             .collect();
         for o in objs {
             if let Err(e) = o.sync() {

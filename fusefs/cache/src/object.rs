@@ -12,7 +12,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -70,6 +70,8 @@ pub struct CachedObject {
     pub pushing: tokio::sync::Mutex<()>,
     /// When it was last read or written ([`clock_ms`]; 0: not since this mount started).
     used_at: AtomicU64,
+    /// Holders of a pin on it (`crate::space::Pinned`): while any, it is not evicted.
+    pub(crate) pins: AtomicUsize,
 }
 
 /// Milliseconds on a monotonic clock that starts at 1 when first asked: when cached objects
@@ -129,6 +131,11 @@ impl CachedObject {
         }
     }
 
+    /// Whether someone holds a pin on it (it is in use: not to be evicted).
+    pub fn pinned(&self) -> bool {
+        self.pins.load(Ordering::SeqCst) > 0
+    }
+
     /// When it was last used ([`clock_ms`]; 0: not since this mount started).
     pub fn used_at(&self) -> u64 {
         self.used_at.load(Ordering::Relaxed)
@@ -167,6 +174,7 @@ impl CachedObject {
             writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
             used_at: AtomicU64::new(clock_ms()),
+            pins: AtomicUsize::new(0),
             state: Mutex::new(State {
                 valid: Bitmap::new(blocks),
                 dirty: Bitmap::new(blocks),
@@ -235,6 +243,7 @@ impl CachedObject {
             writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
             used_at: AtomicU64::new(0),
+            pins: AtomicUsize::new(0),
             state: Mutex::new(State {
                 valid,
                 dirty,

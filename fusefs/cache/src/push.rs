@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::object::{self, CachedObject, BLOCK};
+use crate::space::Pinned;
 use crate::stats::Counters;
 use crate::{chain, Inner, PushError};
 
@@ -80,7 +81,12 @@ impl Inner {
         }
         let mut st = o.state.lock().unwrap();
         let rewritten = st.rewritten.take().expect("push in flight");
-        result?;
+        if let Err(e) = result {
+            drop(st);
+            // Its push is over: it may be picked again.
+            self.space.room.tell();
+            return Err(e);
+        }
         let clean = snapshot.minus(&rewritten);
         let cleaned = clean.count();
         st.dirty = st.dirty.minus(&clean);
@@ -98,6 +104,7 @@ impl Inner {
             self.pushes.unflushed.store(true, Ordering::SeqCst);
         }
         Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
+        self.space.room.tell();
         Ok(pushed)
     }
 
@@ -108,7 +115,7 @@ impl Inner {
         progress: impl Fn(u64, u64),
     ) -> Result<u64, PushError> {
         let _one = self.pushes.push_lock.lock().await;
-        let dirty: Vec<Arc<CachedObject>> = self
+        let dirty: Vec<Pinned> = self
             .space
             .objects
             .lock()
@@ -117,7 +124,7 @@ impl Inner {
             .filter(|(k, o)| {
                 vid.is_none_or(|v| k.0 == v) && !o.state.lock().unwrap().dirty.is_empty()
             })
-            .map(|(_, o)| o.clone())
+            .map(|(_, o)| self.space.pin(o))
             .collect();
         let total: u64 = dirty
             .iter()
@@ -185,7 +192,7 @@ pub(crate) async fn flusher(inner: Arc<Inner>) {
         inner.save_unsaved();
         let now = Instant::now();
         let over = inner.space.dirty.load(Ordering::SeqCst) > inner.cfg.max_dirty;
-        let mut due: Vec<(Instant, Arc<CachedObject>)> = inner
+        let mut due: Vec<(Instant, Pinned)> = inner
             .space
             .objects
             .lock()
@@ -195,7 +202,7 @@ pub(crate) async fn flusher(inner: Arc<Inner>) {
                 let st = o.state.lock().unwrap();
                 let since = st.dirty_since?;
                 (over || now.duration_since(since) >= inner.cfg.max_dirty_age)
-                    .then(|| (since, o.clone()))
+                    .then(|| (since, inner.space.pin(o)))
             })
             .collect();
         if due.is_empty() {

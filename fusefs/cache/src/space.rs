@@ -1,11 +1,12 @@
 //! Space: the cached objects in LRU order, the bytes they hold against the size bound, and
-//! their files. Making room evicts the least recently used object nobody is using and that
-//! has no dirty blocks; when only dirty ones are left, it pushes the oldest first. The LRU
+//! their files. Making room evicts the least recently used object nobody has pinned and
+//! that has no dirty blocks; when only dirty ones are left, it pushes the oldest first, and
+//! when all are pinned or being pushed, it waits to be told ([`Room`]). The LRU
 //! order survives a remount through the sled index (`DIR/index/`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,11 +39,86 @@ pub(crate) struct Space {
     pub(crate) created_async: tokio::sync::Notify,
     /// Emptied files of evicted objects, reused for new ones.
     pub(crate) spares: spare::Spares,
+    /// Told when room may have been made (an object released, pushed or forgotten).
+    pub(crate) room: Arc<Room>,
+}
+
+/// Wakes [`Inner::reserve`] when room may have been made, instead of its polling.
+#[derive(Default)]
+pub(crate) struct Room {
+    /// Tasks waiting: with none, telling costs one atomic load.
+    waiters: AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+/// One task counted as waiting in [`Room`] while it lives.
+pub(crate) struct Waiting<'a>(&'a Room);
+
+impl Room {
+    /// Counts the caller as waiting until the guard goes; it registers with `changed` before
+    /// each check.
+    pub(crate) fn wait_here(&self) -> Waiting<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        Waiting(self)
+    }
+
+    /// Room may have been made.
+    pub(crate) fn tell(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A cached object in use. Eviction passes over an object while anyone holds a pin on it:
+/// an explicit count, taken from the LRU under its lock (so eviction, which checks under the
+/// same lock, never takes an object someone just looked up), not the reference count.
+pub(crate) struct Pinned {
+    o: Arc<CachedObject>,
+    room: Arc<Room>,
+}
+
+impl Pinned {
+    /// A weak reference, which does not pin it.
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<CachedObject> {
+        Arc::downgrade(&self.o)
+    }
+}
+
+impl Clone for Pinned {
+    fn clone(&self) -> Pinned {
+        self.o.pins.fetch_add(1, Ordering::SeqCst);
+        Pinned {
+            o: self.o.clone(),
+            room: self.room.clone(),
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if self.o.pins.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.room.tell();
+        }
+    }
+}
+
+impl std::ops::Deref for Pinned {
+    type Target = CachedObject;
+    fn deref(&self) -> &CachedObject {
+        &self.o
+    }
 }
 
 /// What [`Inner::claim`] found.
 enum Claim {
-    Found(Arc<CachedObject>),
+    Found(Pinned),
     /// The caller makes the key's files.
     Mine,
     /// Another thread is making or retiring them.
@@ -70,6 +146,16 @@ impl Space {
             created: std::sync::Condvar::new(),
             created_async: tokio::sync::Notify::new(),
             spares: spare::Spares::open(dir.join("spare")),
+            room: Arc::default(),
+        }
+    }
+
+    /// Pins `o`, which the caller found in the LRU under its lock.
+    pub(crate) fn pin(&self, o: &Arc<CachedObject>) -> Pinned {
+        o.pins.fetch_add(1, Ordering::SeqCst);
+        Pinned {
+            o: o.clone(),
+            room: self.room.clone(),
         }
     }
 }
@@ -203,7 +289,7 @@ impl Inner {
                 .iter()
                 .filter(|(k, o)| {
                     k.0 == vid
-                        && Arc::strong_count(o) == 1
+                        && !o.pinned()
                         && (discard_dirty || o.state.lock().unwrap().dirty.is_empty())
                 })
                 .map(|(k, _)| *k)
@@ -242,6 +328,7 @@ impl Inner {
         }
         self.space.creating.lock().unwrap().remove(&o.key);
         self.space.key_done();
+        self.space.room.tell();
         bytes
     }
 
@@ -251,7 +338,11 @@ impl Inner {
     /// False if no room could be made within the client's timeout (nothing is counted then).
     pub(crate) async fn reserve(&self, bytes: u64) -> bool {
         let deadline = Instant::now() + self.client.options().timeout;
+        let _waiting = self.space.room.wait_here();
         loop {
+            let changed = self.space.room.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             let size = self.space.size.load(Ordering::SeqCst);
             let fits = self
                 .space
@@ -269,7 +360,9 @@ impl Inner {
             if self.evict_one() {
                 continue;
             }
-            // Everything left is dirty or in use: push the least recently used dirty object.
+            // Everything left is dirty or in use: push the least recently used dirty object,
+            // or wait for an object to be released or pushed (registered before the checks
+            // above: a change after them still wakes this).
             let oldest = self
                 .space
                 .objects
@@ -281,15 +374,18 @@ impl Inner {
                     let st = o.state.lock().unwrap();
                     !st.dirty.is_empty() && st.rewritten.is_none()
                 })
-                .map(|(_, o)| o.clone());
+                .map(|(_, o)| self.space.pin(o));
             match oldest {
                 Some(o) => {
                     if let Err(e) = self.push_object(&o).await {
                         self.push_failed(chain(&e));
+                        // Backoff: the cluster did not take it.
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                 }
-                None => tokio::time::sleep(Duration::from_millis(5)).await,
+                None => {
+                    let _ = tokio::time::timeout_at(deadline.into(), changed).await;
+                }
             }
         }
     }
@@ -307,18 +403,16 @@ impl Inner {
         }
     }
 
-    /// Evicts the least recently used object that nobody is using (the LRU holds the only
-    /// reference) and that has no dirty blocks; the check and the removal happen under the
-    /// same lock as the lookups that hand out references. False if there is none.
+    /// Evicts the least recently used object that nobody has pinned and that has no dirty
+    /// blocks; the check and the removal happen under the same lock as the lookups that pin.
+    /// False if there is none.
     pub(crate) fn evict_one(&self) -> bool {
         let victim = {
             let mut objects = self.space.objects.lock().unwrap();
             let key = objects
                 .iter()
                 .rev()
-                .find(|(_, o)| {
-                    Arc::strong_count(o) == 1 && o.state.lock().unwrap().dirty.is_empty()
-                })
+                .find(|(_, o)| !o.pinned() && o.state.lock().unwrap().dirty.is_empty())
                 .map(|(k, _)| *k);
             key.and_then(|k| self.take_out(&mut objects, k))
         };
@@ -347,6 +441,7 @@ impl Inner {
             self.space
                 .used
                 .fetch_sub(reserved - added, Ordering::SeqCst);
+            self.space.room.tell();
         } else {
             self.space
                 .used
@@ -356,12 +451,7 @@ impl Inner {
 
     /// The cached object for `key`, created if `create`. Waits (asynchronously) while
     /// another task or thread is making or retiring the key's files.
-    pub(crate) async fn object(
-        &self,
-        key: Key,
-        object_size: u64,
-        create: bool,
-    ) -> Option<Arc<CachedObject>> {
+    pub(crate) async fn object(&self, key: Key, object_size: u64, create: bool) -> Option<Pinned> {
         if let Some(o) = self.lookup(key) {
             return Some(o);
         }
@@ -384,12 +474,7 @@ impl Inner {
 
     /// [`Inner::object`] for threads outside the runtime (the fill thread, the FUSE
     /// threads): the same, blocking while the key's files are made or retired elsewhere.
-    pub(crate) fn object_now(
-        &self,
-        key: Key,
-        object_size: u64,
-        create: bool,
-    ) -> Option<Arc<CachedObject>> {
+    pub(crate) fn object_now(&self, key: Key, object_size: u64, create: bool) -> Option<Pinned> {
         if let Some(o) = self.lookup(key) {
             return Some(o);
         }
@@ -413,11 +498,11 @@ impl Inner {
     }
 
     /// The cached object for `key`, now the most recently used.
-    fn lookup(&self, key: Key) -> Option<Arc<CachedObject>> {
+    fn lookup(&self, key: Key) -> Option<Pinned> {
         let mut objects = self.space.objects.lock().unwrap();
         let o = objects.get(&key)?;
         o.touch();
-        Some(o.clone())
+        Some(self.space.pin(o))
     }
 
     /// One creator per key (two would share its files): the object if it is there, else
@@ -426,7 +511,7 @@ impl Inner {
     fn claim(&self, key: Key) -> Claim {
         let objects = self.space.objects.lock().unwrap();
         if let Some(existing) = objects.peek(&key) {
-            return Claim::Found(existing.clone());
+            return Claim::Found(self.space.pin(existing));
         }
         if self.space.creating.lock().unwrap().insert(key) {
             Claim::Mine
@@ -437,7 +522,7 @@ impl Inner {
 
     /// Makes the files of `key`, which [`Inner::claim`] gave this caller, and puts the
     /// object in the LRU.
-    fn create_claimed(&self, key: Key, object_size: u64) -> Option<Arc<CachedObject>> {
+    fn create_claimed(&self, key: Key, object_size: u64) -> Option<Pinned> {
         let created =
             CachedObject::create(&self.space.obj_dir, key, object_size, &self.space.spares);
         let mut objects = self.space.objects.lock().unwrap();
@@ -450,7 +535,8 @@ impl Inner {
                 return None;
             }
         };
-        objects.put(key, o.clone());
-        Some(o)
+        let pinned = self.space.pin(&o);
+        objects.put(key, o);
+        Some(pinned)
     }
 }

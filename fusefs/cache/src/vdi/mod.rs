@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use cache_control::CacheMode;
 use objstore_client::Vdi;
 
-use crate::object::{CachedObject, Key};
+use crate::object::Key;
+use crate::space::Pinned;
 use crate::stats::{Counters, ModeCell};
 use crate::{CacheError, Inner};
 use read::InflightMap;
@@ -21,7 +22,7 @@ use read::InflightMap;
 /// What [`CachedVdi::read_hit`] found of a read it could not serve from the cache: for a
 /// read within one object, its index and the object if cached.
 #[derive(Default)]
-pub struct Missed(Option<(u32, Option<Arc<CachedObject>>)>);
+pub struct Missed(Option<(u32, Option<Pinned>)>);
 
 pub struct CachedVdi {
     inner: Arc<Inner>,
@@ -148,14 +149,11 @@ impl CachedVdi {
     }
 
     /// The cached object holding `idx`, without touching its LRU position.
-    fn peek(&self, idx: u32) -> Option<Arc<CachedObject>> {
-        self.inner
-            .space
-            .objects
-            .lock()
-            .unwrap()
+    fn peek(&self, idx: u32) -> Option<Pinned> {
+        let objects = self.inner.space.objects.lock().unwrap();
+        objects
             .peek(&(self.vid(), idx))
-            .cloned()
+            .map(|o| self.inner.space.pin(o))
     }
 
     /// Runs a change that reaches the cluster without going through the cache. The counter

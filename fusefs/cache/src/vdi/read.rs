@@ -14,6 +14,7 @@ use objstore_client::VdiError;
 use super::{io_err, CachedVdi, Missed};
 use crate::fill::FillJob;
 use crate::object::{CachedObject, BLOCK};
+use crate::space::Pinned;
 use crate::stats::Counters;
 use crate::CacheError;
 
@@ -97,12 +98,7 @@ impl CachedVdi {
     /// Object `idx` if it holds every block of `n` bytes at `off` (now the most recently
     /// used), else what the cache has of it. Holding the reference keeps the object from
     /// eviction while it is read.
-    fn cached_range(
-        &self,
-        idx: u32,
-        off: u64,
-        n: u64,
-    ) -> Result<Arc<CachedObject>, Option<Arc<CachedObject>>> {
+    fn cached_range(&self, idx: u32, off: u64, n: u64) -> Result<Pinned, Option<Pinned>> {
         let o = self.peek(idx).ok_or(None)?;
         let (b0, b1) = CachedObject::block_range(off, n);
         if !o.state.lock().unwrap().valid.all(b0, b1) {
@@ -181,7 +177,7 @@ impl CachedVdi {
         off: u64,
         n: u64,
         how: ReadKind,
-        looked: Option<Option<Arc<CachedObject>>>,
+        looked: Option<Option<Pinned>>,
     ) -> Result<Bytes, CacheError> {
         let os = self.object_size;
         let key = (self.vid(), idx);
@@ -357,9 +353,9 @@ impl CachedVdi {
 /// all cached, copied without waiting for the disk: `Err(o)` when object `o` has a piece
 /// out of the page cache (the async path reads it then).
 fn copy_hit(
-    found: impl IntoIterator<Item = (Arc<CachedObject>, u64, u64, usize)>,
+    found: impl IntoIterator<Item = (Pinned, u64, u64, usize)>,
     len: u64,
-) -> Result<Vec<u8>, Arc<CachedObject>> {
+) -> Result<Vec<u8>, Pinned> {
     let mut out = vec![0u8; len as usize];
     for (o, off, n, at) in found {
         if !o
@@ -376,7 +372,7 @@ fn copy_hit(
 /// `n` cached bytes at `off`: from the page cache directly, else from the disk on the
 /// blocking pool (a runtime thread never waits for the disk). Holding `o` keeps the object
 /// from eviction meanwhile.
-async fn read_cached(o: &Arc<CachedObject>, off: u64, n: u64) -> Result<Vec<u8>, CacheError> {
+async fn read_cached(o: &Pinned, off: u64, n: u64) -> Result<Vec<u8>, CacheError> {
     let mut buf = vec![0u8; n as usize];
     if o.read_data_nowait(&mut buf, off)
         .map_err(io_err("reading the cache", o.key))?

@@ -29,7 +29,9 @@ impl CachedVdi {
         let key = (self.vid(), idx);
         let obj_end = os.min(self.vdi.size() - idx as u64 * os);
         let (b0, b1) = CachedObject::block_range(off, n);
-        let existing = self.inner.space.objects.lock().unwrap().get(&key).cloned();
+        let existing = (self.inner.space.objects.lock().unwrap())
+            .get(&key)
+            .map(|o| self.inner.space.pin(o));
         let edges_ok = |st: Option<&State>| {
             let ok = |b: usize| st.is_some_and(|st| st.valid.get(b));
             (off % BLOCK == 0 || ok(b0))
