@@ -540,3 +540,32 @@ impl Inner {
         Some(pinned)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pins_count_and_the_last_one_tells_a_waiter() {
+        let d = tempfile::tempdir().unwrap();
+        let space = Space::new(d.path(), 16 << 20);
+        let o =
+            Arc::new(CachedObject::create(&space.obj_dir, (1, 2), 1 << 20, &space.spares).unwrap());
+        let a = space.pin(&o);
+        let b = a.clone();
+        assert!(o.pinned());
+        let room = space.room.clone();
+        let waiting = room.wait_here();
+        let changed = room.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        drop(a);
+        assert!(o.pinned(), "one pin is left");
+        drop(b);
+        assert!(!o.pinned());
+        tokio::time::timeout(Duration::from_secs(5), changed)
+            .await
+            .expect("told when the last pin went");
+        drop(waiting);
+    }
+}

@@ -432,3 +432,28 @@ pub(crate) fn fail(op: &str, what: &str, e: &VdiError) -> Errno {
     }
     errno
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drained_waits_for_the_last_pin() {
+        let inflight = Arc::new(InFlight::default());
+        inflight.drained().await; // none: at once
+        let a = inflight.pin();
+        let b = inflight.pin();
+        let waiter = tokio::spawn({
+            let inflight = inflight.clone();
+            async move { inflight.drained().await }
+        });
+        drop(a);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one pin is left");
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken by the last pin")
+            .unwrap();
+    }
+}
