@@ -7,30 +7,32 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cache_control::CacheMode;
-use objstore_client::{lock, Vdi};
+use objstore_client::Volume;
 
 use crate::dir::VdiRecord;
-use crate::{Cache, CacheError, CachedVdi, Inner};
+use crate::{Backend, Cache, CacheError, CachedVdi, Inner};
 
 /// The VDIs this mount attached, and who it is to the cluster's locks.
-pub(crate) struct Attachments {
+pub(crate) struct Attachments<V> {
     /// VDIs attached read-write (lock held) by this mount.
-    pub(crate) attached: Mutex<HashMap<u32, Arc<Vdi>>>,
+    pub(crate) attached: Mutex<HashMap<u32, Arc<V>>>,
     /// `host/cache id`: the lock owner.
     pub(crate) owner: String,
     pub(crate) host: String,
 }
 
-impl Inner {
+impl<B: Backend> Inner<B> {
     /// Takes the VDI's lock and makes the cache match it: data cached under another lock
     /// generation is dropped (refused if it holds unpushed writes).
-    pub(crate) async fn attach(&self, name: &str) -> Result<Arc<Vdi>, CacheError> {
-        let vdi = Arc::new(Vdi::open(self.client.clone(), name).await?);
-        let vid = vdi.header().vid;
-        let info = lock::acquire(&self.client, name, &self.attach.owner, &self.attach.host).await?;
+    pub(crate) async fn attach(&self, name: &str) -> Result<Arc<B::Volume>, CacheError> {
+        let vdi = Arc::new(self.client.open(name).await?);
+        let vid = vdi.vid();
+        let gen = (self.client)
+            .acquire(name, &self.attach.owner, &self.attach.host)
+            .await?;
         // Its writes (pushes, and mode `off`'s writes, which invalidate what they overwrite)
         // keep this cache coherent: they leave the generation alone.
-        vdi.set_under_lock();
+        self.client.under_lock(&vdi);
         // A record of the same name under another id is a deleted VDI: forget it.
         let stale: Vec<u32> = self
             .dir
@@ -50,18 +52,18 @@ impl Inner {
             self.forget_record(old);
         }
         let rec = self.dir.records.read().unwrap().get(&vid).cloned();
-        let matches = rec.as_ref().is_some_and(|r| {
-            r.name == name && (r.gen == info.gen || (r.released && info.gen == r.gen + 1))
-        });
+        let matches = rec
+            .as_ref()
+            .is_some_and(|r| r.name == name && (r.gen == gen || (r.released && gen == r.gen + 1)));
         if !matches {
             let dirty = self.dirty_of(vid);
             if dirty > 0 {
                 let ours = rec.as_ref().map(|r| r.gen).unwrap_or(0);
-                let _ = lock::release(&self.client, name, &self.attach.owner).await;
+                let _ = self.client.release(name, &self.attach.owner).await;
                 return Err(CacheError::Conflict {
                     name: name.to_string(),
                     ours,
-                    theirs: info.gen,
+                    theirs: gen,
                 });
             }
             let dropped = self.drop_vdi(vid, true);
@@ -72,15 +74,11 @@ impl Inner {
                 );
             }
         }
-        if !matches
-            || rec
-                .as_ref()
-                .is_some_and(|r| r.gen != info.gen || r.released)
-        {
+        if !matches || rec.as_ref().is_some_and(|r| r.gen != gen || r.released) {
             self.save_record(&VdiRecord {
                 name: name.to_string(),
                 vid,
-                gen: info.gen,
+                gen,
                 released: false,
                 mode: rec.and_then(|r| r.mode),
             });
@@ -90,14 +88,14 @@ impl Inner {
     }
 }
 
-impl Cache {
+impl<B: Backend> Cache<B> {
     /// Opens VDI `name` through the cache. Read-write opens attach it (take its lock);
     /// read-only opens of a VDI this mount has not attached bypass the cache, and so do
     /// opens of a VDI in mode `off` that is not attached. An attached VDI in mode `off` is
     /// opened through the cache, which then drops what its writes overwrite.
-    pub async fn open_vdi(&self, name: &str, rw: bool) -> Result<Option<CachedVdi>, CacheError> {
-        let vdi = Arc::new(Vdi::open(self.inner.client.clone(), name).await?);
-        let vid = vdi.header().vid;
+    pub async fn open_vdi(&self, name: &str, rw: bool) -> Result<Option<CachedVdi<B>>, CacheError> {
+        let vdi = Arc::new(self.inner.client.open(name).await?);
+        let vid = vdi.vid();
         let attached = self
             .inner
             .attach
@@ -124,7 +122,7 @@ impl Cache {
     /// (after `cachectl mode` set a caching mode): attaches the VDI, and its requests wait until
     /// [`CachedVdi::open_gate`], which the caller calls once the plain handles' requests in
     /// flight are done.
-    pub async fn take_over(&self, vid: u32, name: &str) -> Result<CachedVdi, CacheError> {
+    pub async fn take_over(&self, vid: u32, name: &str) -> Result<CachedVdi<B>, CacheError> {
         let attached = self
             .inner
             .attach
@@ -150,7 +148,7 @@ impl Cache {
         inner.drop_vdi(vid, true);
         inner.attach.attached.lock().unwrap().remove(&vid);
         inner.forget_record(vid);
-        if let Err(e) = lock::release(&inner.client, name, &inner.attach.owner).await {
+        if let Err(e) = inner.client.release(name, &inner.attach.owner).await {
             tracing::warn!("releasing the lock of '{name}': {e}");
         }
     }

@@ -5,9 +5,9 @@ use std::sync::atomic::Ordering;
 
 use cache_control::{CacheMode, CacheStats};
 
-use crate::{Cache, PushError};
+use crate::{Backend, Cache, PushError};
 
-impl Cache {
+impl<B: Backend> Cache<B> {
     /// Counters and sizes of the whole cache and of every VDI it holds or counted.
     pub fn stats(&self) -> CacheStats {
         self.inner.stats()

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cache_control::CacheMode;
 use serde::{Deserialize, Serialize};
 
-use crate::Inner;
+use crate::{Backend, Inner};
 
 /// The directory held by this cache, and what it knows of each VDI.
 pub(crate) struct CacheDir {
@@ -79,7 +79,7 @@ pub(crate) fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
-impl Inner {
+impl<B: Backend> Inner<B> {
     pub(crate) fn save_record(&self, r: &VdiRecord) {
         let path = self
             .cfg

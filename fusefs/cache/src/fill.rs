@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::object::{self, CachedObject, Key, BLOCK};
 use crate::stats::Counters;
-use crate::{admit, pressure, Inner};
+use crate::{admit, pressure, Backend, Inner};
 
 /// Fetched ranges on their way into the cache.
 pub(crate) struct Fills {
@@ -80,7 +80,7 @@ pub(crate) struct FillJob {
     pub(crate) done: Box<dyn FnOnce() + Send>,
 }
 
-impl Inner {
+impl<B: Backend> Inner<B> {
     /// An id for a sequential run of reads that became a stream, unique in this cache (never 0).
     pub(crate) fn next_stream(&self) -> u64 {
         self.fills.streams.fetch_add(1, Ordering::Relaxed)
@@ -171,7 +171,7 @@ impl Inner {
 /// that continue each other in one object (a sequential read and its read-ahead, whose
 /// fetches finish in any order) together, up to [`MAX_FILL_BATCH`]: one pass over the
 /// object's bits, and one writeback started for the whole run.
-pub(crate) fn fill_worker(inner: &Inner, rx: std::sync::mpsc::Receiver<FillJob>) {
+pub(crate) fn fill_worker<B: Backend>(inner: &Inner<B>, rx: std::sync::mpsc::Receiver<FillJob>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         jobs.extend(rx.try_iter().take(MAX_FILL_JOBS));
@@ -203,7 +203,7 @@ fn continues(a: &FillJob, b: &FillJob) -> bool {
 /// Writes fetched ranges that continue each other (`jobs`, in order, in one object) into the
 /// cache. With `quick`, only if that needs neither creating the object's files nor evicting
 /// (false then, and nothing done): what may block for long is left to the fill thread.
-fn fill_one(inner: &Inner, jobs: &[FillJob], quick: bool) -> bool {
+fn fill_one<B: Backend>(inner: &Inner<B>, jobs: &[FillJob], quick: bool) -> bool {
     let job = &jobs[0];
     if inner.fills.bypass_writes.load(Ordering::SeqCst) != job.bypass {
         return true; // a write bypassed the cache meanwhile: this data may be stale

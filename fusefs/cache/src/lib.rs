@@ -28,6 +28,8 @@
 //! - [`dir`]: the directory's lock and state, and the VDI records ([`dir::CacheDir`]).
 //! - [`space`]: the objects in LRU order, the bytes they hold, eviction ([`space::Space`]).
 //! - [`attach`]: VDI locks and their generations ([`attach::Attachments`]).
+//! - [`backend`]: what the cache needs of the cluster ([`Backend`]; the real one is the
+//!   cluster's client).
 //! - [`fill`]: fetched ranges written into the cache, admission ([`fill::Fills`]).
 //! - [`push`]: pushes to the cluster and the background flusher ([`push::Pushes`]).
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
@@ -52,6 +54,7 @@
 
 mod admit;
 mod attach;
+mod backend;
 mod bitmap;
 mod control;
 mod dir;
@@ -73,6 +76,8 @@ use std::time::Duration;
 use cache_control::CacheMode;
 use objstore_client::Client;
 
+pub use backend::Backend;
+
 pub use error::{chain, CacheError, PushError};
 pub use vdi::{CachedVdi, Missed};
 
@@ -89,24 +94,33 @@ pub struct CacheConfig {
 }
 
 /// The cache's state, one part per job (see the crate's doc).
-pub(crate) struct Inner {
+pub(crate) struct Inner<B: Backend> {
     cfg: CacheConfig,
-    client: Arc<Client>,
+    /// The cluster.
+    client: B,
     dir: dir::CacheDir,
     space: space::Space,
-    attach: attach::Attachments,
+    attach: attach::Attachments<B::Volume>,
     fills: fill::Fills,
     pushes: push::Pushes,
     stats: stats::Stats,
 }
 
-/// A handle on the cache, shared by the filesystem, the flusher and the control socket.
-#[derive(Clone)]
-pub struct Cache {
-    inner: Arc<Inner>,
+/// A handle on the cache, shared by the filesystem, the flusher and the control socket;
+/// over the cluster's [`Client`] unless a test gives it another [`Backend`].
+pub struct Cache<B: Backend = Arc<Client>> {
+    inner: Arc<Inner<B>>,
 }
 
-impl Cache {
+impl<B: Backend> Clone for Cache<B> {
+    fn clone(&self) -> Self {
+        Cache {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<B: Backend> Cache<B> {
     pub fn dir(&self) -> &Path {
         &self.inner.cfg.dir
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use objstore_client::{lock, Client, Vdi};
+use objstore_client::Volume;
 
 use crate::attach::Attachments;
 use crate::dir::{boot_id, hostname, rand_u64, write_json_atomic, CacheDir, DirState, VdiRecord};
@@ -16,12 +16,12 @@ use crate::object;
 use crate::push::{flusher, Pushes};
 use crate::space::{Pinned, Space};
 use crate::stats::Stats;
-use crate::{chain, Cache, CacheConfig, CacheError, Inner};
+use crate::{chain, Backend, Cache, CacheConfig, CacheError, Inner};
 
-impl Cache {
+impl<B: Backend> Cache<B> {
     /// Opens the cache directory: checks how the last mount ended, loads or drops what is
     /// there, and marks the directory in use.
-    pub fn open(cfg: CacheConfig, client: Arc<Client>) -> Result<Cache, CacheError> {
+    pub fn open(cfg: CacheConfig, client: B) -> Result<Cache<B>, CacheError> {
         let dir = cfg.dir.clone();
         let derr = |what: &'static str| {
             let dir = dir.clone();
@@ -230,17 +230,17 @@ impl Cache {
             }
         }
         inner.save_index();
-        let attached: Vec<(u32, Arc<Vdi>)> =
+        let attached: Vec<(u32, Arc<B::Volume>)> =
             inner.attach.attached.lock().unwrap().drain().collect();
         for (vid, v) in attached {
             if inner.dirty_of(vid) > 0 {
                 tracing::error!(
                     "VDI '{}' keeps unpushed writes in the cache: its lock stays held; they are pushed at the next mount",
-                    v.header().name
+                    v.name()
                 );
                 continue;
             }
-            match lock::release(&inner.client, &v.header().name, &inner.attach.owner).await {
+            match inner.client.release(&v.name(), &inner.attach.owner).await {
                 Ok(()) => {
                     let rec = inner.dir.records.read().unwrap().get(&vid).cloned();
                     if let Some(mut r) = rec {
@@ -248,7 +248,7 @@ impl Cache {
                         inner.save_record(&r);
                     }
                 }
-                Err(e) => tracing::warn!("releasing the lock of '{}': {e}", v.header().name),
+                Err(e) => tracing::warn!("releasing the lock of '{}': {e}", v.name()),
             }
         }
         let state_path = inner.cfg.dir.join("state.json");

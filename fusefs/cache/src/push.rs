@@ -11,7 +11,9 @@ use tokio::sync::Notify;
 use crate::object::{self, CachedObject, BLOCK};
 use crate::space::Pinned;
 use crate::stats::Counters;
-use crate::{chain, Inner, PushError};
+use objstore_client::Volume;
+
+use crate::{chain, Backend, Inner, PushError};
 
 /// Pushes in progress, and how the last ones went.
 #[derive(Default)]
@@ -25,7 +27,7 @@ pub(crate) struct Pushes {
     pub(crate) last_push_error: Mutex<Option<String>>,
 }
 
-impl Inner {
+impl<B: Backend> Inner<B> {
     pub(crate) fn push_failed(&self, why: String) {
         tracing::warn!("cache push failed: {why} (the data stays dirty and is retried)");
         self.pushes.push_errors.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +74,7 @@ impl Inner {
             buf.truncate((end - base - off) as usize);
             if let Err(source) = vdi.write_at(base + off, buf.freeze()).await {
                 result = Err(PushError::Write {
-                    name: vdi.header().name,
+                    name: vdi.name(),
                     source,
                 });
                 break;
@@ -181,7 +183,7 @@ impl Inner {
 
 /// The background flusher: keeps dirty bytes under `max_dirty` and pushes data dirty for
 /// longer than `max_dirty_age`, with backoff after failures. Also saves the LRU index.
-pub(crate) async fn flusher(inner: Arc<Inner>) {
+pub(crate) async fn flusher<B: Backend>(inner: Arc<Inner<B>>) {
     let mut backoff = Duration::from_secs(1);
     loop {
         tokio::select! {

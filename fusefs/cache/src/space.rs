@@ -15,7 +15,7 @@ use lru::LruCache;
 use crate::dir::now_ms;
 use crate::object::{self, CachedObject, Key};
 use crate::stats::Counters;
-use crate::{chain, spare, Inner};
+use crate::{chain, spare, Backend, Inner};
 
 /// The cached objects and the bytes they hold.
 pub(crate) struct Space {
@@ -198,7 +198,7 @@ fn open_index(dir: &Path) -> Option<sled::Tree> {
     }
 }
 
-impl Inner {
+impl<B: Backend> Inner<B> {
     pub(crate) fn load_objects(&self, keys: Vec<Key>) {
         let mut loaded: Vec<(u64, Arc<CachedObject>)> = Vec::new();
         for k in keys {
@@ -337,7 +337,7 @@ impl Inner {
     /// used objects without dirty blocks; when only dirty ones remain, pushes the oldest first.
     /// False if no room could be made within the client's timeout (nothing is counted then).
     pub(crate) async fn reserve(&self, bytes: u64) -> bool {
-        let deadline = Instant::now() + self.client.options().timeout;
+        let deadline = Instant::now() + self.client.timeout();
         let _waiting = self.space.room.wait_here();
         loop {
             let changed = self.space.room.changed.notified();

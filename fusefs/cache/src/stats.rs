@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use cache_control::{CacheMode, CacheStats, VdiStats};
 
-use crate::Inner;
+use crate::{Backend, Inner};
 
 /// Counters and mode cells of the VDIs this cache has seen.
 #[derive(Default)]
@@ -60,7 +60,7 @@ impl ModeCell {
     }
 }
 
-impl Inner {
+impl<B: Backend> Inner<B> {
     pub(crate) fn counters(&self, vid: u32) -> Arc<Counters> {
         self.stats
             .counters

@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cache_control::CacheMode;
-use objstore_client::Vdi;
+use objstore_client::Volume;
 
 use crate::object::Key;
 use crate::space::Pinned;
 use crate::stats::{Counters, ModeCell};
-use crate::{CacheError, Inner};
+use crate::{Backend, CacheError, Inner};
 use read::InflightMap;
 
 /// What [`CachedVdi::read_hit`] found of a read it could not serve from the cache: for a
@@ -24,9 +24,9 @@ use read::InflightMap;
 #[derive(Default)]
 pub struct Missed(Option<(u32, Option<Pinned>)>);
 
-pub struct CachedVdi {
-    inner: Arc<Inner>,
-    vdi: Arc<Vdi>,
+pub struct CachedVdi<B: Backend = Arc<objstore_client::Client>> {
+    inner: Arc<Inner<B>>,
+    vdi: Arc<B::Volume>,
     /// The VDI's id and object size (fixed; read on every request, where the header's lock
     /// would be taken).
     vid: u32,
@@ -55,9 +55,9 @@ fn io_err(what: &'static str, key: Key) -> impl FnOnce(std::io::Error) -> CacheE
     move |source| CacheError::Io { what, key, source }
 }
 
-impl CachedVdi {
-    pub(super) fn new(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
-        let vid = vdi.header().vid;
+impl<B: Backend> CachedVdi<B> {
+    pub(super) fn new(inner: Arc<Inner<B>>, vdi: Arc<B::Volume>) -> CachedVdi<B> {
+        let vid = vdi.vid();
         let object_size = vdi.object_size() as u64;
         let counters = inner.counters(vid);
         let mode = inner.mode_cell(vid);
@@ -81,7 +81,7 @@ impl CachedVdi {
     /// A handle whose requests wait until [`CachedVdi::open_gate`]: for taking a VDI over
     /// from plain handles (straight to the cluster, outside the cache) once their requests in
     /// flight are done, so that none of them lands after the cache read or wrote its blocks.
-    pub(super) fn gated(inner: Arc<Inner>, vdi: Arc<Vdi>) -> CachedVdi {
+    pub(super) fn gated(inner: Arc<Inner<B>>, vdi: Arc<B::Volume>) -> CachedVdi<B> {
         let c = CachedVdi::new(inner, vdi);
         c.close_gate();
         c
@@ -112,7 +112,7 @@ impl CachedVdi {
         let _ = rx.wait_for(|open| *open).await;
     }
 
-    pub fn vdi(&self) -> &Arc<Vdi> {
+    pub fn vdi(&self) -> &Arc<B::Volume> {
         &self.vdi
     }
 
@@ -180,7 +180,7 @@ impl CachedVdi {
                 .flush(Some(vid), |_, _| {})
                 .await
                 .map_err(|source| CacheError::Push {
-                    name: self.vdi.header().name,
+                    name: self.vdi.name(),
                     source,
                 })?;
             return Ok(());

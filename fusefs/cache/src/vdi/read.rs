@@ -9,14 +9,14 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 use cache_control::CacheMode;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use objstore_client::VdiError;
+use objstore_client::{VdiError, Volume};
 
 use super::{io_err, CachedVdi, Missed};
 use crate::fill::FillJob;
 use crate::object::{CachedObject, BLOCK};
 use crate::space::Pinned;
 use crate::stats::Counters;
-use crate::CacheError;
+use crate::{Backend, CacheError};
 
 /// Sequential misses fetch this far ahead (within the object).
 const READ_AHEAD: u64 = 1 << 20;
@@ -62,7 +62,7 @@ pub(super) fn forget_fetch(map: &Mutex<InflightMap>, idx: u32, id: u64) {
     }
 }
 
-impl CachedVdi {
+impl<B: Backend> CachedVdi<B> {
     /// Serves a read wholly from cached blocks without waiting, or says what it found (for
     /// [`CachedVdi::read_missed`]). Called on the FUSE thread: a hit costs no hop to the
     /// runtime.
@@ -197,7 +197,7 @@ impl CachedVdi {
             Counters::add(&self.counters.hit_bytes, n);
             return Ok(Bytes::from(buf));
         }
-        if self.vdi.object(idx as u64).is_none() && !cached_any {
+        if !self.vdi.is_allocated(idx as u64) && !cached_any {
             // A hole: zeros without a request, and nothing worth caching.
             return Ok(Bytes::from(vec![0u8; n as usize]));
         }
@@ -280,7 +280,7 @@ impl CachedVdi {
                     forget_fetch(&self.inflight, idx, fid);
                 }
                 return Err(CacheError::Fetch {
-                    name: self.vdi.header().name,
+                    name: self.vdi.name(),
                     source: e,
                 });
             }

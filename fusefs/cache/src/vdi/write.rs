@@ -5,14 +5,14 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use cache_control::CacheMode;
-use objstore_client::VdiError;
+use objstore_client::{VdiError, Volume};
 
 use super::{io_err, CachedVdi};
 use crate::object::{CachedObject, State, BLOCK};
 use crate::stats::Counters;
-use crate::CacheError;
+use crate::{Backend, CacheError};
 
-impl CachedVdi {
+impl<B: Backend> CachedVdi<B> {
     /// A writeback write that needs no waiting (one object, no partial block to fetch, room
     /// without eviction), done on the FUSE thread; false if it must take the slow path.
     pub fn write_fast(&self, offset: u64, data: &[u8]) -> bool {
@@ -106,7 +106,7 @@ impl CachedVdi {
             CacheMode::Writeback => {
                 if offset + data.len() as u64 > self.vdi.size() {
                     return Err(VdiError::OutOfRange {
-                        name: self.vdi.header().name,
+                        name: self.vdi.name(),
                         offset,
                         len: data.len() as u64,
                         size: self.vdi.size(),
