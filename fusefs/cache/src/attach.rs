@@ -26,7 +26,7 @@ impl<B: Backend> Inner<B> {
     /// generation is dropped (refused if it holds unpushed writes).
     pub(crate) async fn attach(&self, name: &str) -> Result<Arc<B::Volume>, CacheError> {
         let vdi = Arc::new(self.client.open(name).await?);
-        let vid = vdi.vid();
+        let vid = vdi.vid().0;
         let gen = (self.client)
             .acquire(name, &self.attach.owner, &self.attach.host)
             .await?;
@@ -95,7 +95,7 @@ impl<B: Backend> Cache<B> {
     /// opened through the cache, which then drops what its writes overwrite.
     pub async fn open_vdi(&self, name: &str, rw: bool) -> Result<Option<CachedVdi<B>>, CacheError> {
         let vdi = Arc::new(self.inner.client.open(name).await?);
-        let vid = vdi.vid();
+        let vid = vdi.vid().0;
         let attached = self
             .inner
             .attach

@@ -13,6 +13,7 @@ use cache_control::{CacheMode, CacheStats};
 use objcache::{Backend, Cache, CacheConfig, Missed};
 use objstore_client::lock::LockError;
 use objstore_client::{ClientError, MemVolume, VdiError, Volume};
+use objstore_proto::Vid;
 
 /// One VDI in memory, shared by every open of it.
 struct Vol(Arc<MemVolume>);
@@ -21,7 +22,7 @@ impl Volume for Vol {
     fn name(&self) -> String {
         self.0.name()
     }
-    fn vid(&self) -> u32 {
+    fn vid(&self) -> Vid {
         self.0.vid()
     }
     fn size(&self) -> u64 {
@@ -63,7 +64,7 @@ struct MemCluster(Arc<Mem>);
 
 impl MemCluster {
     fn add(&self, name: &str, vid: u32, size: u64, object_size: u32) -> Arc<MemVolume> {
-        let v = Arc::new(MemVolume::new(name, vid, size, object_size));
+        let v = Arc::new(MemVolume::new(name, Vid(vid), size, object_size));
         self.0.vols.lock().unwrap().insert(name.into(), v.clone());
         v
     }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo};
 use objstore_client::vdi::VdiInfo;
 use objstore_client::{lock::LockError, Client, Vdi, VdiError};
+use objstore_proto::Vid;
 
 use objcache::{chain, Cache, CacheError, CachedVdi};
 
@@ -142,8 +143,9 @@ pub(crate) fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
     errno
 }
 
-pub(crate) fn ino_of(vid: u32) -> u64 {
-    vid as u64 + 1
+/// A VDI's inode number: its vid + 1 (1 is the root directory).
+pub(crate) fn ino_of(vid: Vid) -> u64 {
+    vid.0 as u64 + 1
 }
 
 pub(crate) struct OpenVdi {
@@ -363,7 +365,7 @@ impl Shared {
     /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
     /// if there was nothing to take over.
     pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, CacheError> {
-        let ino = ino_of(vid);
+        let ino = ino_of(Vid(vid));
         let name = match self.open.lock().unwrap().get(&ino) {
             Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(..)) => {
                 o.disk.vdi().header().name

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use objstore_proto::extent::extents;
+use objstore_proto::oid::Vid;
 
 use crate::vdi::{Vdi, VdiError};
 
@@ -15,7 +16,7 @@ pub trait Volume: Send + Sync + 'static {
     /// The VDI's name.
     fn name(&self) -> String;
     /// The VDI's id.
-    fn vid(&self) -> u32;
+    fn vid(&self) -> Vid;
     /// Its size in bytes.
     fn size(&self) -> u64;
     /// Its object size in bytes.
@@ -46,7 +47,7 @@ impl Volume for Vdi {
     fn name(&self) -> String {
         self.header().name
     }
-    fn vid(&self) -> u32 {
+    fn vid(&self) -> Vid {
         self.header().vid
     }
     fn size(&self) -> u64 {
@@ -79,7 +80,7 @@ impl Volume for Vdi {
 /// test can tell what reached the "cluster", and can be told to fail.
 pub struct MemVolume {
     name: String,
-    vid: u32,
+    vid: Vid,
     object_size: u32,
     state: Mutex<MemState>,
 }
@@ -105,7 +106,7 @@ pub struct MemStats {
 }
 
 impl MemVolume {
-    pub fn new(name: &str, vid: u32, size: u64, object_size: u32) -> MemVolume {
+    pub fn new(name: &str, vid: Vid, size: u64, object_size: u32) -> MemVolume {
         MemVolume {
             name: name.into(),
             vid,
@@ -193,7 +194,7 @@ impl Volume for MemVolume {
     fn name(&self) -> String {
         self.name.clone()
     }
-    fn vid(&self) -> u32 {
+    fn vid(&self) -> Vid {
         self.vid
     }
     fn size(&self) -> u64 {
@@ -253,7 +254,7 @@ mod tests {
 
     #[tokio::test]
     async fn mem_volume_reads_what_was_written() {
-        let v = MemVolume::new("m", 7, 64, 16);
+        let v = MemVolume::new("m", Vid(7), 64, 16);
         v.write_at(10, Bytes::from_static(b"hello world!"))
             .await
             .unwrap();

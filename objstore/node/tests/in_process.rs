@@ -9,7 +9,7 @@ use objstore_client::vdi::{self, Vdi};
 use objstore_client::ClientOptions;
 use objstore_node::store::ObjectBackend;
 use objstore_node::testing::MemCluster;
-use objstore_proto::ObjectId;
+use objstore_proto::{ObjIndex, ObjectId, Vid};
 
 const MIB: u64 = 1 << 20;
 
@@ -52,7 +52,7 @@ fn write_read_crash_epoch_change_and_recovery() {
         .unwrap();
     assert!(back[..] == first[..], "read back differs");
     for idx in 0..4 {
-        assert_eq!(replicas_agree(&c, 3, ObjectId::data(vid, idx)), 3);
+        assert_eq!(replicas_agree(&c, 3, ObjectId::data(vid, ObjIndex(idx))), 3);
     }
     let epoch = c.epoch(0).unwrap();
 
@@ -66,7 +66,7 @@ fn write_read_crash_epoch_change_and_recovery() {
     rt.block_on(disk.flush()).unwrap();
     let back = rt.block_on(disk.read_at(4 * MIB, MIB)).unwrap();
     assert!(back[..] == second[..], "read after the crash differs");
-    assert_eq!(replicas_agree(&c, 3, ObjectId::data(vid, 4)), 2);
+    assert_eq!(replicas_agree(&c, 3, ObjectId::data(vid, ObjIndex(4))), 2);
 
     // It comes back on what it had made durable, recovers the object it missed, and every
     // object has three identical copies again.
@@ -75,7 +75,7 @@ fn write_read_crash_epoch_change_and_recovery() {
     c.wait_recovered();
     for idx in 0..5 {
         assert_eq!(
-            replicas_agree(&c, 3, ObjectId::data(vid, idx)),
+            replicas_agree(&c, 3, ObjectId::data(vid, ObjIndex(idx))),
             3,
             "object {idx} after recovery"
         );
@@ -93,7 +93,7 @@ fn a_write_never_flushed_is_lost_only_on_the_crashed_node() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = Arc::new(rt.block_on(c.client(ClientOptions::default())).unwrap());
     rt.block_on(client.format(2, MIB)).unwrap();
-    let oid = ObjectId::data(5, 0);
+    let oid = ObjectId::data(Vid(5), ObjIndex(0));
     rt.block_on(client.write_obj(oid, 0, Bytes::from_static(b"durable")))
         .unwrap();
     rt.block_on(client.flush()).unwrap();

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use objstore_proto::placement::Ring;
 use objstore_proto::view::NodeInfo;
-use objstore_proto::ObjectId;
+use objstore_proto::{ObjIndex, ObjectId, Vid};
 
 const VNODES: u32 = 128;
 const COPIES: usize = 3;
@@ -39,7 +39,7 @@ fn cluster(seed: u64, n: usize, zones: usize) -> Vec<NodeInfo> {
 
 /// `n` data object ids, 10 000 per VDI.
 fn objects(n: u32) -> impl Iterator<Item = ObjectId> {
-    (0..n).map(|i| ObjectId::data(1 + i / 10_000, i % 10_000))
+    (0..n).map(|i| ObjectId::data(Vid(1 + i / 10_000), ObjIndex(i % 10_000)))
 }
 
 /// (max/mean, min/mean) of copies per node, and max/mean of primaries per node.

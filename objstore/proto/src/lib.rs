@@ -19,4 +19,4 @@ pub mod placement;
 pub mod size;
 pub mod view;
 
-pub use oid::ObjectId;
+pub use oid::{ObjIndex, ObjectId, Vid};

@@ -23,33 +23,89 @@ pub const MAX_INDEXES: u64 = 1 << 24;
 /// Largest inode object: the header and a full allocation map.
 pub const MAX_INODE_LEN: u64 = INODE_HEADER_LEN as u64 + 4 * MAX_INDEXES;
 
+/// A VDI id (24 bits; 0 is no VDI: a hole in an allocation map). Never reused.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Vid(pub u32);
+
+impl Vid {
+    /// No VDI (an allocation map's hole).
+    pub const NONE: Vid = Vid(0);
+
+    pub fn is_none(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for Vid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::LowerHex for Vid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for Vid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Vid({})", self.0)
+    }
+}
+
+/// The index of a data object inside its VDI (object `i` holds bytes `i * object_size ..`).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ObjIndex(pub u32);
+
+impl ObjIndex {
+    /// The index as a position (for arithmetic with sizes).
+    pub fn get(self) -> u64 {
+        self.0 as u64
+    }
+}
+
+impl fmt::Display for ObjIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Debug for ObjIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjIndex({})", self.0)
+    }
+}
+
 /// A 64-bit object id (see the module doc for its layout).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ObjectId(pub u64);
 
 impl ObjectId {
     /// Data object `index` of VDI `vid`.
-    pub fn data(vid: u32, index: u32) -> Self {
-        debug_assert!(vid <= MAX_VID);
-        ObjectId(((vid as u64) << VID_SHIFT) | index as u64)
+    pub fn data(vid: Vid, index: ObjIndex) -> Self {
+        debug_assert!(vid.0 <= MAX_VID);
+        ObjectId(((vid.0 as u64) << VID_SHIFT) | index.0 as u64)
     }
 
     /// The inode object of VDI `vid`.
-    pub fn inode(vid: u32) -> Self {
-        debug_assert!(vid <= MAX_VID);
-        ObjectId(INODE_BIT | ((vid as u64) << VID_SHIFT))
+    pub fn inode(vid: Vid) -> Self {
+        debug_assert!(vid.0 <= MAX_VID);
+        ObjectId(INODE_BIT | ((vid.0 as u64) << VID_SHIFT))
     }
 
     pub fn is_inode(self) -> bool {
         self.0 & INODE_BIT != 0
     }
 
-    pub fn vid(self) -> u32 {
-        ((self.0 >> VID_SHIFT) as u32) & MAX_VID
+    pub fn vid(self) -> Vid {
+        Vid(((self.0 >> VID_SHIFT) as u32) & MAX_VID)
     }
 
-    pub fn index(self) -> u32 {
-        self.0 as u32
+    pub fn index(self) -> ObjIndex {
+        ObjIndex(self.0 as u32)
     }
 }
 
@@ -71,14 +127,15 @@ mod tests {
 
     #[test]
     fn layout() {
-        let d = ObjectId::data(0xabcdef, 7);
+        let d = ObjectId::data(Vid(0xabcdef), ObjIndex(7));
         assert_eq!(d.0, 0x00ab_cdef_0000_0007);
         assert!(!d.is_inode());
-        assert_eq!((d.vid(), d.index()), (0xabcdef, 7));
-        let i = ObjectId::inode(0xabcdef);
+        assert_eq!((d.vid(), d.index()), (Vid(0xabcdef), ObjIndex(7)));
+        let i = ObjectId::inode(Vid(0xabcdef));
         assert_eq!(i.0, 0x80ab_cdef_0000_0000);
         assert!(i.is_inode());
-        assert_eq!(i.vid(), 0xabcdef);
+        assert_eq!(i.vid(), Vid(0xabcdef));
+        assert_eq!(serde_json::to_string(&Vid(7)).unwrap(), "7");
         assert_eq!(i.to_string(), "80abcdef00000000");
     }
 }

@@ -111,7 +111,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::oid::MAX_VID;
+    use crate::oid::{ObjIndex, Vid, MAX_VID};
 
     fn node(id: u64, zone: u32, vnodes: u32) -> NodeInfo {
         NodeInfo {
@@ -187,8 +187,8 @@ mod tests {
     fn oid() -> impl Strategy<Value = ObjectId> {
         prop_oneof![
             any::<u64>().prop_map(ObjectId),
-            (0u32..=MAX_VID, any::<u32>()).prop_map(|(v, i)| ObjectId::data(v, i)),
-            (0u32..=MAX_VID).prop_map(ObjectId::inode),
+            (0u32..=MAX_VID, any::<u32>()).prop_map(|(v, i)| ObjectId::data(Vid(v), ObjIndex(i))),
+            (0u32..=MAX_VID).prop_map(|v| ObjectId::inode(Vid(v))),
         ]
     }
 
@@ -280,7 +280,7 @@ mod tests {
 
     /// `n` data object ids, 10 000 per VDI.
     fn objects(n: u32) -> impl Iterator<Item = ObjectId> {
-        (0..n).map(|i| ObjectId::data(1 + i / 10_000, i % 10_000))
+        (0..n).map(|i| ObjectId::data(Vid(1 + i / 10_000), ObjIndex(i % 10_000)))
     }
 
     /// 8 nodes x 128 vnodes, 100k objects x 3 copies. The load of a node is the sum of the

@@ -57,7 +57,7 @@ fn io_err(what: &'static str, key: Key) -> impl FnOnce(std::io::Error) -> CacheE
 
 impl<B: Backend> CachedVdi<B> {
     pub(super) fn new(inner: Arc<Inner<B>>, vdi: Arc<B::Volume>) -> CachedVdi<B> {
-        let vid = vdi.vid();
+        let vid = vdi.vid().0;
         let object_size = vdi.object_size() as u64;
         let counters = inner.counters(vid);
         let mode = inner.mode_cell(vid);

@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 
 use objstore_proto::extent::extents;
-use objstore_proto::oid::{ObjectId, INODE_HEADER_LEN};
+use objstore_proto::oid::{ObjIndex, ObjectId, Vid, INODE_HEADER_LEN};
 use objstore_proto::size::format_size;
 
 use super::inode::{read_inode, InodeHeader};
@@ -19,7 +19,7 @@ use crate::lock;
 pub struct Vdi {
     client: Arc<Client>,
     header: RwLock<InodeHeader>,
-    pub(super) map: RwLock<Vec<u32>>,
+    pub(super) map: RwLock<Vec<Vid>>,
     /// Held shared by every change of the inode made through this handle (an object mapped
     /// or unmapped, the size grown) from its write to the cluster until the copy here has it
     /// too, and exclusively by [`Vdi::refresh`]: a refresh that read the inode before such a
@@ -102,8 +102,8 @@ impl Vdi {
         self.header.read().unwrap().object_size
     }
 
-    pub(super) fn summary(h: &InodeHeader, map: &[u32]) -> VdiInfo {
-        let allocated = map.iter().filter(|&&v| v != 0).count() as u64;
+    pub(super) fn summary(h: &InodeHeader, map: &[Vid]) -> VdiInfo {
+        let allocated = map.iter().filter(|v| !v.is_none()).count() as u64;
         VdiInfo {
             name: h.name.clone(),
             vid: h.vid,
@@ -124,7 +124,7 @@ impl Vdi {
     pub fn object(&self, index: u64) -> Option<ObjectId> {
         let map = self.map.read().unwrap();
         match map.get(index as usize) {
-            Some(&v) if v != 0 => Some(ObjectId::data(v, index as u32)),
+            Some(&v) if !v.is_none() => Some(ObjectId::data(v, ObjIndex(index as u32))),
             _ => None,
         }
     }
@@ -188,7 +188,7 @@ impl Vdi {
                 async move {
                     let oid = self
                         .object(idx)
-                        .unwrap_or_else(|| ObjectId::data(vid, idx as u32));
+                        .unwrap_or_else(|| ObjectId::data(vid, ObjIndex(idx as u32)));
                     self.client.write_obj(oid, off, piece).await?;
                     if self.object(idx).is_none() {
                         self.record(idx, vid).await?;
@@ -203,16 +203,16 @@ impl Vdi {
     }
 
     /// Records in the inode that `index` is now held by object `vid` (0: a hole).
-    async fn record(&self, index: u64, vid: u32) -> Result<(), VdiError> {
+    async fn record(&self, index: u64, vid: Vid) -> Result<(), VdiError> {
         let _changing = self.changes.read().await;
         let inode = ObjectId::inode(self.header.read().unwrap().vid);
         let at = INODE_HEADER_LEN as u64 + 4 * index;
         self.client
-            .write_obj(inode, at, Bytes::copy_from_slice(&vid.to_be_bytes()))
+            .write_obj(inode, at, Bytes::copy_from_slice(&vid.0.to_be_bytes()))
             .await?;
         let mut map = self.map.write().unwrap();
         if map.len() <= index as usize {
-            map.resize(index as usize + 1, 0);
+            map.resize(index as usize + 1, Vid::NONE);
         }
         map[index as usize] = vid;
         Ok(())
@@ -264,7 +264,7 @@ impl Vdi {
                 if off == 0 && n >= object_end && oid.vid() == vid {
                     // Unmap first: a crash in between leaves an orphan object, never a map entry
                     // pointing at nothing.
-                    self.record(idx, 0).await?;
+                    self.record(idx, Vid::NONE).await?;
                     self.client.remove_obj(oid).await?;
                 } else {
                     let zeros = Bytes::from(vec![0u8; n as usize]);

@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use objstore_proto::oid::{ObjectId, INODE_HEADER_LEN, MAX_INDEXES};
+use objstore_proto::oid::{ObjectId, Vid, INODE_HEADER_LEN, MAX_INDEXES};
 
 use super::VdiError;
 use crate::client::{Client, ClientError};
@@ -20,7 +20,7 @@ const INODE_MAGIC: &[u8; 8] = b"SHINODE1";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InodeHeader {
     pub name: String,
-    pub vid: u32,
+    pub vid: Vid,
     pub object_size: u32,
     pub size: u64,
     /// Unix seconds.
@@ -34,7 +34,7 @@ impl InodeHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; INODE_HEADER_LEN];
         b[0..8].copy_from_slice(INODE_MAGIC);
-        b[8..12].copy_from_slice(&self.vid.to_be_bytes());
+        b[8..12].copy_from_slice(&self.vid.0.to_be_bytes());
         b[12..16].copy_from_slice(&self.object_size.to_be_bytes());
         b[16..24].copy_from_slice(&self.size.to_be_bytes());
         b[24..32].copy_from_slice(&self.created.to_be_bytes());
@@ -70,7 +70,7 @@ impl InodeHeader {
             ));
         }
         Ok(InodeHeader {
-            vid: u32_at(8),
+            vid: Vid(u32_at(8)),
             object_size,
             size: u64_at(16),
             created: u64_at(24),
@@ -92,8 +92,8 @@ impl InodeHeader {
 pub(crate) async fn read_inode(
     client: &Client,
     name: &str,
-    vid: u32,
-) -> Result<(InodeHeader, Vec<u32>), VdiError> {
+    vid: Vid,
+) -> Result<(InodeHeader, Vec<Vid>), VdiError> {
     let inode = ObjectId::inode(vid);
     let corrupt = |reason: String| VdiError::Corrupt {
         name: name.to_string(),
@@ -120,7 +120,7 @@ pub(crate) async fn read_inode(
     };
     let map = raw
         .chunks_exact(4)
-        .map(|c| u32::from_be_bytes(c.try_into().unwrap()))
+        .map(|c| Vid(u32::from_be_bytes(c.try_into().unwrap())))
         .collect();
     Ok((header, map))
 }
@@ -133,7 +133,7 @@ mod tests {
     fn inode_header_round_trip() {
         let h = InodeHeader {
             name: "disk".into(),
-            vid: 42,
+            vid: Vid(42),
             object_size: 4 << 20,
             size: 10 << 30,
             created: 1_700_000_000,

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use objstore_proto::keys;
-use objstore_proto::oid::{ObjectId, MAX_VID};
+use objstore_proto::oid::{ObjIndex, ObjectId, Vid, MAX_VID};
 
 use super::inode::InodeHeader;
 use super::{check_size, validate_name, Vdi, VdiError, PARALLEL};
@@ -14,7 +14,7 @@ use crate::client::{Client, ClientError};
 
 #[derive(Serialize, Deserialize)]
 struct TableEntry {
-    vid: u32,
+    vid: Vid,
 }
 
 /// The part of a `lock/<name>` record (`lock::LockInfo`) that delete needs.
@@ -27,7 +27,7 @@ struct LockHolder {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VdiInfo {
     pub name: String,
-    pub vid: u32,
+    pub vid: Vid,
     pub size: u64,
     /// Bytes of allocated objects.
     pub used: u64,
@@ -37,7 +37,7 @@ pub struct VdiInfo {
     pub created: u64,
 }
 
-pub(crate) async fn lookup(client: &Client, name: &str) -> Result<u32, VdiError> {
+pub(crate) async fn lookup(client: &Client, name: &str) -> Result<Vid, VdiError> {
     validate_name(name)?;
     let raw = client
         .kv_get(&keys::vdi(name))
@@ -50,7 +50,7 @@ pub(crate) async fn lookup(client: &Client, name: &str) -> Result<u32, VdiError>
     Ok(e.vid)
 }
 
-async fn alloc_vid(client: &Client) -> Result<u32, VdiError> {
+async fn alloc_vid(client: &Client) -> Result<Vid, VdiError> {
     loop {
         let cur = client.kv_get(keys::NEXT_VID).await?;
         let next: u32 = cur.as_deref().and_then(|s| s.parse().ok()).unwrap_or(1);
@@ -62,7 +62,7 @@ async fn alloc_vid(client: &Client) -> Result<u32, VdiError> {
             .kv_cas(keys::NEXT_VID, cur.as_deref(), Some(&new))
             .await?
         {
-            return Ok(next);
+            return Ok(Vid(next));
         }
     }
 }
@@ -166,7 +166,7 @@ pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
         .iter()
         .enumerate()
         .filter(|(_, &v)| v == vid)
-        .map(|(i, _)| ObjectId::data(vid, i as u32))
+        .map(|(i, _)| ObjectId::data(vid, ObjIndex(i as u32)))
         .collect();
     let results: Vec<Result<(), ClientError>> = futures::stream::iter(owned)
         .map(|oid| client.remove_obj(oid))
@@ -195,7 +195,7 @@ pub async fn resize(client: &Arc<Client>, name: &str, new_size: u64) -> Result<V
 }
 
 /// Every VDI's name and id, sorted by name (one request, no inode reads).
-pub async fn list_names(client: &Client) -> Result<Vec<(String, u32)>, VdiError> {
+pub async fn list_names(client: &Client) -> Result<Vec<(String, Vid)>, VdiError> {
     let mut out = Vec::new();
     for (key, raw) in client.kv_list(keys::VDI_PREFIX).await? {
         let Some(name) = key.strip_prefix(keys::VDI_PREFIX) else {

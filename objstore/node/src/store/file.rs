@@ -274,12 +274,13 @@ impl ObjectBackend for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use objstore_proto::oid::{ObjIndex, Vid};
 
     #[test]
     fn write_read_stamp_remove() {
         let d = tempfile::tempdir().unwrap();
         let s = FileStore::open(d.path()).unwrap();
-        let oid = ObjectId::data(1, 2);
+        let oid = ObjectId::data(Vid(1), ObjIndex(2));
         assert!(matches!(s.read(oid, 0, 4), Err(StoreError::NotFound(_))));
         s.write(oid, 4096, b"hello", 3).unwrap();
         assert_eq!(s.read(oid, 4094, 9).unwrap(), b"\0\0hello\0\0");
@@ -299,7 +300,7 @@ mod tests {
     #[test]
     fn reopen_keeps_newest_copy_and_clears_tmp() {
         let d = tempfile::tempdir().unwrap();
-        let oid = ObjectId::data(9, 0);
+        let oid = ObjectId::data(Vid(9), ObjIndex(0));
         {
             let s = FileStore::open(d.path()).unwrap();
             assert!(s.put_if_newer(oid, b"new", 7).unwrap());

@@ -229,11 +229,12 @@ impl ObjectBackend for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use objstore_proto::oid::{ObjIndex, Vid};
 
     #[test]
     fn crash_keeps_only_flushed_writes() {
         let s = MemStore::default();
-        let a = ObjectId::data(1, 0);
+        let a = ObjectId::data(Vid(1), ObjIndex(0));
         s.write(a, 0, b"first", 1).unwrap();
         s.write(a, 0, b"FIRST", 1).unwrap();
         assert_eq!(s.crashed().read(a, 0, 5).unwrap(), b"first");
@@ -248,7 +249,7 @@ mod tests {
     #[test]
     fn faults_fail_the_chosen_operation() {
         let s = MemStore::default();
-        let a = ObjectId::data(1, 0);
+        let a = ObjectId::data(Vid(1), ObjIndex(0));
         s.write(a, 0, b"x", 1).unwrap();
         s.fail(Op::Flush, Fault::Io);
         assert!(matches!(s.flush(), Err(StoreError::Io { .. })));
