@@ -261,10 +261,7 @@ mod tests {
         assert!(v.is_allocated(0) && v.is_allocated(1) && !v.is_allocated(2));
         v.discard(16, 16).await.unwrap();
         assert!(!v.is_allocated(1));
-        assert_eq!(
-            &v.read_at(10, 12).await.unwrap()[..],
-            b"hello \0\0\0\0\0\0"
-        );
+        assert_eq!(&v.read_at(10, 12).await.unwrap()[..], b"hello \0\0\0\0\0\0");
         assert!(matches!(
             v.read_at(60, 8).await,
             Err(VdiError::OutOfRange { .. })

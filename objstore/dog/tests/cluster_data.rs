@@ -32,7 +32,11 @@ fn write_read_256m_three_copies() {
         a
     };
     for index in 0..64 {
-        assert_eq!(c.holders("big", index), addrs, "object {index} holders");
+        assert_eq!(
+            c.holders("big", index).addrs(),
+            addrs,
+            "object {index} holders"
+        );
     }
 }
 
@@ -55,7 +59,11 @@ fn unaligned_writes_across_objects_and_resize_delete() {
         want[at as usize + 5..at as usize + 105]
     );
     for index in 0..8 {
-        assert_eq!(c.holders("d", index).len(), 2, "2 copies of object {index}");
+        assert_eq!(
+            c.holders("d", index).addrs().len(),
+            2,
+            "2 copies of object {index}"
+        );
     }
 
     c.dog_ok(&["vdi", "resize", "d", "16M"]);

@@ -37,6 +37,9 @@ pub struct NodeOptions {
     /// Failure domain; defaults to one zone per node.
     pub zone: Option<u32>,
     pub vnodes: u32,
+    /// Test hook: a pause before each recovery pull, so an end-to-end test can act while a
+    /// node is still recovering. Zero (no pause) unless a test asks.
+    pub pull_delay: std::time::Duration,
 }
 
 #[derive(Debug, Error)]
@@ -101,6 +104,7 @@ pub struct Node {
     pub(crate) peers: Pool,
     pub(crate) recovery: crate::recovery::Recovery,
     pub(crate) stop: AtomicBool,
+    pub(crate) pull_delay: std::time::Duration,
     pub(crate) _dir_lock: File,
 }
 
@@ -212,6 +216,7 @@ impl Node {
             peers: Pool::default(),
             recovery: crate::recovery::Recovery::default(),
             stop: AtomicBool::new(false),
+            pull_delay: opts.pull_delay,
             _dir_lock: dir_lock,
         });
         let ticker = {

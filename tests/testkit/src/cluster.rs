@@ -46,6 +46,8 @@ impl Bins {
 /// Fields drop in order: processes are killed before their directory goes.
 pub struct Cluster {
     pub nodes: Vec<Option<Proc>>,
+    /// Extra `sheep` arguments per node (e.g. `--zone 1`), used at every (re)start.
+    pub node_args: Vec<Vec<String>>,
     pub bins: Bins,
     pub ports: Vec<u16>,
     pub dir: tempfile::TempDir,
@@ -54,8 +56,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes sharing one local membership store and waits until all are members.
     pub fn start(bins: &Bins, n: usize) -> Cluster {
+        Cluster::start_with(bins, vec![Vec::new(); n])
+    }
+
+    /// Starts one node per entry of `node_args`, each with those extra `sheep` arguments.
+    pub fn start_with(bins: &Bins, node_args: Vec<Vec<String>>) -> Cluster {
+        let n = node_args.len();
         let mut c = Cluster {
             nodes: (0..n).map(|_| None).collect(),
+            node_args,
             bins: bins.clone(),
             ports: (0..n).map(|_| free_port()).collect(),
             dir: tempfile::tempdir().expect("temp dir"),
@@ -93,6 +102,7 @@ impl Cluster {
                 .arg(self.addr(i))
                 .arg("--cluster")
                 .arg(format!("local:{}", self.state_dir().display()))
+                .args(&self.node_args[i])
                 .env("RUST_LOG", "info");
             let log = self.dir.path().join(format!("node{i}.log"));
             // The log is appended to: only what this start writes counts.
@@ -240,6 +250,7 @@ impl Cluster {
     }
 
     /// Waits until every node has finished recovery (and collection) for one common epoch.
+    /// Panics as soon as a node reports a failed pull: a failure is never "recovered".
     pub fn wait_recovered(&self) {
         wait_until("recovery to finish", Duration::from_secs(60), || {
             let out = self.dog(&["node", "recovery", "--json"]);
@@ -248,6 +259,15 @@ impl Cluster {
             }
             let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
             let rows = rows.as_array().unwrap();
+            let failed: Vec<&Value> = rows
+                .iter()
+                .filter(|r| r["status"]["recovery"]["failed"].as_u64().unwrap_or(0) > 0)
+                .collect();
+            assert!(
+                failed.is_empty(),
+                "recovery reports failed pulls: {}",
+                serde_json::to_string(&failed).unwrap_or_default()
+            );
             let epochs: Vec<&Value> = rows.iter().map(|r| &r["status"]["epoch"]).collect();
             !rows.is_empty()
                 && epochs.iter().all(|e| *e == epochs[0])
@@ -258,16 +278,9 @@ impl Cluster {
         });
     }
 
-    /// Addresses of the nodes holding object `index` of VDI `name`.
-    pub fn holders(&self, name: &str, index: u64) -> Vec<String> {
-        let v = self.dog_json(&["vdi", "object", name, &index.to_string()]);
-        let mut h: Vec<String> = v["holders"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h["addr"].as_str().unwrap().to_string())
-            .collect();
-        h.sort();
-        h
+    /// Where object `index` of VDI `name` should be (placement) and who holds it at which
+    /// stamp.
+    pub fn holders(&self, name: &str, index: u64) -> crate::replicas::ObjectReplicas {
+        crate::replicas::object(self, name, index).unwrap_or_else(|e| panic!("{e}"))
     }
 }

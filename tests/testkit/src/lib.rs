@@ -7,10 +7,12 @@
 //! - [`free_port`]: a loopback port nobody listens on.
 //! - [`cluster::Cluster`]: a local cluster of real `sheep` processes driven through real `dog`.
 //! - [`mount::Mount`]: a real `sheepfs` mount, unmounted and killed on drop.
+//! - [`replicas::check`]: every copy of every object of a VDI read from disk and compared.
 
 pub mod build;
 pub mod cluster;
 pub mod mount;
+pub mod replicas;
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
