@@ -2,6 +2,8 @@
 //! comes back with stale copies never serving them. After each, every replica of every object
 //! is read from disk and compared (`testkit::replicas`).
 
+use std::time::Duration;
+
 use serde_json::Value;
 use testkit::cluster::{Bins, Cluster};
 use testkit::pseudo_random;
@@ -200,4 +202,239 @@ fn replica_check_names_a_corrupted_copy() {
         "{e}"
     );
     assert!(p.what.contains("first at offset 4096"), "{e}");
+}
+
+/// Adds a node slot to the cluster (not started); returns its index.
+fn add_node(c: &mut Cluster) -> usize {
+    c.nodes.push(None);
+    c.ports.push(testkit::free_port());
+    c.node_args.push(Vec::new());
+    c.nodes.len() - 1
+}
+
+/// A node is killed (-9) while a series of writes runs, is restarted on its directory, and the
+/// cluster ends with every acknowledged byte and agreeing replicas.
+#[test]
+fn node_killed_during_writes_restarts_on_its_dir() {
+    const WRITES: u64 = 8;
+    let c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let mut data = pseudo_random(32 << 20, 31);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+
+    // WRITES writes of 4 MiB, one after another, each its own dog; the node dies after the
+    // second is acknowledged, so the rest run against a cluster losing (then lacking) a node.
+    let chunks: Vec<(u64, Vec<u8>)> = (0..WRITES)
+        .map(|k| {
+            (
+                k * 4 * MIB + 4096 * k,
+                pseudo_random((4 * MIB) as usize, 500 + k),
+            )
+        })
+        .collect();
+    let acked = std::sync::atomic::AtomicU64::new(0);
+    let victim = 2;
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            for (at, bytes) in &chunks {
+                let end = (*at + bytes.len() as u64).min(32 << 20);
+                let out = c.dog_stdin(
+                    &["vdi", "write", "v", &at.to_string()],
+                    &bytes[..(end - at) as usize],
+                );
+                if !out.status.success() {
+                    return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+                }
+                acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(())
+        });
+        testkit::wait_until("2 writes acknowledged", Duration::from_secs(60), || {
+            acked.load(std::sync::atomic::Ordering::SeqCst) >= 2 || writer.is_finished()
+        });
+        let at_kill = acked.load(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: a signal to a child of this process, reaped by kill9 below.
+        unsafe {
+            libc::kill(
+                c.nodes[victim].as_ref().unwrap().pid() as libc::pid_t,
+                libc::SIGKILL,
+            )
+        };
+        let res = writer.join().unwrap();
+        assert!(res.is_ok(), "a write failed around the kill: {res:?}");
+        assert!(
+            at_kill < WRITES,
+            "every write was done before the kill: nothing ran during it"
+        );
+        eprintln!("killed the node after {at_kill} of {WRITES} writes");
+    });
+    // Reap the victim (already dead).
+    let mut c = c;
+    c.kill9(victim);
+    for (at, bytes) in &chunks {
+        let end = (*at + bytes.len() as u64).min(32 << 20);
+        data[*at as usize..end as usize].copy_from_slice(&bytes[..(end - at) as usize]);
+    }
+    c.wait_members(3);
+    c.wait_recovered();
+    assert!(c.read_vdi("v", 0, 32 << 20) == data, "after the kill");
+    assert_consistent(&c, "v");
+
+    c.start_node(victim);
+    c.wait_members(4);
+    c.wait_recovered();
+    assert!(c.read_vdi("v", 0, 32 << 20) == data, "after the restart");
+    let r = assert_consistent(&c, "v");
+    assert_eq!((r.objects, r.copies), (33, 3), "{r:?}");
+}
+
+/// Two nodes die at the same instant with 2 copies: objects whose both copies were on them are
+/// gone. Reading them fails at once with an error naming the object (no hang, no zeros);
+/// everything else reads back exactly and ends with 2 agreeing copies.
+#[test]
+fn losing_every_copy_fails_reads_loudly() {
+    let mut c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let data = pseudo_random(32 << 20, 41);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+    let objs = replicas::objects(&c, "v").unwrap();
+    assert_consistent(&c, "v");
+
+    // A pair of nodes holding both copies of some data object but not both of the inode's.
+    let inode = objs.iter().find(|o| o.index.is_none()).unwrap().addrs();
+    let (pair, lost) = (0..4)
+        .flat_map(|a| (a + 1..4).map(move |b| (a, b)))
+        .map(|(a, b)| {
+            let pair = sorted(vec![c.addr(a), c.addr(b)]);
+            let lost: Vec<(u64, String)> = objs
+                .iter()
+                .filter(|o| o.index.is_some() && o.addrs() == pair)
+                .map(|o| (o.index.unwrap(), o.oid.clone().unwrap()))
+                .collect();
+            ((a, b), lost)
+        })
+        .filter(|(_, lost)| !lost.is_empty())
+        .find(|((a, b), _)| inode != sorted(vec![c.addr(*a), c.addr(*b)]))
+        .expect("some pair of 4 nodes holds both copies of one of 32 objects");
+    // Both at once: no epoch in between in which a survivor could copy from one of them.
+    for i in [pair.0, pair.1] {
+        // SAFETY: signals to children of this process, reaped by kill9 below.
+        unsafe {
+            libc::kill(
+                c.nodes[i].as_ref().unwrap().pid() as libc::pid_t,
+                libc::SIGKILL,
+            )
+        };
+    }
+    c.kill9(pair.0);
+    c.kill9(pair.1);
+    c.wait_members(2);
+    c.wait_recovered();
+
+    let lost_idx: Vec<u64> = lost.iter().map(|(i, _)| *i).collect();
+    for i in 0..32 {
+        if !lost_idx.contains(&i) {
+            assert!(
+                c.read_vdi("v", i * MIB, MIB) == object(&data, i),
+                "object {i} had a surviving copy"
+            );
+        }
+    }
+    for (i, oid) in &lost {
+        let t = std::time::Instant::now();
+        let out = c.dog(&[
+            "--timeout",
+            "10",
+            "vdi",
+            "read",
+            "v",
+            &(i * MIB).to_string(),
+            &MIB.to_string(),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "object {i} has no copy left, yet the read succeeded"
+        );
+        assert!(out.stdout.is_empty(), "object {i}: no bytes may come out");
+        assert!(
+            err.contains(oid.as_str()) && err.contains("not found on any replica"),
+            "object {i}: the error should name object {oid} and say no replica has it: {err}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "object {i}: the read took {:?} to fail",
+            t.elapsed()
+        );
+    }
+    // A whole-VDI read fails too instead of filling the lost objects with zeros.
+    let out = c.dog(&["--timeout", "10", "vdi", "read", "v"]);
+    assert!(!out.status.success(), "a read over lost objects succeeded");
+}
+
+/// While a rejoined node is still recovering (slowed down), another node dies and then a new one
+/// joins: each new epoch restarts recovery, and the end state has every byte and agreeing
+/// replicas.
+#[test]
+fn new_epochs_during_recovery() {
+    let mut c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "64M"]);
+    let mut data = pseudo_random((OBJECTS * MIB) as usize, 51);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+
+    // Node 3 misses writes to every other object.
+    let slow = 3;
+    c.kill9(slow);
+    for i in (0..OBJECTS).step_by(2) {
+        let fresh = pseudo_random(MIB as usize, 5000 + i);
+        c.write_vdi("v", i * MIB, &fresh);
+        data[(i * MIB) as usize..((i + 1) * MIB) as usize].copy_from_slice(&fresh);
+    }
+    c.wait_members(3);
+    c.wait_recovered();
+
+    // It comes back slowed down; once it is recovering, node 0 dies.
+    c.node_args[slow] = vec!["--test-pull-delay-ms".into(), "500".into()];
+    c.start_node(slow);
+    c.wait_members(4);
+    let slow_addr = c.addr(slow);
+    testkit::wait_until(
+        "the rejoined node to be recovering",
+        Duration::from_secs(20),
+        || recovery_state(&c, &slow_addr) == "recovering",
+    );
+    c.kill9(0);
+    replicas::wait_view(&c, &[1, 2, slow]);
+    assert_eq!(
+        recovery_state(&c, &slow_addr),
+        "recovering",
+        "the slowed node should still be recovering in the new epoch"
+    );
+    // And a new node joins while it still recovers.
+    let fresh = add_node(&mut c);
+    c.start_node(fresh);
+    replicas::wait_view(&c, &[1, 2, slow, fresh]);
+    c.wait_recovered();
+    assert!(
+        c.read_vdi("v", 0, OBJECTS * MIB) == data,
+        "after two epochs"
+    );
+    let r = assert_consistent(&c, "v");
+    assert_eq!((r.objects, r.copies), (OBJECTS as usize + 1, 3), "{r:?}");
+
+    // Node 0 returns on its directory: one more epoch, same end state.
+    c.start_node(0);
+    c.wait_members(5);
+    c.wait_recovered();
+    assert!(
+        c.read_vdi("v", 0, OBJECTS * MIB) == data,
+        "after node 0 returned"
+    );
+    assert_consistent(&c, "v");
 }

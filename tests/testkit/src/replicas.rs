@@ -4,10 +4,12 @@
 //! [`check`] asks `dog vdi objects NAME --json` where each object (the inode and every allocated
 //! data object) should be (`placement`) and who holds it at which `stamp`, then reads each
 //! holder's copy straight from `<node_dir>/obj/<oid>.<stamp>`. It returns a [`Report`] when
-//! every object has exactly the expected number of copies, on exactly its placement, all at one
-//! stamp and with identical bytes; otherwise [`Problems`], naming each disagreeing object and
+//! every object has exactly the expected number of copies (the VDI's copies, or every node when
+//! there are fewer), on exactly its placement, in as many distinct zones as the nodes allow, all
+//! at one stamp and with identical bytes; otherwise [`Problems`], naming each disagreeing object and
 //! node. The judgement itself ([`judge`]) is a pure function, unit-tested below with bad inputs.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -172,14 +174,20 @@ pub struct Report {
 /// A copy's bytes as read from one node's disk (or why it could not be read).
 pub type CopyBytes = Result<Vec<u8>, String>;
 
-/// Judges objects against `copies` expected copies. `bytes(object, holder)` gives that holder's
-/// copy. Pure: no cluster needed, so the judgement is tested on its own.
+/// The nodes of the cluster with their zones.
+pub type Zones = BTreeMap<String, u32>;
+
+/// Judges objects against `copies` expected copies on the nodes of `zones` (each holder's
+/// zone; copies must cover `min(copies, distinct zones)` zones). `bytes(object, holder)` gives
+/// that holder's copy. Pure: no cluster needed, so the judgement is tested on its own.
 pub fn judge(
     vdi: &str,
     objects: &[ObjectReplicas],
     copies: usize,
+    zones: &Zones,
     mut bytes: impl FnMut(&ObjectReplicas, &Holder) -> CopyBytes,
 ) -> Result<Report, Problems> {
+    let zone_count = zones.values().collect::<BTreeSet<_>>().len();
     let mut problems = Vec::new();
     let mut copies_read = 0;
     for o in objects {
@@ -233,6 +241,28 @@ pub fn judge(
                     ),
                 );
             }
+        }
+        let mut held_zones = BTreeSet::new();
+        for h in &o.holders {
+            match zones.get(&h.addr) {
+                Some(z) => {
+                    held_zones.insert(*z);
+                }
+                None => say(
+                    Some(&h.addr),
+                    "holds a copy but is not a node of the view".into(),
+                ),
+            }
+        }
+        let want_zones = copies.min(zone_count);
+        if held_zones.len() < want_zones {
+            say(
+                None,
+                format!(
+                    "copies in {} zone(s) {held_zones:?}, expected {want_zones} distinct",
+                    held_zones.len()
+                ),
+            );
         }
         let newest = o.holders.iter().map(|h| h.stamp).max();
         if o.stamps().len() > 1 {
@@ -360,14 +390,20 @@ pub fn copy_path(c: &Cluster, addr: &str, oid: &str, stamp: u32) -> Option<PathB
 pub fn check(c: &Cluster, name: &str) -> Result<Report, Problems> {
     let fail = |what: String| Problems::one(name, what);
     let info = dog_json(c, &["vdi", "info", name]).map_err(fail)?;
-    let cluster = dog_json(c, &["cluster", "info"]).map_err(fail)?;
     let want = info["copies"]
         .as_u64()
         .ok_or_else(|| fail(format!("no copies in {info}")))?;
-    let zones = cluster["zones"]
-        .as_u64()
-        .ok_or_else(|| fail(format!("no zones in {cluster}")))?;
-    let copies = want.min(zones) as usize;
+    let nodes = dog_json(c, &["node", "list"]).map_err(fail)?;
+    let zones: Zones = nodes
+        .as_array()
+        .ok_or_else(|| fail(format!("dog node list printed {nodes}")))?
+        .iter()
+        .map(|n| match (n["addr"].as_str(), n["zone"].as_u64()) {
+            (Some(a), Some(z)) => Ok((a.to_string(), z as u32)),
+            _ => Err(fail(format!("no addr or zone in {n}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    let copies = (want as usize).min(zones.len());
     let objs = objects(c, name).map_err(fail)?;
     let allocated = info["allocated_objects"].as_u64().unwrap_or(0) as usize;
     let data_objects = objs.iter().filter(|o| o.index.is_some()).count();
@@ -376,7 +412,7 @@ pub fn check(c: &Cluster, name: &str) -> Result<Report, Problems> {
             "dog vdi objects listed {data_objects} data object(s), vdi info says {allocated}"
         )));
     }
-    judge(name, &objs, copies, |o, h| {
+    judge(name, &objs, copies, &zones, |o, h| {
         let oid = o.oid.as_deref().unwrap_or_default();
         let path = copy_path(c, &h.addr, oid, h.stamp)
             .ok_or_else(|| format!("{} is not a node of this cluster", h.addr))?;
@@ -387,6 +423,30 @@ pub fn check(c: &Cluster, name: &str) -> Result<Report, Problems> {
 /// [`check`], panicking with the problems.
 pub fn assert_consistent(c: &Cluster, name: &str) -> Report {
     check(c, name).unwrap_or_else(|p| panic!("{p}"))
+}
+
+/// Waits until the cluster's view (as `dog node list` shows it) is exactly the nodes `nodes`:
+/// [`Cluster::wait_members`] counts nodes, and an older view can have the same count.
+pub fn wait_view(c: &Cluster, nodes: &[usize]) {
+    let mut want: Vec<String> = nodes.iter().map(|&i| c.addr(i)).collect();
+    want.sort();
+    crate::wait_until(
+        &format!("the view to be exactly {want:?}"),
+        std::time::Duration::from_secs(20),
+        || {
+            let Ok(v) = dog_json(c, &["node", "list"]) else {
+                return false;
+            };
+            let mut got: Vec<String> = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n["addr"].as_str().map(str::to_string))
+                .collect();
+            got.sort();
+            got == want
+        },
+    );
 }
 
 /// How long node `i`'s log is now: pass it to [`log_since`] to see only what comes after.
@@ -423,6 +483,14 @@ mod tests {
         }
     }
 
+    /// a, b, c, one zone each.
+    fn zones() -> Zones {
+        [("a", 1), ("b", 2), ("c", 3)]
+            .into_iter()
+            .map(|(a, z)| (a.to_string(), z))
+            .collect()
+    }
+
     fn same(_: &ObjectReplicas, _: &Holder) -> CopyBytes {
         Ok(vec![7; 16])
     }
@@ -433,14 +501,14 @@ mod tests {
             obj(0, &["a", "b"], &[("a", 3), ("b", 3)]),
             obj(1, &["b", "c"], &[("b", 5), ("c", 5)]),
         ];
-        let r = judge("v", &o, 2, same).unwrap();
+        let r = judge("v", &o, 2, &zones(), same).unwrap();
         assert_eq!((r.objects, r.copies, r.copies_read), (2, 2, 4));
     }
 
     #[test]
     fn trailing_zeros_do_not_count() {
         let o = [obj(0, &["a", "b"], &[("a", 3), ("b", 3)])];
-        judge("v", &o, 2, |_, h| {
+        judge("v", &o, 2, &zones(), |_, h| {
             Ok(if h.addr == "a" {
                 vec![1, 2, 0, 0]
             } else {
@@ -462,7 +530,7 @@ mod tests {
             // Bytes differ on c.
             obj(3, &["b", "c"], &[("b", 3), ("c", 3)]),
         ];
-        let e = judge("v", &o, 2, |o, h| {
+        let e = judge("v", &o, 2, &zones(), |o, h| {
             Ok(if o.index == Some(3) && h.addr == "c" {
                 vec![7, 7, 8]
             } else {
@@ -485,13 +553,14 @@ mod tests {
         assert!(has(2, None, "3 cop(ies)"), "{text}");
         assert!(has(3, Some("b"), "no version has a majority"), "{text}");
         assert!(has(3, Some("c"), "no version has a majority"), "{text}");
-        assert_eq!(e.problems.len(), 7, "{text}");
+        assert!(has(1, None, "copies in 1 zone(s)"), "{text}");
+        assert_eq!(e.problems.len(), 8, "{text}");
     }
 
     #[test]
     fn the_odd_copy_out_is_named() {
         let o = [obj(0, &["a", "b", "c"], &[("a", 3), ("b", 3), ("c", 3)])];
-        let e = judge("v", &o, 3, |_, h| {
+        let e = judge("v", &o, 3, &zones(), |_, h| {
             Ok(if h.addr == "a" {
                 vec![1, 9]
             } else {
@@ -510,11 +579,28 @@ mod tests {
     }
 
     #[test]
+    fn copies_sharing_a_zone_are_a_problem_when_zones_allow() {
+        let mut z = zones();
+        z.insert("b".into(), 1);
+        let o = [obj(0, &["a", "b"], &[("a", 3), ("b", 3)])];
+        let e = judge("v", &o, 2, &z, same).unwrap_err();
+        assert!(
+            e.problems[0]
+                .what
+                .contains("copies in 1 zone(s) {1}, expected 2 distinct"),
+            "{e}"
+        );
+        // With one zone only, copies cannot do better.
+        let one: Zones = [("a".to_string(), 1), ("b".to_string(), 1)].into();
+        judge("v", &o, 2, &one, same).unwrap();
+    }
+
+    #[test]
     fn unreadable_copy_and_hole_are_problems() {
         let mut hole = obj(1, &[], &[]);
         hole.oid = None;
         let o = [obj(0, &["a"], &[("a", 1)]), hole];
-        let e = judge("v", &o, 1, |_, _| Err("gone".into())).unwrap_err();
+        let e = judge("v", &o, 1, &zones(), |_, _| Err("gone".into())).unwrap_err();
         assert!(e.problems[0].what.contains("unreadable: gone"), "{e}");
         assert!(e.problems[1].what.contains("hole"), "{e}");
     }
