@@ -290,6 +290,51 @@ fn node_killed_during_writes_restarts_on_its_dir() {
     assert_eq!((r.objects, r.copies), (33, 3), "{r:?}");
 }
 
+/// A pair of nodes holding both copies of some data objects (returned with their ids) but not
+/// both copies of the inode.
+fn lost_pair(c: &Cluster) -> ((usize, usize), Vec<(u64, String)>) {
+    let objs = replicas::objects(c, "v").unwrap();
+    let inode = objs.iter().find(|o| o.index.is_none()).unwrap().addrs();
+    (0..c.nodes.len())
+        .flat_map(|a| (a + 1..c.nodes.len()).map(move |b| (a, b)))
+        .map(|(a, b)| {
+            let pair = sorted(vec![c.addr(a), c.addr(b)]);
+            let lost: Vec<(u64, String)> = objs
+                .iter()
+                .filter(|o| o.index.is_some() && o.addrs() == pair)
+                .map(|o| (o.index.unwrap(), o.oid.clone().unwrap()))
+                .collect();
+            ((a, b), lost, pair)
+        })
+        .find(|(_, lost, pair)| !lost.is_empty() && inode != *pair)
+        .map(|(p, lost, _)| (p, lost))
+        .expect("some pair of nodes holds both copies of a data object")
+}
+
+fn live_node(c: &Cluster) -> usize {
+    c.nodes
+        .iter()
+        .position(|n| n.is_some())
+        .expect("a live node")
+}
+
+/// SIGKILL to all of `nodes` first, then reaping: no epoch in between in which a survivor could
+/// copy from one of them.
+fn kill_at_once(c: &mut Cluster, nodes: &[usize]) {
+    for &i in nodes {
+        // SAFETY: signals to children of this process, reaped by kill9 below.
+        unsafe {
+            libc::kill(
+                c.nodes[i].as_ref().unwrap().pid() as libc::pid_t,
+                libc::SIGKILL,
+            )
+        };
+    }
+    for &i in nodes {
+        c.kill9(i);
+    }
+}
+
 /// Two nodes die at the same instant with 2 copies: objects whose both copies were on them are
 /// gone. Reading them fails at once with an error naming the object (no hang, no zeros);
 /// everything else reads back exactly and ends with 2 agreeing copies.
@@ -301,37 +346,9 @@ fn losing_every_copy_fails_reads_loudly() {
     let data = pseudo_random(32 << 20, 41);
     c.write_vdi("v", 0, &data);
     c.wait_recovered();
-    let objs = replicas::objects(&c, "v").unwrap();
     assert_consistent(&c, "v");
-
-    // A pair of nodes holding both copies of some data object but not both of the inode's.
-    let inode = objs.iter().find(|o| o.index.is_none()).unwrap().addrs();
-    let (pair, lost) = (0..4)
-        .flat_map(|a| (a + 1..4).map(move |b| (a, b)))
-        .map(|(a, b)| {
-            let pair = sorted(vec![c.addr(a), c.addr(b)]);
-            let lost: Vec<(u64, String)> = objs
-                .iter()
-                .filter(|o| o.index.is_some() && o.addrs() == pair)
-                .map(|o| (o.index.unwrap(), o.oid.clone().unwrap()))
-                .collect();
-            ((a, b), lost)
-        })
-        .filter(|(_, lost)| !lost.is_empty())
-        .find(|((a, b), _)| inode != sorted(vec![c.addr(*a), c.addr(*b)]))
-        .expect("some pair of 4 nodes holds both copies of one of 32 objects");
-    // Both at once: no epoch in between in which a survivor could copy from one of them.
-    for i in [pair.0, pair.1] {
-        // SAFETY: signals to children of this process, reaped by kill9 below.
-        unsafe {
-            libc::kill(
-                c.nodes[i].as_ref().unwrap().pid() as libc::pid_t,
-                libc::SIGKILL,
-            )
-        };
-    }
-    c.kill9(pair.0);
-    c.kill9(pair.1);
+    let (pair, lost) = lost_pair(&c);
+    kill_at_once(&mut c, &[pair.0, pair.1]);
     c.wait_members(2);
     c.wait_recovered();
 
@@ -435,6 +452,83 @@ fn new_epochs_during_recovery() {
     assert!(
         c.read_vdi("v", 0, OBJECTS * MIB) == data,
         "after node 0 returned"
+    );
+    assert_consistent(&c, "v");
+}
+
+/// With every copy of an object gone (both holders down at once), a partial write to it must
+/// not make a new object of zeros around the written bytes: it waits for a holder (or fails),
+/// and once the holders are back the object holds its old data with the write on top.
+#[test]
+#[ignore = "issue 22: a 4 KiB write into an object whose every copy is down succeeds at once \
+            on the new owners as a fresh object of zeros at a newer stamp; when the holders \
+            return, recovery replaces their data with it: the object reads zeros outside the \
+            4 KiB written"]
+fn partial_write_to_a_lost_object_keeps_its_data() {
+    let mut c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let data = pseudo_random(32 << 20, 42);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+    let (pair, lost) = lost_pair(&c);
+    kill_at_once(&mut c, &[pair.0, pair.1]);
+    c.wait_members(2);
+    c.wait_recovered();
+
+    let (i, oid) = lost[0].clone();
+    let patch = [0xab; 4096];
+    let at = i * MIB + 4096;
+    // The write runs in its own dog; the holders come back once it has ended or after 3 s,
+    // whichever is first (the order changes which path is taken, not what must hold).
+    let t = std::time::Instant::now();
+    let mut writer = std::process::Command::new(&c.bins.dog)
+        .args(["--address", &c.addr(live_node(&c)), "--timeout", "60"])
+        .args(["vdi", "write", "v", &at.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = writer.stdin.take().unwrap();
+        stdin.write_all(&patch).unwrap();
+    }
+    while t.elapsed() < Duration::from_secs(3) && writer.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ended_before_return = writer.try_wait().unwrap().is_some();
+    for n in [pair.0, pair.1] {
+        c.start_node(n);
+    }
+    c.wait_members(4);
+    let write = writer.wait_with_output().unwrap();
+    let elapsed = t.elapsed();
+    eprintln!(
+        "write into lost object {i} ({oid}): {} after {elapsed:?} (ended before the holders \
+         returned: {ended_before_return}) {}",
+        write.status,
+        String::from_utf8_lossy(&write.stderr)
+    );
+    c.wait_recovered();
+    let mut want = object(&data, i).to_vec();
+    if write.status.success() {
+        want[4096..8192].copy_from_slice(&patch);
+    }
+    let got = c.read_vdi("v", i * MIB, MIB);
+    let zeros = (0..got.len())
+        .filter(|&k| got[k] == 0 && want[k] != 0)
+        .count();
+    assert!(
+        got == want,
+        "object {i} ({oid}) after its holders returned: {zeros} bytes read as zero that were \
+         not (the write {} after {elapsed:?})",
+        if write.status.success() {
+            "succeeded"
+        } else {
+            "failed"
+        },
     );
     assert_consistent(&c, "v");
 }
