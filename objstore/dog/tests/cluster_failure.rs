@@ -311,6 +311,18 @@ fn lost_pair(c: &Cluster) -> ((usize, usize), Vec<(u64, String)>) {
         .expect("some pair of nodes holds both copies of a data object")
 }
 
+/// A child process killed and reaped if the test fails before it waits for it.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn live_node(c: &Cluster) -> usize {
     c.nodes
         .iter()
@@ -482,28 +494,31 @@ fn partial_write_to_a_lost_object_keeps_its_data() {
     // The write runs in its own dog; the holders come back once it has ended or after 3 s,
     // whichever is first (the order changes which path is taken, not what must hold).
     let t = std::time::Instant::now();
-    let mut writer = std::process::Command::new(&c.bins.dog)
-        .args(["--address", &c.addr(live_node(&c)), "--timeout", "60"])
-        .args(["vdi", "write", "v", &at.to_string()])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut writer = KillOnDrop(Some(
+        std::process::Command::new(&c.bins.dog)
+            .args(["--address", &c.addr(live_node(&c)), "--timeout", "60"])
+            .args(["vdi", "write", "v", &at.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let child = writer.0.as_mut().unwrap();
     {
         use std::io::Write;
-        let mut stdin = writer.stdin.take().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(&patch).unwrap();
     }
-    while t.elapsed() < Duration::from_secs(3) && writer.try_wait().unwrap().is_none() {
+    while t.elapsed() < Duration::from_secs(3) && child.try_wait().unwrap().is_none() {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ended_before_return = writer.try_wait().unwrap().is_some();
+    let ended_before_return = child.try_wait().unwrap().is_some();
     for n in [pair.0, pair.1] {
         c.start_node(n);
     }
     c.wait_members(4);
-    let write = writer.wait_with_output().unwrap();
+    let write = writer.0.take().unwrap().wait_with_output().unwrap();
     let elapsed = t.elapsed();
     eprintln!(
         "write into lost object {i} ({oid}): {} after {elapsed:?} (ended before the holders \
