@@ -67,6 +67,8 @@ fn unaligned_writes_across_objects_and_resize_delete() {
         );
     }
 
+    replicas::assert_consistent(&c, "d");
+
     c.dog_ok(&["vdi", "resize", "d", "16M"]);
     assert_eq!(c.dog_json(&["vdi", "info", "d"])["size"], 16u64 << 20);
     assert!(c.read_vdi("d", 0, 8 << 20) == want, "grow keeps the data");
