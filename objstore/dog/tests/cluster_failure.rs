@@ -608,3 +608,43 @@ fn rolling_failure_keeps_acknowledged_writes() {
     );
     assert_consistent(&c, "v");
 }
+
+/// A VDI deleted while a node is down: when the node returns with its copies, they do not come
+/// back (not on it, not copied to others); every node ends with no object at all.
+#[test]
+#[ignore = "issue 22: a VDI deleted while a node is down: the node returns with its copies \
+            and keeps them after recovery (6 of the deleted VDI's objects stay on it)"]
+fn delete_while_a_node_is_down_stays_deleted() {
+    let mut c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "16M"]);
+    c.write_vdi("v", 0, &pseudo_random(16 << 20, 81));
+    c.wait_recovered();
+    let down = 3;
+    c.kill9(down);
+    c.wait_members(3);
+    c.wait_recovered();
+    c.dog_ok(&["vdi", "delete", "v"]);
+    c.start_node(down);
+    c.wait_members(4);
+    c.wait_recovered();
+    assert!(c.dog_json(&["vdi", "list"]).as_array().unwrap().is_empty());
+    let held: Vec<(String, u64)> = c
+        .dog_json(&["node", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["addr"].as_str().unwrap().to_string(),
+                n["status"]["objects"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert!(
+        held.is_empty(),
+        "objects of the deleted VDI are back after node {} returned: {held:?}",
+        c.addr(down)
+    );
+}
