@@ -613,7 +613,7 @@ fn rolling_failure_keeps_acknowledged_writes() {
 /// back (not on it, not copied to others); every node ends with no object at all.
 #[test]
 #[ignore = "issue 22: a VDI deleted while a node is down: the node returns with its copies \
-            and keeps them after recovery (6 of the deleted VDI's objects stay on it)"]
+            and keeps them after recovery (6 to 11 of the deleted VDI's 17 objects)"]
 fn delete_while_a_node_is_down_stays_deleted() {
     let mut c = Cluster::start(&bins(), 4);
     c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
