@@ -7,50 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{fio_verify_args as fio_job, run, Rig, SHEEPFS};
+use common::{
+    cache_args, cachectl, cachectl_bin, cachectl_ok, fio_verify_args as fio_job, run, stats, Rig,
+    SHEEPFS,
+};
 use serde_json::Value;
 use testkit::mount::Mount;
 use testkit::{pseudo_random, wait_until};
-
-fn cachectl_bin() -> PathBuf {
-    Path::new(SHEEPFS).with_file_name("cachectl")
-}
-
-fn cachectl(dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(cachectl_bin())
-        .arg("--cache-dir")
-        .arg(dir)
-        .args(args)
-        .output()
-        .expect("run cachectl (cargo build --workspace --bins)")
-}
-
-/// Runs cachectl and fails the test, with its error, unless it succeeds.
-fn cachectl_ok(dir: &Path, args: &[&str]) -> std::process::Output {
-    let out = cachectl(dir, args);
-    assert!(
-        out.status.success(),
-        "cachectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn stats(dir: &Path) -> Value {
-    let out = cachectl_ok(dir, &["stats", "--json"]);
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn cache_args(dir: &Path, size: &str) -> Vec<String> {
-    vec![
-        "--cache-dir".into(),
-        dir.to_string_lossy().into_owned(),
-        "--cache-size".into(),
-        size.into(),
-        "--cache-max-dirty-age".into(),
-        "3600".into(),
-    ]
-}
 
 /// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
 /// drop in reverse order), after the rig has unmounted and stopped everything.
@@ -165,12 +128,84 @@ fn writeback_then_flush_reaches_the_cluster() {
     assert_eq!(stats(&cache)["dirty"], 0);
 }
 
+/// sheepfs killed while a writer is in the middle of writing: every write it acknowledged
+/// reads back after the remount, through the mount and from the cluster; the one in flight
+/// reads as before or after, never torn. Then, with the cache idle, a kill -9 pushes exactly
+/// the dirty bytes at the next mount.
 #[test]
 fn kill9_keeps_every_acknowledged_write_and_pushes_only_dirty() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+    const BS: u64 = 4096;
+    const SIZE: u64 = 64 << 20;
+    const BLOCKS: u64 = SIZE / BS;
     let (_tmp, mut rig, cache) = rig_with_cache(3, "256M");
     rig.cluster.dog_ok(&["vdi", "create", "k", "64M"]);
     let f = rig.path("k");
-    // Write without fsync; fio closes the file (close does not push).
+
+    // Write i puts pattern i at block (i * 7919) % BLOCKS; acknowledged writes are recorded.
+    let at = |i: u64| (i * 7919) % BLOCKS;
+    let acked = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let in_flight = Arc::new(Mutex::new(None::<u64>));
+    let failed = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (path, acked, in_flight, failed) =
+            (f.clone(), acked.clone(), in_flight.clone(), failed.clone());
+        std::thread::spawn(move || {
+            let file = open_rw(&path);
+            for i in 0.. {
+                *in_flight.lock().unwrap() = Some(i);
+                if file
+                    .write_all_at(&pseudo_random(BS as usize, i + 1), at(i) * BS)
+                    .is_err()
+                {
+                    failed.store(true, SeqCst);
+                    return;
+                }
+                acked.lock().unwrap().push(i);
+                *in_flight.lock().unwrap() = None;
+            }
+        })
+    };
+    wait_until("2000 acknowledged writes", Duration::from_secs(60), || {
+        acked.lock().unwrap().len() >= 2000
+    });
+    assert!(!writer.is_finished(), "the writer stopped before the kill");
+    rig.mount.kill9();
+    writer.join().unwrap();
+    assert!(failed.load(SeqCst), "the writer saw the mount die");
+    let acked = acked.lock().unwrap().clone();
+    let in_flight = *in_flight.lock().unwrap();
+    // The model: each block's last acknowledged pattern (0: never written, zeros), and what the
+    // write in flight at the kill may have left instead.
+    let mut want = vec![0u64; BLOCKS as usize];
+    for &i in &acked {
+        want[at(i) as usize] = i + 1;
+    }
+    let pattern = |v: u64| {
+        if v == 0 {
+            vec![0u8; BS as usize]
+        } else {
+            pseudo_random(BS as usize, v)
+        }
+    };
+    let check = |what: &str, got: &[u8]| {
+        for b in 0..BLOCKS {
+            let blk = &got[(b * BS) as usize..((b + 1) * BS) as usize];
+            let old = pattern(want[b as usize]);
+            let ok = blk == &old[..]
+                || in_flight.is_some_and(|i| at(i) == b && blk == &pattern(i + 1)[..]);
+            assert!(ok, "{what}: block {b} is not its last acknowledged write");
+        }
+    };
+    remount(&mut rig, &cache, "256M", "sheepfs-mid-write.log");
+    let mut through = vec![0u8; SIZE as usize];
+    open_rw(&f).read_exact_at(&mut through, 0).unwrap();
+    check("the mount", &through);
+    cachectl_ok(&cache, &["flush"]);
+    check("the cluster", &rig.cluster.read_vdi("k", 0, SIZE));
+
+    // Idle: write without fsync; fio closes the file (close does not push).
     fio(&strs(&fio_job(
         &f,
         "64M",
@@ -196,18 +231,19 @@ fn kill9_keeps_every_acknowledged_write_and_pushes_only_dirty() {
         "only the dirty bytes are pushed"
     );
     assert_eq!(after["used"], used, "the cache kept its data");
-    fio(&strs(&fio_job(
-        &f,
-        "64M",
-        &["--rw=randwrite", "--verify_only", "--number_ios=4000"],
-    )));
-    // And it is in the cluster: what dog reads equals what the mount reads.
-    let mut through = vec![0u8; 64 << 20];
-    std::fs::File::open(&f)
-        .unwrap()
-        .read_exact_at(&mut through, 0)
-        .unwrap();
-    assert!(rig.cluster.read_vdi("k", 0, 64 << 20) == through);
+    // fio's own verification of what it wrote, through the mount and, after the cache is
+    // dropped, through the cluster.
+    let verify = || {
+        fio(&strs(&fio_job(
+            &f,
+            "64M",
+            &["--rw=randwrite", "--verify_only", "--number_ios=4000"],
+        )))
+    };
+    verify();
+    cachectl_ok(&cache, &["evict"]);
+    assert_eq!(stats(&cache)["used"], 0);
+    verify();
 }
 
 #[test]
@@ -222,6 +258,9 @@ fn lost_or_corrupt_index_is_rebuilt() {
             .unwrap();
         f.write_all_at(&data, 0).unwrap();
     }
+    // Everything written is cached (clean once the unmount pushed it).
+    let used = stats(&cache)["used"].as_u64().unwrap();
+    assert!(used >= 16 << 20, "{used}");
     let restart = |rig: &mut Rig, tag: &str| {
         rig.mount.unmount_and_wait();
         // Between mounts the index is damaged.
@@ -239,6 +278,11 @@ fn lost_or_corrupt_index_is_rebuilt() {
     };
     for tag in ["deleted", "corrupt"] {
         restart(&mut rig, tag);
+        assert_eq!(
+            stats(&cache)["used"].as_u64().unwrap(),
+            used,
+            "{tag} index: the cached objects were found again"
+        );
         let mut back = vec![0u8; data.len()];
         open_rw(rig.path("i")).read_exact_at(&mut back, 0).unwrap();
         assert!(back == data, "{tag} index: data differs");
@@ -246,10 +290,12 @@ fn lost_or_corrupt_index_is_rebuilt() {
             rig.cluster.read_vdi("i", 0, 16 << 20) == data,
             "{tag}: cluster has it"
         );
-        assert!(
-            stats(&cache)["total"]["hits"].as_u64().unwrap() > 0,
-            "{tag}: cache reused"
+        let st = stats(&cache);
+        assert_eq!(
+            st["total"]["misses"], 0,
+            "{tag}: every read was a hit: {st}"
         );
+        assert!(st["total"]["hits"].as_u64().unwrap() > 0, "{tag}: {st}");
     }
 }
 
@@ -269,17 +315,21 @@ fn bounded_size_lru_and_no_dirty_lost() {
     writer.join().unwrap();
     assert!(stats(&cache)["used"].as_u64().unwrap() <= limit);
 
-    // No dirty data was lost: everything reads back through the cluster after a flush.
-    let mut through = vec![0u8; 64 << 20];
-    let file = std::fs::File::open(&f).unwrap();
-    file.read_exact_at(&mut through, 0).unwrap();
+    // No dirty data was lost: with the cache flushed and emptied, fio verifies what it wrote
+    // against the cluster's copy.
     cachectl_ok(&cache, &["evict"]);
     assert_eq!(
         stats(&cache)["used"],
         0,
         "evict flushed, then dropped everything"
     );
-    assert!(rig.cluster.read_vdi("b", 0, 64 << 20) == through);
+    fio(&strs(&fio_job(
+        &f,
+        "64M",
+        &["--rw=randwrite", "--verify_only", "--number_ios=6000"],
+    )));
+    cachectl_ok(&cache, &["evict"]);
+    let file = std::fs::File::open(&f).unwrap();
 
     // LRU: read A, B, A again, then C: B (least recently used) goes, A stays.
     let read = |from: u64, mib: u64| {
@@ -604,9 +654,17 @@ fn evict_and_flush_during_fio_verify() {
     assert!(v["jobs"][0]["read"]["total_ios"].as_u64().unwrap() >= 8000);
     assert!(rounds > 0);
     // Refusals: discarding dirty data needs --yes; unknown VDIs are named.
+    let used = stats(&cache)["used"].clone();
     let out = cachectl(&cache, &["evict", "--discard-dirty"]);
-    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("refusing to evict with --discard-dirty") && e.contains("add --yes"),
+        "{e}"
+    );
+    assert_eq!(stats(&cache)["used"], used, "nothing was evicted");
     let out = cachectl(&cache, &["flush", "nope"]);
+    assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
 }
 
@@ -888,11 +946,25 @@ fn a_read_write_open_takes_over_plain_files_after_a_refused_mode_change() {
     drop((f, g));
 }
 
+/// A child process killed on drop, so a failing test leaves no cachectl behind.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// 4 nodes, 3 copies: the cluster survives one failure, so a flush that loses a node midway
+/// still succeeds once the node's objects move to the next epoch, and everything it pushed is
+/// in the cluster.
 #[test]
 fn node_killed_during_flush() {
+    const SIZE: u64 = 384 << 20;
     let (_tmp, mut rig, cache) = rig_with_cache(4, "1G");
-    rig.cluster.dog_ok(&["vdi", "create", "n", "96M"]);
-    let data = pseudo_random(96 << 20, 4);
+    rig.cluster.dog_ok(&["vdi", "create", "n", "384M"]);
+    let data = pseudo_random(SIZE as usize, 4);
     {
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -900,31 +972,41 @@ fn node_killed_during_flush() {
             .unwrap();
         f.write_all_at(&data, 0).unwrap();
     }
-    assert_eq!(stats(&cache)["dirty"], 96u64 << 20);
-    let mut flush = Command::new(cachectl_bin())
-        .arg("--cache-dir")
-        .arg(&cache)
-        .arg("flush")
-        .spawn()
-        .unwrap();
+    // The flusher may have started on its own (max dirty): most is still dirty.
+    let st = stats(&cache);
+    assert!(st["dirty"].as_u64().unwrap() > SIZE / 2, "{st}");
+    let pushed0 = st["total"]["pushed_bytes"].as_u64().unwrap();
+    let mut flush = Child(
+        Command::new(cachectl_bin())
+            .arg("--cache-dir")
+            .arg(&cache)
+            .arg("flush")
+            .spawn()
+            .unwrap(),
+    );
     wait_until(
         "the flush to start pushing",
         Duration::from_secs(30),
-        || stats(&cache)["total"]["pushed_bytes"].as_u64().unwrap() > 0,
+        || stats(&cache)["total"]["pushed_bytes"].as_u64().unwrap() > pushed0,
     );
     rig.cluster.kill9(3);
-    let status = flush.wait().unwrap();
+    // The kill landed while the flush was still pushing (else this test tested nothing).
+    let pushed = stats(&cache)["total"]["pushed_bytes"].as_u64().unwrap();
+    assert!(
+        pushed < SIZE && flush.0.try_wait().unwrap().is_none(),
+        "the flush had ended ({pushed} bytes pushed) before the node was killed"
+    );
+    let status = flush.0.wait().unwrap();
     let s = stats(&cache);
-    if status.success() {
-        assert_eq!(s["dirty"], 0, "{s}");
-        assert!(rig.cluster.read_vdi("n", 0, 96 << 20) == data);
-    } else {
-        assert!(
-            s["dirty"].as_u64().unwrap() > 0,
-            "a failed flush keeps the data dirty"
-        );
-        assert!(s["last_push_error"].is_string());
-    }
+    assert!(
+        status.success(),
+        "the flush failed with a node of 4 down: {s}"
+    );
+    assert_eq!(s["dirty"], 0, "{s}");
+    assert!(
+        rig.cluster.read_vdi("n", 0, SIZE) == data,
+        "the cluster does not hold what was flushed"
+    );
 }
 
 #[test]
@@ -947,10 +1029,9 @@ fn host_crash_drops_untrusted_cache_and_bad_files_never_crash() {
     let mut st: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
     st["boot_id"] = "another-boot".into();
     std::fs::write(&state, serde_json::to_vec(&st).unwrap()).unwrap();
-    // And leave a zero-length and a garbage meta file for good measure.
+    // Files of an object nobody knows: dropped with the rest, unread.
     std::fs::create_dir_all(cache.join("obj/0000ff")).unwrap();
     std::fs::write(cache.join("obj/0000ff/00000001.meta"), b"").unwrap();
-    std::fs::write(cache.join("obj/0000ff/00000002.meta"), b"garbage").unwrap();
 
     remount(&mut rig, &cache, "64M", "after-crash.log");
     let s = stats(&cache);
@@ -973,6 +1054,36 @@ fn host_crash_drops_untrusted_cache_and_bad_files_never_crash() {
     assert_eq!(
         lost, [0u8; 13],
         "the unfsynced write is lost, never torn or garbage"
+    );
+
+    // Damaged meta files of objects the cache does trust (a kill -9 on the same boot) are
+    // read at the next mount: the cache drops those objects, never serves them, and lives on.
+    let fresh = pseudo_random(2 << 20, 22);
+    f.write_all_at(&fresh, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let vid = rig.cluster.dog_json(&["vdi", "info", "h"])["vid"]
+        .as_u64()
+        .unwrap();
+    let dir = cache.join(format!("obj/{vid:06x}"));
+    assert!(dir.join("00000000.meta").is_file() && dir.join("00000001.meta").is_file());
+    rig.mount.kill9();
+    std::fs::write(dir.join("00000000.meta"), b"").unwrap();
+    std::fs::write(dir.join("00000001.meta"), b"garbage").unwrap();
+    remount(&mut rig, &cache, "64M", "after-bad-meta.log");
+    let log = std::fs::read_to_string(rig.cluster.dir.path().join("after-bad-meta.log")).unwrap();
+    assert_eq!(
+        log.matches("dropping cached object").count(),
+        2,
+        "both damaged objects are dropped:\n{log}"
+    );
+    let f = open_rw(rig.path("h"));
+    let mut back = vec![0u8; fresh.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == fresh, "the dropped objects read from the cluster");
+    assert!(
+        cachectl(&cache, &["stats"]).status.success(),
+        "sheepfs lives on"
     );
 }
 

@@ -3,9 +3,10 @@
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use serde_json::Value;
 use testkit::cluster::{Bins, Cluster};
 use testkit::mount::Mount;
 
@@ -96,4 +97,44 @@ pub fn fio_verify_args(file: &str, size: &str, extra: &[&str]) -> Vec<String> {
 
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn cachectl_bin() -> PathBuf {
+    Path::new(SHEEPFS).with_file_name("cachectl")
+}
+
+pub fn cachectl(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(cachectl_bin())
+        .arg("--cache-dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run cachectl (cargo build --workspace --bins)")
+}
+
+/// Runs cachectl and fails the test, with its error, unless it succeeds.
+pub fn cachectl_ok(dir: &Path, args: &[&str]) -> std::process::Output {
+    let out = cachectl(dir, args);
+    assert!(
+        out.status.success(),
+        "cachectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stats(dir: &Path) -> Value {
+    let out = cachectl_ok(dir, &["stats", "--json"]);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+pub fn cache_args(dir: &Path, size: &str) -> Vec<String> {
+    vec![
+        "--cache-dir".into(),
+        dir.to_string_lossy().into_owned(),
+        "--cache-size".into(),
+        size.into(),
+        "--cache-max-dirty-age".into(),
+        "3600".into(),
+    ]
 }

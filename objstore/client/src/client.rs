@@ -17,6 +17,7 @@ use bytes::Bytes;
 use thiserror::Error;
 
 use crate::conn::{ConnError, Pool};
+use crate::transport::{Tcp, Transport};
 use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
@@ -155,10 +156,19 @@ pub struct Client {
 impl Client {
     /// Connects to the cluster through any of `addrs`.
     pub async fn connect(addrs: &[SocketAddr], opts: ClientOptions) -> Result<Client, ClientError> {
+        Client::connect_via(Arc::new(Tcp), addrs, opts).await
+    }
+
+    /// Like [`Client::connect`], over `transport` (an in-memory network in tests).
+    pub async fn connect_via(
+        transport: Arc<dyn Transport>,
+        addrs: &[SocketAddr],
+        opts: ClientOptions,
+    ) -> Result<Client, ClientError> {
         let client = Client {
             bootstrap: addrs.to_vec(),
             opts,
-            pool: Pool::default(),
+            pool: Pool::new(transport),
             view: RwLock::new(ClusterView::new(ClusterInfo {
                 cluster_id: String::new(),
                 config: None,

@@ -11,11 +11,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use thiserror::Error;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use objstore_proto::frame::{read_frame_aligned, write_frame, Frame, Header};
+
+use crate::transport::{Tcp, Transport, Writer};
 
 #[derive(Debug, Error, Clone)]
 #[non_exhaustive]
@@ -43,7 +43,16 @@ pub struct Conn {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, ConnError> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        Conn::connect_via(&Tcp, addr, timeout).await
+    }
+
+    /// Opens a connection to `addr` through `transport`.
+    pub async fn connect_via(
+        transport: &dyn Transport,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Conn, ConnError> {
+        let (rd, wr) = tokio::time::timeout(timeout, transport.connect(addr))
             .await
             .map_err(|_| ConnError::Connect {
                 addr,
@@ -53,8 +62,6 @@ impl Conn {
                 addr,
                 reason: e.to_string(),
             })?;
-        let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
@@ -138,10 +145,7 @@ impl Conn {
 
 /// Writes queued frames to `wr`, batching what is queued before each flush, until the queue
 /// closes or a write fails.
-pub(crate) async fn pump_frames(
-    wr: OwnedWriteHalf,
-    rx: &mut mpsc::UnboundedReceiver<(Header, Bytes)>,
-) {
+pub(crate) async fn pump_frames(wr: Writer, rx: &mut mpsc::UnboundedReceiver<(Header, Bytes)>) {
     let mut w = BufWriter::with_capacity(256 << 10, wr);
     while let Some((h, p)) = rx.recv().await {
         if write_frame(&mut w, &h, &p).await.is_err() {
@@ -159,12 +163,27 @@ pub(crate) async fn pump_frames(
 }
 
 /// Connections by address, opened on first use and replaced when they break.
-#[derive(Default)]
 pub struct Pool {
+    transport: Arc<dyn Transport>,
     conns: tokio::sync::Mutex<HashMap<SocketAddr, Arc<Conn>>>,
 }
 
+impl Default for Pool {
+    /// Over TCP.
+    fn default() -> Self {
+        Pool::new(Arc::new(Tcp))
+    }
+}
+
 impl Pool {
+    /// Connections opened through `transport`.
+    pub fn new(transport: Arc<dyn Transport>) -> Pool {
+        Pool {
+            transport,
+            conns: Default::default(),
+        }
+    }
+
     pub async fn get(&self, addr: SocketAddr, timeout: Duration) -> Result<Arc<Conn>, ConnError> {
         let mut conns = self.conns.lock().await;
         if let Some(c) = conns.get(&addr) {
@@ -172,7 +191,7 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let c = Arc::new(Conn::connect(addr, timeout).await?);
+        let c = Arc::new(Conn::connect_via(&*self.transport, addr, timeout).await?);
         conns.insert(addr, c.clone());
         Ok(c)
     }

@@ -1,6 +1,7 @@
 //! objstore-client: everything a program needs to use the cluster, and nothing of the node.
 //!
-//! - [`conn`]: multiplexed connections to nodes.
+//! - [`conn`]: multiplexed connections to nodes; [`transport`]: TCP, or an in-memory network
+//!   for tests.
 //! - [`client`]: the placement-aware client (replica fan-out, retries, stale-epoch refresh).
 //! - [`lock`]: VDI attachment locks and generations in the cluster's key-value store.
 //! - [`vdi`]: the VDI table, inodes and the [`Vdi`] handle.
@@ -9,6 +10,7 @@
 pub mod client;
 pub mod conn;
 pub mod lock;
+pub mod transport;
 pub mod vdi;
 pub mod volume;
 

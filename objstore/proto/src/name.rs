@@ -38,3 +38,18 @@ pub fn validate_name(name: &str) -> Result<(), InvalidName> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(validate_name("demo-1.img").is_ok());
+        for bad in ["", "a/b", "a\0b", "snap@1", ".", ".."] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_name(&"x".repeat(255)).is_ok());
+        assert!(validate_name(&"x".repeat(256)).is_err());
+    }
+}

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::{TcpListener, TcpStream};
 
-use crate::node::{Epoch, Node};
+use objstore_client::transport::{Listener, Reader, Writer};
+
+use super::{Epoch, Node};
 use crate::store::StoreError;
 use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
@@ -21,12 +22,13 @@ use objstore_proto::view::{ClusterConfig, ClusterInfo};
 /// Reads up to this size run on the request's task instead of the blocking pool.
 const INLINE_READ: usize = 64 << 10;
 
-pub(super) async fn serve(node: Arc<Node>, listener: TcpListener) {
+pub(super) async fn serve(node: Arc<Node>, mut listener: Listener) {
     loop {
         match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(connection(node.clone(), stream, peer));
+            Ok((rd, wr, peer)) => {
+                tokio::spawn(connection(node.clone(), rd, wr, peer));
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotConnected => return,
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -35,9 +37,7 @@ pub(super) async fn serve(node: Arc<Node>, listener: TcpListener) {
     }
 }
 
-async fn connection(node: Arc<Node>, stream: TcpStream, peer: SocketAddr) {
-    let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+async fn connection(node: Arc<Node>, rd: Reader, wr: Writer, peer: SocketAddr) {
     // Each request task writes its own response: no hop through a writer task. Request tasks
     // are never cancelled, so a frame is never left half written.
     let wr = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(

@@ -1,4 +1,4 @@
-//! The node's object store: one file per object under `DIR/obj/`, named `<oid>.<stamp>`.
+//! The file backend: one file per object under `DIR/obj/`, named `<oid>.<stamp>`.
 //!
 //! The stamp is the last epoch in which the object was written. Every write at epoch `E` reaches
 //! every holder of `E`, so among copies the highest stamp is the newest data; recovery compares
@@ -18,45 +18,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
-use thiserror::Error;
-
 use objstore_proto::oid::ObjectId;
+
+use super::{ObjMeta, ObjectBackend, StoreError};
 
 const LOCK_SHARDS: usize = 256;
 
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    #[error("object {0} not found")]
-    NotFound(ObjectId),
-    #[error("no space left on the node's disk")]
-    NoSpace,
-    #[error("{op} of object {oid} failed")]
-    Io {
-        oid: ObjectId,
-        op: &'static str,
-        #[source]
-        source: io::Error,
-    },
-}
-
-impl StoreError {
-    fn io(oid: ObjectId, op: &'static str, source: io::Error) -> StoreError {
-        if source.raw_os_error() == Some(libc::ENOSPC) {
-            StoreError::NoSpace
-        } else {
-            StoreError::Io { oid, op, source }
-        }
-    }
-}
-
-/// Per-object facts the store keeps in memory (rebuilt from file names at start).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ObjMeta {
-    pub stamp: u32,
-}
-
-pub struct ObjectStore {
+/// Objects as files in a directory (see the module documentation).
+pub struct FileStore {
     dir: PathBuf,
     tmp: PathBuf,
     index: Mutex<HashMap<ObjectId, ObjMeta>>,
@@ -90,10 +59,10 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-impl ObjectStore {
+impl FileStore {
     /// Opens (creating if needed) the store in `dir`, indexing the objects there and removing
     /// leftovers of interrupted writes.
-    pub fn open(dir: &Path) -> io::Result<ObjectStore> {
+    pub fn open(dir: &Path) -> io::Result<FileStore> {
         let tmp = dir.join(".tmp");
         fs::create_dir_all(&tmp)?;
         for e in fs::read_dir(&tmp)? {
@@ -125,7 +94,7 @@ impl ObjectStore {
                 }
             }
         }
-        Ok(ObjectStore {
+        Ok(FileStore {
             dir: dir.to_path_buf(),
             tmp,
             index: Mutex::new(index),
@@ -140,96 +109,6 @@ impl ObjectStore {
 
     fn path(&self, oid: ObjectId, stamp: u32) -> PathBuf {
         self.dir.join(format!("{oid}.{stamp}"))
-    }
-
-    pub fn meta(&self, oid: ObjectId) -> Option<ObjMeta> {
-        self.index.lock().unwrap().get(&oid).copied()
-    }
-
-    /// Every object held here with its stamp.
-    pub fn list(&self) -> Vec<(ObjectId, u32)> {
-        let idx = self.index.lock().unwrap();
-        let mut v: Vec<_> = idx.iter().map(|(o, m)| (*o, m.stamp)).collect();
-        v.sort_unstable();
-        v
-    }
-
-    pub fn len(&self) -> usize {
-        self.index.lock().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Reads `len` bytes at `offset`; bytes past the end of the file read as zeros.
-    pub fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
-        let _g = self.lock(oid).read().unwrap();
-        let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
-        let mut f =
-            File::open(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "open", e))?;
-        // read_to_end fills uninitialised capacity; bytes past the end of the file are zeros.
-        let mut buf = Vec::with_capacity(len);
-        f.seek(SeekFrom::Start(offset))
-            .and_then(|_| (&mut f).take(len as u64).read_to_end(&mut buf))
-            .map_err(|e| StoreError::io(oid, "read", e))?;
-        buf.resize(len, 0);
-        Ok(buf)
-    }
-
-    /// Reads a whole object and its stamp (for recovery).
-    pub fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, u32), StoreError> {
-        let _g = self.lock(oid).read().unwrap();
-        let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
-        let data =
-            fs::read(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "read", e))?;
-        Ok((data, meta.stamp))
-    }
-
-    /// Writes `data` at `offset`, creating the object if needed, and stamps it with `epoch`.
-    pub fn write(
-        &self,
-        oid: ObjectId,
-        offset: u64,
-        data: &[u8],
-        epoch: u32,
-    ) -> Result<(), StoreError> {
-        let _g = self.lock(oid).write().unwrap();
-        match self.meta(oid) {
-            None => self.install(oid, offset, data, epoch, None),
-            Some(m) => {
-                let path = self.path(oid, m.stamp);
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| StoreError::io(oid, "open", e))?;
-                f.write_all_at(data, offset)
-                    .map_err(|e| StoreError::io(oid, "write", e))?;
-                if m.stamp < epoch {
-                    fs::rename(&path, self.path(oid, epoch))
-                        .map_err(|e| StoreError::io(oid, "rename", e))?;
-                    self.index
-                        .lock()
-                        .unwrap()
-                        .insert(oid, ObjMeta { stamp: epoch });
-                }
-                self.dirty.lock().unwrap().insert(oid);
-                Ok(())
-            }
-        }
-    }
-
-    /// Replaces the whole object with `data` at `stamp`, crash-safely, unless the copy here is
-    /// already at least that new (recovery must never overwrite a later write). Returns whether
-    /// it installed.
-    pub fn put_if_newer(&self, oid: ObjectId, data: &[u8], stamp: u32) -> Result<bool, StoreError> {
-        let _g = self.lock(oid).write().unwrap();
-        let old = self.meta(oid).map(|m| m.stamp);
-        if old.is_some_and(|s| s >= stamp) {
-            return Ok(false);
-        }
-        self.install(oid, 0, data, stamp, old)?;
-        Ok(true)
     }
 
     /// The crash-safe recipe: tmp file, sync_all, rename, fsync the directory, then drop the
@@ -261,9 +140,91 @@ impl ObjectStore {
         self.dirty.lock().unwrap().remove(&oid);
         Ok(())
     }
+}
+
+impl ObjectBackend for FileStore {
+    fn meta(&self, oid: ObjectId) -> Option<ObjMeta> {
+        self.index.lock().unwrap().get(&oid).copied()
+    }
+
+    /// Every object held here with its stamp.
+    fn list(&self) -> Vec<(ObjectId, u32)> {
+        let idx = self.index.lock().unwrap();
+        let mut v: Vec<_> = idx.iter().map(|(o, m)| (*o, m.stamp)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn len(&self) -> usize {
+        self.index.lock().unwrap().len()
+    }
+
+    /// Reads `len` bytes at `offset`; bytes past the end of the file read as zeros.
+    fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
+        let _g = self.lock(oid).read().unwrap();
+        let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
+        let mut f =
+            File::open(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "open", e))?;
+        // read_to_end fills uninitialised capacity; bytes past the end of the file are zeros.
+        let mut buf = Vec::with_capacity(len);
+        f.seek(SeekFrom::Start(offset))
+            .and_then(|_| (&mut f).take(len as u64).read_to_end(&mut buf))
+            .map_err(|e| StoreError::io(oid, "read", e))?;
+        buf.resize(len, 0);
+        Ok(buf)
+    }
+
+    /// Reads a whole object and its stamp (for recovery).
+    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, u32), StoreError> {
+        let _g = self.lock(oid).read().unwrap();
+        let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
+        let data =
+            fs::read(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "read", e))?;
+        Ok((data, meta.stamp))
+    }
+
+    /// Writes `data` at `offset`, creating the object if needed, and stamps it with `epoch`.
+    fn write(&self, oid: ObjectId, offset: u64, data: &[u8], epoch: u32) -> Result<(), StoreError> {
+        let _g = self.lock(oid).write().unwrap();
+        match self.meta(oid) {
+            None => self.install(oid, offset, data, epoch, None),
+            Some(m) => {
+                let path = self.path(oid, m.stamp);
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| StoreError::io(oid, "open", e))?;
+                f.write_all_at(data, offset)
+                    .map_err(|e| StoreError::io(oid, "write", e))?;
+                if m.stamp < epoch {
+                    fs::rename(&path, self.path(oid, epoch))
+                        .map_err(|e| StoreError::io(oid, "rename", e))?;
+                    self.index
+                        .lock()
+                        .unwrap()
+                        .insert(oid, ObjMeta { stamp: epoch });
+                }
+                self.dirty.lock().unwrap().insert(oid);
+                Ok(())
+            }
+        }
+    }
+
+    /// Replaces the whole object with `data` at `stamp`, crash-safely, unless the copy here is
+    /// already at least that new (recovery must never overwrite a later write). Returns whether
+    /// it installed.
+    fn put_if_newer(&self, oid: ObjectId, data: &[u8], stamp: u32) -> Result<bool, StoreError> {
+        let _g = self.lock(oid).write().unwrap();
+        let old = self.meta(oid).map(|m| m.stamp);
+        if old.is_some_and(|s| s >= stamp) {
+            return Ok(false);
+        }
+        self.install(oid, 0, data, stamp, old)?;
+        Ok(true)
+    }
 
     /// Removes an object; removing a missing object is not an error.
-    pub fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
+    fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
         let Some(m) = self.index.lock().unwrap().remove(&oid) else {
             return Ok(());
@@ -277,7 +238,7 @@ impl ObjectStore {
     }
 
     /// Makes every write before this call durable.
-    pub fn flush(&self) -> Result<(), StoreError> {
+    fn flush(&self) -> Result<(), StoreError> {
         let dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
         for (i, &oid) in dirty.iter().enumerate() {
             let _g = self.lock(oid).read().unwrap();
@@ -296,7 +257,7 @@ impl ObjectStore {
     }
 
     /// (total, free) bytes of the file system holding the store.
-    pub fn capacity(&self) -> io::Result<(u64, u64)> {
+    fn capacity(&self) -> io::Result<(u64, u64)> {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(self.dir.as_os_str().as_bytes())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -317,7 +278,7 @@ mod tests {
     #[test]
     fn write_read_stamp_remove() {
         let d = tempfile::tempdir().unwrap();
-        let s = ObjectStore::open(d.path()).unwrap();
+        let s = FileStore::open(d.path()).unwrap();
         let oid = ObjectId::data(1, 2);
         assert!(matches!(s.read(oid, 0, 4), Err(StoreError::NotFound(_))));
         s.write(oid, 4096, b"hello", 3).unwrap();
@@ -327,7 +288,7 @@ mod tests {
         assert_eq!(s.meta(oid).unwrap().stamp, 5);
         s.flush().unwrap();
         drop(s);
-        let s = ObjectStore::open(d.path()).unwrap();
+        let s = FileStore::open(d.path()).unwrap();
         assert_eq!(s.list(), vec![(oid, 5)]);
         assert_eq!(s.read(oid, 0, 1).unwrap(), b"x");
         s.remove(oid).unwrap();
@@ -340,13 +301,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let oid = ObjectId::data(9, 0);
         {
-            let s = ObjectStore::open(d.path()).unwrap();
+            let s = FileStore::open(d.path()).unwrap();
             assert!(s.put_if_newer(oid, b"new", 7).unwrap());
             assert!(!s.put_if_newer(oid, b"older", 6).unwrap());
         }
         fs::write(d.path().join(format!("{oid}.4")), b"old").unwrap();
         fs::write(d.path().join(".tmp/junk"), b"partial").unwrap();
-        let s = ObjectStore::open(d.path()).unwrap();
+        let s = FileStore::open(d.path()).unwrap();
         assert_eq!(s.read_whole(oid).unwrap(), (b"new".to_vec(), 7));
         assert!(!d.path().join(format!("{oid}.4")).exists());
         assert!(!d.path().join(".tmp/junk").exists());

@@ -3,8 +3,12 @@
 //!
 //! ```text
 //!  tick thread ── Driver::tick every 500 ms ──► epoch watch ──► recovery task (plan, pull, gc)
-//!  TCP listener ── one task per connection ── one task per request ──► ObjectStore (blocking pool)
+//!  Listener (TCP or in-memory) ── one task per connection ── one task per request
+//!                                                 ──► ObjectBackend (blocking pool)
 //! ```
+
+mod recovery;
+mod server;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -21,8 +25,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::membership::{self, Driver, DriverError, TICK};
-use crate::store::ObjectStore;
+use crate::store::{FileStore, ObjectBackend};
 use objstore_client::conn::Pool;
+use objstore_client::transport::{Listener, Tcp, Transport};
 use objstore_proto::api::RecoveryStatus;
 use objstore_proto::keys;
 use objstore_proto::placement::Ring;
@@ -95,17 +100,27 @@ impl Epoch {
 }
 
 pub struct Node {
-    pub(crate) me: NodeInfo,
-    pub(crate) cluster_id: String,
-    pub(crate) store: Arc<ObjectStore>,
-    pub(crate) driver: Arc<dyn Driver>,
-    pub(crate) epoch_tx: watch::Sender<Arc<Epoch>>,
-    pub(crate) config: OnceLock<ClusterConfig>,
-    pub(crate) peers: Pool,
-    pub(crate) recovery: crate::recovery::Recovery,
-    pub(crate) stop: AtomicBool,
-    pub(crate) pull_delay: std::time::Duration,
-    pub(crate) _dir_lock: File,
+    me: NodeInfo,
+    cluster_id: String,
+    store: Arc<dyn ObjectBackend>,
+    driver: Arc<dyn Driver>,
+    epoch_tx: watch::Sender<Arc<Epoch>>,
+    config: OnceLock<ClusterConfig>,
+    peers: Pool,
+    recovery: recovery::Recovery,
+    stop: AtomicBool,
+    pull_delay: std::time::Duration,
+    _dir_lock: File,
+}
+
+/// What [`Node::start_with`] runs on.
+pub struct NodeParts {
+    /// The object backend; None: files under `DIR/obj`.
+    pub store: Option<Arc<dyn ObjectBackend>>,
+    /// Where the node accepts connections; None: TCP on `NodeOptions::listen`.
+    pub listener: Option<Listener>,
+    /// How the node connects to its peers (recovery).
+    pub transport: Arc<dyn Transport>,
 }
 
 /// A started node; dropping it does not stop it, call [`Running::shutdown`].
@@ -168,23 +183,44 @@ fn open_dir(dir: &Path, cluster_id: &str) -> Result<(File, u64), NodeError> {
 }
 
 impl Node {
-    /// Opens the data directory, joins the cluster and starts serving. Must run inside a tokio
-    /// runtime.
+    /// Opens the data directory, joins the cluster and starts serving over TCP, with objects
+    /// as files under `DIR/obj`. Must run inside a tokio runtime.
     pub async fn start(opts: NodeOptions) -> Result<Running, NodeError> {
+        let parts = NodeParts {
+            store: None,
+            listener: None,
+            transport: Arc::new(Tcp),
+        };
+        Node::start_with(opts, parts).await
+    }
+
+    /// Like [`Node::start`] with the seams chosen by the caller: the object backend (None: files
+    /// under `DIR/obj`), where it accepts connections, and how it connects to peers. Tests run
+    /// whole clusters in one process this way (a [`crate::store::MemStore`] and an in-memory
+    /// network).
+    pub async fn start_with(opts: NodeOptions, parts: NodeParts) -> Result<Running, NodeError> {
         let driver: Arc<dyn Driver> = Arc::from(membership::open(&opts.cluster)?);
         let d = driver.clone();
         let cluster_id = tokio::task::spawn_blocking(move || d.cluster_id())
             .await
             .expect("cluster_id task")?;
         let (dir_lock, id) = open_dir(&opts.dir, &cluster_id)?;
-        let obj_dir = opts.dir.join("obj");
-        let store = Arc::new(ObjectStore::open(&obj_dir).map_err(dir_err(&obj_dir, "open store"))?);
-        let listener = TcpListener::bind(opts.listen)
-            .await
-            .map_err(|source| NodeError::Bind {
-                addr: opts.listen,
-                source,
-            })?;
+        let store: Arc<dyn ObjectBackend> = match parts.store {
+            Some(s) => s,
+            None => {
+                let obj_dir = opts.dir.join("obj");
+                Arc::new(FileStore::open(&obj_dir).map_err(dir_err(&obj_dir, "open store"))?)
+            }
+        };
+        let listener = match parts.listener {
+            Some(l) => l,
+            None => Listener::Tcp(TcpListener::bind(opts.listen).await.map_err(|source| {
+                NodeError::Bind {
+                    addr: opts.listen,
+                    source,
+                }
+            })?),
+        };
         let me = NodeInfo {
             id,
             addr: listener.local_addr().unwrap_or(opts.listen),
@@ -213,8 +249,8 @@ impl Node {
             driver,
             epoch_tx,
             config: OnceLock::new(),
-            peers: Pool::default(),
-            recovery: crate::recovery::Recovery::default(),
+            peers: Pool::new(parts.transport),
+            recovery: recovery::Recovery::default(),
             stop: AtomicBool::new(false),
             pull_delay: opts.pull_delay,
             _dir_lock: dir_lock,
@@ -226,8 +262,8 @@ impl Node {
                 .spawn(move || node.tick_loop())
                 .map_err(dir_err(&opts.dir, "start membership thread"))?
         };
-        tokio::spawn(crate::recovery::run(node.clone()));
-        tokio::spawn(crate::server::serve(node.clone(), listener));
+        tokio::spawn(recovery::run(node.clone()));
+        tokio::spawn(server::serve(node.clone(), listener));
         Ok(Running {
             node,
             ticker: Some(ticker),
@@ -273,7 +309,7 @@ impl Node {
         self.epoch_tx.borrow().clone()
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Epoch>> {
+    fn subscribe(&self) -> watch::Receiver<Arc<Epoch>> {
         self.epoch_tx.subscribe()
     }
 
@@ -301,6 +337,15 @@ impl Node {
 }
 
 impl Running {
+    /// Stops the membership thread without leaving: to the cluster the node just went silent,
+    /// as after a crash. Its tasks live on in their runtime; drop that runtime to end them.
+    pub fn halt(mut self) {
+        self.node.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+
     /// Leaves the cluster and stops the membership thread. Connections still open are dropped
     /// when the process exits.
     pub async fn shutdown(mut self) {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{watch, OnceCell};
 
-use crate::node::{Epoch, Node};
+use super::{Epoch, Node};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;

@@ -1,0 +1,185 @@
+//! The transport seam: how a connection to a node is opened and how a node accepts them. TCP
+//! in production; [`MemNetwork`] in tests, where nodes and clients of one process talk over
+//! in-memory pipes (no ports, no root), and a test can refuse connections to a node.
+//!
+//! ```text
+//!  Client / node peers ── Pool ── Conn ──► Transport::connect(addr) ──► (reader, writer)
+//!  node server ◄── Listener::accept() ◄── TcpListener | MemListener
+//! ```
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// The reading half of a connection.
+pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
+/// The writing half of a connection.
+pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Opens connections to nodes.
+pub trait Transport: Send + Sync + 'static {
+    /// Connects to `addr`.
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>>;
+}
+
+/// TCP, with Nagle off.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tcp;
+
+impl Transport for Tcp {
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>> {
+        Box::pin(async move {
+            let stream = TcpStream::connect(addr).await?;
+            let _ = stream.set_nodelay(true);
+            let (rd, wr) = stream.into_split();
+            Ok((Box::new(rd) as Reader, Box::new(wr) as Writer))
+        })
+    }
+}
+
+/// Where a node accepts connections.
+pub enum Listener {
+    Tcp(TcpListener),
+    Mem(MemListener),
+}
+
+impl Listener {
+    /// The address it accepts on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr(),
+            Listener::Mem(l) => Ok(l.addr),
+        }
+    }
+
+    /// The next connection and the peer's address.
+    pub async fn accept(&mut self) -> io::Result<(Reader, Writer, SocketAddr)> {
+        match self {
+            Listener::Tcp(l) => {
+                let (stream, peer) = l.accept().await?;
+                let _ = stream.set_nodelay(true);
+                let (rd, wr) = stream.into_split();
+                Ok((Box::new(rd), Box::new(wr), peer))
+            }
+            Listener::Mem(l) => {
+                let (stream, peer) = l.rx.recv().await.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotConnected, "in-memory listener closed")
+                })?;
+                let (rd, wr) = tokio::io::split(stream);
+                Ok((Box::new(rd), Box::new(wr), peer))
+            }
+        }
+    }
+}
+
+/// Bytes an in-memory pipe buffers in each direction.
+const PIPE_BUFFER: usize = 1 << 20;
+
+type Incoming = mpsc::UnboundedSender<(DuplexStream, SocketAddr)>;
+
+/// An in-process network: listeners by address, connections as in-memory pipes.
+#[derive(Clone, Default)]
+pub struct MemNetwork {
+    state: Arc<Mutex<NetState>>,
+}
+
+#[derive(Default)]
+struct NetState {
+    listeners: HashMap<SocketAddr, Incoming>,
+    next_client_port: u16,
+}
+
+/// The accepting end of an in-memory address.
+pub struct MemListener {
+    addr: SocketAddr,
+    rx: mpsc::UnboundedReceiver<(DuplexStream, SocketAddr)>,
+}
+
+impl MemNetwork {
+    pub fn new() -> MemNetwork {
+        MemNetwork::default()
+    }
+
+    /// Starts accepting on `addr`; fails with `AddrInUse` while another listener holds it.
+    pub fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
+        let mut st = self.state.lock().unwrap();
+        if st.listeners.get(&addr).is_some_and(|tx| !tx.is_closed()) {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{addr} is in use"),
+            ));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        st.listeners.insert(addr, tx);
+        Ok(Listener::Mem(MemListener { addr, rx }))
+    }
+
+    /// Stops accepting on `addr` (a crashed node): later connects are refused. Connections
+    /// already open break when the node's tasks that hold them end.
+    pub fn close(&self, addr: SocketAddr) {
+        self.state.lock().unwrap().listeners.remove(&addr);
+    }
+}
+
+impl Transport for MemNetwork {
+    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>> {
+        let res = {
+            let mut st = self.state.lock().unwrap();
+            st.next_client_port = st.next_client_port.wrapping_add(1).max(1);
+            let peer = SocketAddr::from(([127, 0, 0, 2], st.next_client_port));
+            match st.listeners.get(&addr) {
+                Some(tx) => {
+                    let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
+                    tx.send((theirs, peer))
+                        .map(|_| ours)
+                        .map_err(|_| refused(addr))
+                }
+                None => Err(refused(addr)),
+            }
+        };
+        Box::pin(async move {
+            let (rd, wr) = tokio::io::split(res?);
+            Ok((Box::new(rd) as Reader, Box::new(wr) as Writer))
+        })
+    }
+}
+
+fn refused(addr: SocketAddr) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionRefused,
+        format!("nothing listens on {addr} (in-memory network)"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn mem_network_connects_and_refuses() {
+        let net = MemNetwork::new();
+        let addr: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        assert!(net.connect(addr).await.is_err());
+        let mut l = net.listen(addr).unwrap();
+        assert!(net.listen(addr).is_err());
+        let (mut r, mut w) = net.connect(addr).await.unwrap();
+        let (mut sr, mut sw, _) = l.accept().await.unwrap();
+        w.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        sr.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ping");
+        sw.write_all(b"pong").await.unwrap();
+        r.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"pong");
+        net.close(addr);
+        let e = net.connect(addr).await.err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    }
+}

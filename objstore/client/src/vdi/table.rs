@@ -1,0 +1,209 @@
+//! The VDI table and the operations on whole VDIs.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use objstore_proto::keys;
+use objstore_proto::oid::{ObjectId, MAX_VID};
+
+use super::inode::InodeHeader;
+use super::{check_size, validate_name, Vdi, VdiError, PARALLEL};
+use crate::client::{Client, ClientError};
+
+#[derive(Serialize, Deserialize)]
+struct TableEntry {
+    vid: u32,
+}
+
+/// The part of a `lock/<name>` record (`lock::LockInfo`) that delete needs.
+#[derive(Deserialize)]
+struct LockHolder {
+    host: String,
+}
+
+/// What `dog vdi list` and `dog vdi info` show.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VdiInfo {
+    pub name: String,
+    pub vid: u32,
+    pub size: u64,
+    /// Bytes of allocated objects.
+    pub used: u64,
+    pub allocated_objects: u64,
+    pub object_size: u32,
+    pub copies: u8,
+    pub created: u64,
+}
+
+pub(crate) async fn lookup(client: &Client, name: &str) -> Result<u32, VdiError> {
+    validate_name(name)?;
+    let raw = client
+        .kv_get(&keys::vdi(name))
+        .await?
+        .ok_or_else(|| VdiError::NotFound(name.to_string()))?;
+    let e: TableEntry = serde_json::from_str(&raw).map_err(|e| VdiError::Corrupt {
+        name: name.to_string(),
+        reason: format!("bad VDI table entry: {e}"),
+    })?;
+    Ok(e.vid)
+}
+
+async fn alloc_vid(client: &Client) -> Result<u32, VdiError> {
+    loop {
+        let cur = client.kv_get(keys::NEXT_VID).await?;
+        let next: u32 = cur.as_deref().and_then(|s| s.parse().ok()).unwrap_or(1);
+        if next > MAX_VID {
+            return Err(VdiError::NoVid);
+        }
+        let new = (next + 1).to_string();
+        if client
+            .kv_cas(keys::NEXT_VID, cur.as_deref(), Some(&new))
+            .await?
+        {
+            return Ok(next);
+        }
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Creates a thin VDI: no data object exists until it is written.
+pub async fn create(client: &Client, name: &str, size: u64) -> Result<VdiInfo, VdiError> {
+    validate_name(name)?;
+    let cfg = client.view().config()?;
+    check_size(name, size, cfg.object_size)?;
+    let key = keys::vdi(name);
+    if client.kv_get(&key).await?.is_some() {
+        return Err(VdiError::Exists(name.to_string()));
+    }
+    let vid = alloc_vid(client).await?;
+    let entry = serde_json::to_string(&TableEntry { vid }).expect("serializable");
+    if !client.kv_cas(&key, None, Some(&entry)).await? {
+        return Err(VdiError::Exists(name.to_string()));
+    }
+    let header = InodeHeader {
+        name: name.to_string(),
+        vid,
+        object_size: cfg.object_size,
+        size,
+        created: now_secs(),
+        parent: 0,
+        snapshot: 0,
+        copies: cfg.copies as u8,
+    };
+    if let Err(e) = client
+        .write_obj(ObjectId::inode(vid), 0, Bytes::from(header.encode()))
+        .await
+    {
+        let _ = client.kv_cas(&key, Some(&entry), None).await;
+        return Err(e.into());
+    }
+    Ok(Vdi::summary(&header, &[]))
+}
+
+/// Every VDI, sorted by name.
+pub async fn list(client: &Arc<Client>) -> Result<Vec<VdiInfo>, VdiError> {
+    use futures::StreamExt;
+    let entries = client.kv_list(keys::VDI_PREFIX).await?;
+    let names: Vec<String> = entries
+        .into_iter()
+        .filter_map(|(k, _)| k.strip_prefix(keys::VDI_PREFIX).map(str::to_string))
+        .collect();
+    let infos: Vec<Result<VdiInfo, VdiError>> = futures::stream::iter(names)
+        .map(|n| {
+            let client = client.clone();
+            async move { Ok(Vdi::open(client, &n).await?.info()) }
+        })
+        .buffered(PARALLEL)
+        .collect()
+        .await;
+    let mut out = Vec::new();
+    for i in infos {
+        match i {
+            Ok(i) => out.push(i),
+            // Deleted while we listed.
+            Err(VdiError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Fails with [`VdiError::Attached`] while someone holds the VDI's attachment lock.
+pub async fn check_not_attached(client: &Client, name: &str) -> Result<(), VdiError> {
+    validate_name(name)?;
+    if let Some(raw) = client.kv_get(&keys::lock(name)).await? {
+        let holder: LockHolder = serde_json::from_str(&raw).map_err(|e| VdiError::Corrupt {
+            name: name.to_string(),
+            reason: format!("bad lock record: {e} (free it with 'dog vdi lock break {name}')"),
+        })?;
+        return Err(VdiError::Attached {
+            name: name.to_string(),
+            host: holder.host,
+        });
+    }
+    Ok(())
+}
+
+/// Deletes a VDI and every object it owns.
+pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
+    use futures::StreamExt;
+    check_not_attached(client, name).await?;
+    let lock_key = keys::lock(name);
+    let vdi = Vdi::open(client.clone(), name).await?;
+    let vid = vdi.header().vid;
+    let owned: Vec<ObjectId> = vdi
+        .map
+        .read()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, &v)| v == vid)
+        .map(|(i, _)| ObjectId::data(vid, i as u32))
+        .collect();
+    let results: Vec<Result<(), ClientError>> = futures::stream::iter(owned)
+        .map(|oid| client.remove_obj(oid))
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    client.remove_obj(ObjectId::inode(vid)).await?;
+    let key = keys::vdi(name);
+    let entry = serde_json::to_string(&TableEntry { vid }).expect("serializable");
+    client.kv_cas(&key, Some(&entry), None).await?;
+    // Attachment records of the VDI go with it (a lock taken while we deleted is dropped).
+    for key in [lock_key, keys::gen(name)] {
+        if let Some(cur) = client.kv_get(&key).await? {
+            let _ = client.kv_cas(&key, Some(&cur), None).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Grows a VDI; shrinking is refused.
+pub async fn resize(client: &Arc<Client>, name: &str, new_size: u64) -> Result<VdiInfo, VdiError> {
+    let vdi = Vdi::open(client.clone(), name).await?;
+    vdi.grow(new_size).await?;
+    Ok(vdi.info())
+}
+
+/// Every VDI's name and id, sorted by name (one request, no inode reads).
+pub async fn list_names(client: &Client) -> Result<Vec<(String, u32)>, VdiError> {
+    let mut out = Vec::new();
+    for (key, raw) in client.kv_list(keys::VDI_PREFIX).await? {
+        let Some(name) = key.strip_prefix(keys::VDI_PREFIX) else {
+            continue;
+        };
+        if let Ok(e) = serde_json::from_str::<TableEntry>(&raw) {
+            out.push((name.to_string(), e.vid));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,263 @@
+//! The memory backend: objects in a map, for in-process tests and the fault simulator.
+//!
+//! It keeps two states: what readers see now (`live`) and what would survive a crash
+//! (`durable`). A write changes `live` only; `flush` copies every object written since the last
+//! flush to `durable`; `put_if_newer` and `remove` are durable at once (the file backend's
+//! install and unlink are followed by a directory fsync). [`MemStore::crashed`] returns a store
+//! holding only the durable state, as the files would be after a power cut.
+//!
+//! Faults: [`MemStore::fail`] makes chosen operations fail with EIO (or ENOSPC) until cleared.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::sync::Mutex;
+
+use objstore_proto::oid::ObjectId;
+
+use super::{ObjMeta, ObjectBackend, StoreError};
+
+/// An object's bytes and stamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Obj {
+    data: Vec<u8>,
+    stamp: u32,
+}
+
+/// Operations a fault can target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Read,
+    Write,
+    Remove,
+    Flush,
+}
+
+/// What a failing operation reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// An I/O error (EIO).
+    Io,
+    /// A full disk (ENOSPC).
+    NoSpace,
+}
+
+#[derive(Default)]
+struct State {
+    live: BTreeMap<ObjectId, Obj>,
+    durable: BTreeMap<ObjectId, Obj>,
+    /// Written since the last flush.
+    dirty: HashSet<ObjectId>,
+    faults: Vec<(Op, Fault)>,
+}
+
+/// See the module documentation.
+pub struct MemStore {
+    state: Mutex<State>,
+    capacity: u64,
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        MemStore::new(1 << 40)
+    }
+}
+
+impl MemStore {
+    /// An empty store that reports `capacity` bytes.
+    pub fn new(capacity: u64) -> MemStore {
+        MemStore {
+            state: Mutex::default(),
+            capacity,
+        }
+    }
+
+    /// A store holding only what this one had made durable: the state after a crash.
+    pub fn crashed(&self) -> MemStore {
+        let st = self.state.lock().unwrap();
+        MemStore {
+            state: Mutex::new(State {
+                live: st.durable.clone(),
+                durable: st.durable.clone(),
+                ..State::default()
+            }),
+            capacity: self.capacity,
+        }
+    }
+
+    /// Makes `op` fail with `fault` until [`MemStore::clear_faults`].
+    pub fn fail(&self, op: Op, fault: Fault) {
+        self.state.lock().unwrap().faults.push((op, fault));
+    }
+
+    pub fn clear_faults(&self) {
+        self.state.lock().unwrap().faults.clear();
+    }
+
+    /// Overwrites a stored object's bytes behind the node's back (a flipped bit on the disk).
+    pub fn corrupt(&self, oid: ObjectId, at: usize) -> bool {
+        let mut guard = self.state.lock().unwrap();
+        let st: &mut State = &mut guard;
+        let mut hit = false;
+        for map in [&mut st.live, &mut st.durable] {
+            if let Some(o) = map.get_mut(&oid).filter(|o| at < o.data.len()) {
+                o.data[at] ^= 0xff;
+                hit = true;
+            }
+        }
+        hit
+    }
+
+    fn check(st: &State, op: Op, oid: ObjectId) -> Result<(), StoreError> {
+        match st.faults.iter().find(|(o, _)| *o == op) {
+            None => Ok(()),
+            Some((_, Fault::NoSpace)) => Err(StoreError::NoSpace),
+            Some((_, Fault::Io)) => Err(StoreError::Io {
+                oid,
+                op: match op {
+                    Op::Read => "read",
+                    Op::Write => "write",
+                    Op::Remove => "remove",
+                    Op::Flush => "sync",
+                },
+                source: io::Error::from_raw_os_error(libc::EIO),
+            }),
+        }
+    }
+}
+
+impl ObjectBackend for MemStore {
+    fn meta(&self, oid: ObjectId) -> Option<ObjMeta> {
+        let st = self.state.lock().unwrap();
+        st.live.get(&oid).map(|o| ObjMeta { stamp: o.stamp })
+    }
+
+    fn list(&self) -> Vec<(ObjectId, u32)> {
+        let st = self.state.lock().unwrap();
+        st.live.iter().map(|(k, o)| (*k, o.stamp)).collect()
+    }
+
+    fn len(&self) -> usize {
+        self.state.lock().unwrap().live.len()
+    }
+
+    fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
+        let st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Read, oid)?;
+        let o = st.live.get(&oid).ok_or(StoreError::NotFound(oid))?;
+        let mut out = vec![0u8; len];
+        let start = (offset as usize).min(o.data.len());
+        let end = (start + len).min(o.data.len());
+        out[..end - start].copy_from_slice(&o.data[start..end]);
+        Ok(out)
+    }
+
+    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, u32), StoreError> {
+        let st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Read, oid)?;
+        let o = st.live.get(&oid).ok_or(StoreError::NotFound(oid))?;
+        Ok((o.data.clone(), o.stamp))
+    }
+
+    fn write(&self, oid: ObjectId, offset: u64, data: &[u8], epoch: u32) -> Result<(), StoreError> {
+        let mut st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Write, oid)?;
+        let created = !st.live.contains_key(&oid);
+        let o = st.live.entry(oid).or_insert(Obj {
+            data: Vec::new(),
+            stamp: epoch,
+        });
+        let end = offset as usize + data.len();
+        if o.data.len() < end {
+            o.data.resize(end, 0);
+        }
+        o.data[offset as usize..end].copy_from_slice(data);
+        o.stamp = o.stamp.max(epoch);
+        if created {
+            // The file backend creates an object with the crash-safe recipe: durable at once.
+            let o = o.clone();
+            st.durable.insert(oid, o);
+        } else {
+            st.dirty.insert(oid);
+        }
+        Ok(())
+    }
+
+    fn put_if_newer(&self, oid: ObjectId, data: &[u8], stamp: u32) -> Result<bool, StoreError> {
+        let mut st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Write, oid)?;
+        if st.live.get(&oid).is_some_and(|o| o.stamp >= stamp) {
+            return Ok(false);
+        }
+        let o = Obj {
+            data: data.to_vec(),
+            stamp,
+        };
+        st.live.insert(oid, o.clone());
+        st.durable.insert(oid, o);
+        st.dirty.remove(&oid);
+        Ok(true)
+    }
+
+    fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let mut st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Remove, oid)?;
+        st.live.remove(&oid);
+        st.durable.remove(&oid);
+        st.dirty.remove(&oid);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        let mut st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Flush, ObjectId(0))?;
+        let dirty: Vec<ObjectId> = st.dirty.drain().collect();
+        for oid in dirty {
+            if let Some(o) = st.live.get(&oid).cloned() {
+                st.durable.insert(oid, o);
+            }
+        }
+        Ok(())
+    }
+
+    fn capacity(&self) -> io::Result<(u64, u64)> {
+        let st = self.state.lock().unwrap();
+        let used: u64 = st.live.values().map(|o| o.data.len() as u64).sum();
+        Ok((self.capacity, self.capacity.saturating_sub(used)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_keeps_only_flushed_writes() {
+        let s = MemStore::default();
+        let a = ObjectId::data(1, 0);
+        s.write(a, 0, b"first", 1).unwrap();
+        s.write(a, 0, b"FIRST", 1).unwrap();
+        assert_eq!(s.crashed().read(a, 0, 5).unwrap(), b"first");
+        s.flush().unwrap();
+        s.write(a, 0, b"later", 2).unwrap();
+        let c = s.crashed();
+        assert_eq!(c.read(a, 0, 5).unwrap(), b"FIRST");
+        assert_eq!(c.meta(a).unwrap().stamp, 1);
+        assert_eq!(s.read(a, 3, 4).unwrap(), b"er\0\0");
+    }
+
+    #[test]
+    fn faults_fail_the_chosen_operation() {
+        let s = MemStore::default();
+        let a = ObjectId::data(1, 0);
+        s.write(a, 0, b"x", 1).unwrap();
+        s.fail(Op::Flush, Fault::Io);
+        assert!(matches!(s.flush(), Err(StoreError::Io { .. })));
+        s.fail(Op::Write, Fault::NoSpace);
+        assert!(matches!(s.write(a, 0, b"y", 1), Err(StoreError::NoSpace)));
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
+        s.clear_faults();
+        s.flush().unwrap();
+        assert!(s.corrupt(a, 0));
+        assert_ne!(s.read(a, 0, 1).unwrap(), b"x");
+    }
+}

@@ -1,0 +1,186 @@
+//! Whole clusters in one process, for tests of the node, the client and the layers above: every
+//! node on a [`MemStore`] in its own tokio runtime, all of them and the clients on one
+//! [`MemNetwork`], membership through the `local` driver in a temporary directory. No ports,
+//! no root, no child processes.
+//!
+//! A node crash drops the node's runtime (every task and connection of it ends at once) and
+//! keeps only what its store had made durable ([`MemStore::crashed`]); a restart brings the
+//! node back on that state, as `sheep` restarting on its directory would.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use objstore_client::transport::MemNetwork;
+use objstore_client::{Client, ClientError, ClientOptions};
+
+use crate::node::{NodeError, NodeOptions, NodeParts, Running};
+use crate::store::MemStore;
+use crate::Node;
+
+/// One node of a [`MemCluster`].
+struct MemNode {
+    addr: SocketAddr,
+    dir: PathBuf,
+    store: Arc<MemStore>,
+    /// The runtime its tasks run on and the started node; None while it is down.
+    up: Option<(tokio::runtime::Runtime, Running)>,
+}
+
+/// See the module documentation.
+pub struct MemCluster {
+    pub net: MemNetwork,
+    nodes: Vec<MemNode>,
+    state: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl MemCluster {
+    /// Starts `n` nodes and waits until each sees all `n` as members. Call from a thread that
+    /// is not inside a tokio runtime (a plain `#[test]`).
+    pub fn start(n: usize) -> Result<MemCluster, NodeError> {
+        let dir = tempfile::tempdir().map_err(|source| NodeError::Io {
+            dir: std::env::temp_dir(),
+            op: "create a temporary directory",
+            source,
+        })?;
+        let mut c = MemCluster {
+            net: MemNetwork::new(),
+            nodes: (0..n)
+                .map(|i| MemNode {
+                    addr: SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000)),
+                    dir: dir.path().join(format!("node{i}")),
+                    store: Arc::new(MemStore::default()),
+                    up: None,
+                })
+                .collect(),
+            state: dir.path().join("state"),
+            _dir: dir,
+        };
+        for i in 0..n {
+            c.start_node(i)?;
+        }
+        c.wait_members(n);
+        Ok(c)
+    }
+
+    /// Node `i`'s address on the in-memory network.
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        self.nodes[i].addr
+    }
+
+    /// Every node's address.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.addr).collect()
+    }
+
+    /// Node `i`'s object store.
+    pub fn store(&self, i: usize) -> &Arc<MemStore> {
+        &self.nodes[i].store
+    }
+
+    /// Node `i` itself, while it is up.
+    pub fn node(&self, i: usize) -> Option<&Arc<Node>> {
+        self.nodes[i].up.as_ref().map(|(_, r)| &r.node)
+    }
+
+    /// Starts (or restarts) node `i` on its store.
+    pub fn start_node(&mut self, i: usize) -> Result<(), NodeError> {
+        let n = &mut self.nodes[i];
+        assert!(n.up.is_none(), "node {i} is already up");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("node{i}"))
+            .enable_all()
+            .build()
+            .map_err(|source| NodeError::Io {
+                dir: n.dir.clone(),
+                op: "start a runtime",
+                source,
+            })?;
+        let listener = self.net.listen(n.addr).map_err(|source| NodeError::Bind {
+            addr: n.addr,
+            source,
+        })?;
+        let opts = NodeOptions {
+            dir: n.dir.clone(),
+            listen: n.addr,
+            cluster: format!("local:{}", self.state.display()),
+            zone: None,
+            vnodes: 128,
+            pull_delay: std::time::Duration::ZERO,
+        };
+        let parts = NodeParts {
+            store: Some(n.store.clone()),
+            listener: Some(listener),
+            transport: Arc::new(self.net.clone()),
+        };
+        let running = rt.block_on(Node::start_with(opts, parts))?;
+        n.up = Some((rt, running));
+        Ok(())
+    }
+
+    /// Crashes node `i`: its tasks and connections end, writes it had not flushed are lost.
+    pub fn crash(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        if let Some((rt, running)) = n.up.take() {
+            self.net.close(n.addr);
+            running.halt();
+            rt.shutdown_background();
+            n.store = Arc::new(n.store.crashed());
+        }
+    }
+
+    /// The epoch node `i` is in (None while it is down).
+    pub fn epoch(&self, i: usize) -> Option<u32> {
+        self.node(i).map(|n| n.epoch().view.epoch)
+    }
+
+    /// Waits until every node that is up sees exactly `n` members; panics after 30 s.
+    pub fn wait_members(&self, n: usize) {
+        self.wait("members", || {
+            self.nodes
+                .iter()
+                .filter_map(|x| x.up.as_ref())
+                .all(|(_, r)| r.node.epoch().view.nodes.len() == n)
+        });
+    }
+
+    /// Waits until every node that is up has finished recovery of its current epoch.
+    pub fn wait_recovered(&self) {
+        self.wait("recovery", || {
+            self.nodes
+                .iter()
+                .filter_map(|x| x.up.as_ref())
+                .all(|(_, r)| {
+                    let s = r.node.recovery_status();
+                    s.epoch == r.node.epoch().view.epoch
+                        && s.state == objstore_proto::api::RecoveryState::Done
+                })
+        });
+    }
+
+    fn wait(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !cond() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// A client on the in-memory network (call inside a tokio runtime).
+    pub async fn client(&self, opts: ClientOptions) -> Result<Client, ClientError> {
+        Client::connect_via(Arc::new(self.net.clone()), &self.addrs(), opts).await
+    }
+}
+
+impl Drop for MemCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.crash(i);
+        }
+    }
+}
