@@ -648,3 +648,127 @@ fn delete_while_a_node_is_down_stays_deleted() {
         c.addr(down)
     );
 }
+
+/// A tmpfs of a given size over a directory, detached on drop (even when the test fails).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mount a tmpfs on {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        testkit::mount::detach(&self.0);
+    }
+}
+
+/// A node joins with a disk too small for what it must pull: its failed pulls show in
+/// `dog node recovery`, no other node drops a copy meanwhile, and once the disk has room the
+/// pulls are retried and the cluster ends with 2 agreeing copies of everything.
+#[test]
+#[ignore = "issue 22: pulls failing on a full disk (15 of 18 on 3 MiB) end the round as done: \
+            they are never retried once the disk has room, and the old owners drop their \
+            copies, leaving those objects with 1 copy"]
+fn failed_recovery_on_a_full_disk_keeps_copies() {
+    let mut c = Cluster::start(&bins(), 3);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let data = pseudo_random(24 << 20, 91);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+    assert_consistent(&c, "v");
+
+    // Node 3 joins on a 3 MiB disk; about half of the 25 objects become its to hold.
+    let small = add_node(&mut c);
+    let disk = Tmpfs::mount(&c.node_dir(small), "3M");
+    c.start_node(small);
+    replicas::wait_view(&c, &[0, 1, 2, small]);
+    let small_addr = c.addr(small);
+    let row = |c: &Cluster| {
+        c.dog_json(&["node", "recovery"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["addr"] == small_addr.as_str())
+            .map(|r| r["status"]["recovery"].clone())
+            .unwrap_or_default()
+    };
+    testkit::wait_until(
+        "the small node to report failed pulls",
+        Duration::from_secs(30),
+        || row(&c)["failed"].as_u64().unwrap_or(0) > 0,
+    );
+    let failing = row(&c);
+    // Whatever the nodes do while the pulls fail, no object may drop below 2 copies.
+    let thin = |c: &Cluster| -> Vec<String> {
+        replicas::objects(c, "v")
+            .unwrap()
+            .iter()
+            .filter(|o| o.holders.len() < 2)
+            .map(|o| format!("{} on {:?}", o.name(), o.addrs()))
+            .collect()
+    };
+    let thin_while_full = thin(&c);
+
+    // Room on the disk: the failed pulls must be retried and the cluster settle.
+    disk.resize("64M");
+    let mut settled = true;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = c.dog_json(&["node", "recovery"]);
+        let rows = rows.as_array().unwrap();
+        let e = &rows[0]["status"]["recovery"]["epoch"];
+        if rows.iter().all(|r| {
+            let rc = &r["status"]["recovery"];
+            rc["state"] == "done" && rc["failed"] == 0 && rc["epoch"] == *e
+        }) {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            settled = false;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let check = replicas::check(&c, "v");
+    let got = c.read_vdi("v", 0, 24 << 20);
+    assert!(
+        thin_while_full.is_empty() && settled && check.is_ok() && got == data,
+        "while the disk was full ({failing}), objects with fewer than 2 copies: \
+         {thin_while_full:?}; settled with no failures within 30 s of making room: {settled} \
+         (small node now {}); data intact: {}; replica check: {}",
+        row(&c),
+        got == data,
+        match &check {
+            Ok(r) => format!("{r:?}"),
+            Err(p) => p.to_string(),
+        }
+    );
+}
