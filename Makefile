@@ -32,7 +32,9 @@ check:
 
 ## bench: every figure (bench run --profile full, about 45 min) into docs/bench/bench.json, its
 ## tables in docs/bench/report.md with charts (SVG, PNG) in docs/bench, and the placement cost.
+## Only the bench targets build bench with its charts feature (plotters): test and check don't.
 bench: build
+	$(CARGO) build --release -p bench --features charts
 	$(RELEASE)/bench run --profile full --out docs/bench/bench.json
 	$(RELEASE)/bench report docs/bench/bench.json --markdown docs/bench/report.md --charts docs/bench
 	$(CARGO) bench -p objstore-proto --bench placement
@@ -40,6 +42,7 @@ bench: build
 ## bench-quick: a subset at small sizes (under 3 minutes) into target/bench/quick.json, charts in
 ## target/bench/charts (docs/bench keeps the full run's).
 bench-quick: build
+	$(CARGO) build --release -p bench --features charts
 	$(RELEASE)/bench run --profile quick --out target/bench/quick.json
 	$(RELEASE)/bench report target/bench/quick.json --markdown target/bench/quick.md --charts target/bench/charts
 

@@ -1,6 +1,7 @@
 //! The charts of a report: which exist (a chart is drawn only when its figures are in the
 //! report) and what they plot. [`plan`] picks the data, `draw` renders each chart twice with
-//! plotters, as `<stem>.svg` and `<stem>.png`.
+//! plotters, as `<stem>.svg` and `<stem>.png`, in a build with the `charts` feature; without
+//! it, [`draw_all`] fails saying how to get one (the plans are still made and tested).
 //!
 //! | stem | from group | x | y |
 //! |---|---|---|---|
@@ -11,6 +12,10 @@
 //! | `ratio-to-bindfs` | any | ratio to the bindfs figure | a bar per figure |
 //! | `objsize-<read\|write>[-<target>]` | objsize | object size | MiB/s, a bar per block size |
 
+// Without the feature nothing reads the plotted data but the tests.
+#![cfg_attr(not(feature = "charts"), allow(dead_code))]
+
+#[cfg(feature = "charts")]
 mod draw;
 
 use std::path::Path;
@@ -115,6 +120,9 @@ fn split(c: Result<Chart, String>) -> (Vec<Chart>, Vec<String>) {
 /// Draws every chart of [`plan`] into `dir` (created if missing), prints the notes on
 /// stderr, and returns what was drawn.
 pub fn draw_all(r: &Report, dir: &Path) -> Result<Vec<Drawn>> {
+    if !cfg!(feature = "charts") {
+        anyhow::bail!("{NO_CHARTS}");
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let (charts, notes) = plan(r);
     for n in &notes {
@@ -122,13 +130,26 @@ pub fn draw_all(r: &Report, dir: &Path) -> Result<Vec<Drawn>> {
     }
     let mut drawn = Vec::new();
     for c in &charts {
-        draw::render(c, dir)?;
+        render(c, dir)?;
         drawn.push(Drawn {
             stem: c.stem.clone(),
             title: c.title.clone(),
         });
     }
     Ok(drawn)
+}
+
+/// What `--charts` says in a build without the `charts` feature.
+pub const NO_CHARTS: &str = "this bench was built without charts: build it with \
+     `cargo build --release -p bench --features charts` (make bench and make bench-quick do) \
+     to draw them, or leave out --charts";
+
+#[cfg(feature = "charts")]
+use draw::render;
+
+#[cfg(not(feature = "charts"))]
+fn render(_: &Chart, _: &Path) -> Result<()> {
+    anyhow::bail!("{NO_CHARTS}")
 }
 
 /// A line per target of `figs`: points at `x(f)`, labelled `label(f)`, sorted by x.
@@ -456,6 +477,7 @@ mod tests {
         assert!(g.series.iter().all(|s| s.1.iter().all(Option::is_some)));
     }
 
+    #[cfg(feature = "charts")]
     #[test]
     fn draws_svg_and_png_for_a_full_report() {
         let dir = tempfile::tempdir().unwrap();
@@ -475,8 +497,11 @@ mod tests {
 
     #[test]
     fn empty_report_draws_nothing_and_says_why() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(draw_all(&fixture::empty(), dir.path()).unwrap().is_empty());
+        #[cfg(feature = "charts")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            assert!(draw_all(&fixture::empty(), dir.path()).unwrap().is_empty());
+        }
         let (_, notes) = plan(&fixture::empty());
         assert!(notes.iter().any(|n| n.starts_with("iops-vs-iodepth")));
         assert!(notes.iter().any(|n| n.starts_with("ratio-to-bindfs")));
@@ -509,7 +534,20 @@ mod tests {
             notes.iter().any(|n| n.contains("a single iodepth")),
             "{notes:?}"
         );
+        #[cfg(feature = "charts")]
+        {
+            let dir = tempfile::tempdir().unwrap();
+            assert!(draw_all(&r, dir.path()).unwrap().is_empty());
+        }
+    }
+
+    #[cfg(not(feature = "charts"))]
+    #[test]
+    fn without_the_feature_charts_fail_saying_how_to_get_them() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(draw_all(&r, dir.path()).unwrap().is_empty());
+        let out = dir.path().join("charts");
+        let e = draw_all(&fixture::full(), &out).unwrap_err().to_string();
+        assert!(e.contains("--features charts"), "{e}");
+        assert!(!out.exists(), "nothing is made before the error");
     }
 }

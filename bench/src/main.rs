@@ -3,7 +3,8 @@
 //! `bench run` starts a local cluster, mounts sheepfs (with and without the object cache),
 //! runs fio against it and against references on the same disk in the same run (the raw file
 //! with O_DIRECT, `bindfs --multithreaded` over it), and writes every figure as JSON.
-//! `bench report` turns that JSON into markdown tables and charts (SVG and PNG, plotters);
+//! `bench report` turns that JSON into markdown tables and charts (SVG and PNG, plotters: only
+//! in a build with the `charts` feature, as `make bench` makes);
 //! `bench compare OLD NEW` prints the ratio per figure and flags regressions.
 
 mod charts;
@@ -39,7 +40,8 @@ enum Cmd {
         /// Write the markdown here instead of stdout.
         #[arg(long)]
         markdown: Option<PathBuf>,
-        /// Directory for the charts (created if missing); no charts without it.
+        /// Directory for the charts (created if missing); no charts without it. Needs a bench
+        /// built with `--features charts` (make bench builds it so).
         #[arg(long)]
         charts: Option<PathBuf>,
     },

@@ -359,6 +359,21 @@ mod tests {
         assert_eq!(p(Some("/a/b.md"), "/a"), "");
     }
 
+    #[cfg(not(feature = "charts"))]
+    #[test]
+    fn report_without_the_charts_feature_refuses_charts_before_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("r.json");
+        fixture::full().save(&json).unwrap();
+        let md = dir.path().join("r.md");
+        let e = report(&json, Some(&md), Some(&dir.path().join("charts"))).unwrap_err();
+        assert!(e.to_string().contains("--features charts"), "{e}");
+        assert!(!md.exists());
+        report(&json, Some(&md), None).unwrap();
+        assert!(md.exists());
+    }
+
+    #[cfg(feature = "charts")]
     #[test]
     fn report_writes_markdown_and_charts() {
         let dir = tempfile::tempdir().unwrap();

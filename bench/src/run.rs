@@ -88,9 +88,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         Some(d) => d.clone(),
         None => exe_dir()?,
     };
-    let bins = Bins::find(&bin_dir)?;
+    let bins = cluster::find_bins(&bin_dir)?;
     check_tools(&s)?;
-    proc::install_signal_handlers();
+    testkit::install_interrupt_handlers();
     let work = WorkDir::create(args.work_dir.as_deref())?;
     let started = machine::utc_now();
     let machine = machine::probe(work.path());

@@ -1,6 +1,8 @@
 //! The whole harness end to end at the smoke profile: `bench run` starts real clusters and
 //! mounts from the binaries beside this test (`cargo build --workspace --bins` first), then
-//! `bench report` draws the charts. Checks the shape of what comes out, never a figure's value.
+//! `bench report` draws the charts (with `--features charts`; without, as in `make test`, it
+//! checks that `--charts` says how to get them and that the tables come without). Checks the
+//! shape of what comes out, never a figure's value.
 //!
 //! Needs root (or FUSE for the user), fio and bindfs, as `make test` provides.
 
@@ -164,6 +166,24 @@ fn smoke_profile_runs_every_group_and_reports() {
         "--charts",
         &p(&charts),
     ];
+    if !cfg!(feature = "charts") {
+        // make test builds bench without plotters: --charts says how to get them, and the
+        // tables come without.
+        let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+            .args(args)
+            .output()
+            .expect("run bench report");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("--features charts"),
+            "{err}"
+        );
+        assert!(!md.exists(), "bench report wrote markdown before failing");
+        Bench::start(&tmp.path().join("report.log"), &args[..4])
+            .finish("report", Duration::from_secs(120));
+        assert!(md.is_file(), "no markdown written");
+        return;
+    }
     Bench::start(&tmp.path().join("report.log"), &args).finish("report", Duration::from_secs(120));
     assert!(md.is_file(), "no markdown written");
     assert!(

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{cache_args, cachectl, cachectl_ok, stats, Rig, SHEEPFS};
+use common::{cache_args, cachectl, cachectl_ok, open_rw, stats, strs, Rig, SHEEPFS};
 use testkit::mount::{is_mounted, Mount};
 use testkit::{pseudo_random, wait_until};
 
@@ -28,18 +28,6 @@ fn cpath(p: &Path) -> std::ffi::CString {
 fn last_errno(rc: libc::c_int, what: &str) -> i32 {
     assert_eq!(rc, -1, "{what} succeeded");
     std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
-fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
 }
 
 /// Whether process `pid` has exited (gone, or a zombie not yet reaped by its parent).

@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    cache_args, cachectl, cachectl_bin, cachectl_ok, fio_verify_args as fio_job, run, stats, Rig,
-    SHEEPFS,
+    cache_args, cachectl, cachectl_bin, cachectl_ok, fio_verify_args as fio_job, open_rw, run,
+    stats, strs, Rig, SHEEPFS,
 };
 use serde_json::Value;
 use testkit::mount::Mount;
@@ -31,10 +31,6 @@ fn fio(args: &[&str]) -> Value {
     v
 }
 
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
 /// Mounts sheepfs again on the rig's mount point with `cache` (the old mount must be gone).
 fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
     let args = cache_args(cache, size);
@@ -45,15 +41,6 @@ fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
         &rig.cluster.dir.path().join(log),
         &strs(&args),
     );
-}
-
-/// Opens a VDI's file read-write, as qemu does: the attachment that lets the cache serve it.
-fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
 }
 
 /// A verifying random-write fio run on another thread.

@@ -1,61 +1,54 @@
-//! Real processes of a benchmark cluster: `sheep` nodes with the local membership driver on
-//! loopback, `dog` against them, `sheepfs` and `bindfs` mounts.
+//! The benchmark's cluster and mounts: testkit's, started the way the runner needs them, with
+//! the dog calls the figures use.
+//!
+//! The runner's settings, against the tests' defaults: directories it names and removes
+//! itself; sheep at `--log warn`; daemons sent SIGTERM (not SIGKILL) if the runner dies;
+//! 30 s to start; and a graceful stop (SIGTERM, then SIGKILL after a grace) instead of a kill.
 //!
 //! Stopping order is the contract: mounts first (unmounted, then their daemon stopped with
 //! SIGTERM, so sheepfs pushes its cache while the nodes are still up), nodes last. Owners hold
 //! mounts in fields declared before their [`Cluster`], so drop order keeps it on errors too.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use anyhow::{anyhow, Context, Result};
+use testkit::cluster::{ClusterOptions, NodeLog};
+use testkit::mount::MountOptions;
+use testkit::ProcOptions;
 
-use super::proc::{check_interrupt, free_port, wait_for, Daemon, Watched};
+pub use testkit::cluster::Bins;
+pub use testkit::mount::{is_mounted, mounts_under, unmount};
 
-/// Where sheep, dog, sheepfs and cachectl are.
-#[derive(Debug, Clone)]
-pub struct Bins {
-    pub dir: PathBuf,
+use super::proc::Watched;
+
+/// How long the daemons may take to start.
+const START: Duration = Duration::from_secs(30);
+
+/// A daemon's ties: SIGTERM if the runner dies (sheepfs can still unmount), and up to
+/// `grace` to exit on SIGTERM when stopped.
+fn daemon(grace: Duration) -> ProcOptions {
+    ProcOptions {
+        death_signal: libc::SIGTERM,
+        stop_grace: Some(grace),
+    }
 }
 
-impl Bins {
-    /// Checks that every binary the runner needs is in `dir`.
-    pub fn find(dir: &Path) -> Result<Bins> {
-        for name in ["sheep", "dog", "sheepfs", "cachectl"] {
-            let p = dir.join(name);
-            if !p.is_file() {
-                bail!(
-                    "{} is missing: build the binaries (cargo build --release --workspace --bins) \
-                     or point --bin-dir at them",
-                    p.display()
-                );
-            }
-        }
-        Ok(Bins { dir: dir.into() })
-    }
-
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
+/// The binaries in `dir` (sheep, dog, sheepfs and cachectl), nothing built.
+pub fn find_bins(dir: &Path) -> Result<Bins> {
+    Bins::in_dir(dir).map_err(|e| {
+        anyhow!(
+            "{e}: build the binaries (cargo build --release --workspace --bins) or point \
+             --bin-dir at them"
+        )
+    })
 }
 
 /// Runs `cmd` to completion; its stdout, or an error naming it with its stderr.
-pub fn output(mut cmd: Command, what: &str) -> Result<Vec<u8>> {
-    // Without redirections of its own, stdin is /dev/null and stdout is captured.
-    let out = cmd.output().with_context(|| format!("starting {what}"))?;
-    check_interrupt()?;
-    if !out.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out.stdout)
+pub fn output(cmd: Command, what: &str) -> Result<Vec<u8>> {
+    Ok(testkit::output(cmd, what)?)
 }
 
 /// Seconds `f` took.
@@ -65,87 +58,42 @@ pub fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
     Ok((v, t0.elapsed().as_secs_f64()))
 }
 
-/// N sheep sharing one local membership store, under `dir`.
-pub struct Cluster {
-    bins: Bins,
-    dir: PathBuf,
-    nodes: Vec<Daemon>,
-    addrs: Vec<String>,
-}
+/// N sheep sharing one local membership store, under a directory the runner names.
+pub struct Cluster(testkit::cluster::Cluster);
 
 impl Cluster {
-    /// Starts `n` nodes and waits until all are members.
+    /// Starts `n` nodes in `dir` and waits until all are members.
     pub fn start(bins: &Bins, dir: &Path, n: usize) -> Result<Cluster> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut c = Cluster {
-            bins: bins.clone(),
-            dir: dir.into(),
-            nodes: Vec::new(),
-            addrs: Vec::new(),
+        let opts = ClusterOptions {
+            dir: Some(dir.into()),
+            log: NodeLog::Arg("warn".into()),
+            proc: daemon(Duration::from_secs(10)),
+            timeout: START,
         };
-        for i in 0..n {
-            let addr = format!("127.0.0.1:{}", free_port()?);
-            let mut cmd = Command::new(bins.path("sheep"));
-            cmd.arg("--dir")
-                .arg(c.node_dir(i))
-                .arg("--listen")
-                .arg(&addr)
-                .arg("--cluster")
-                .arg(format!("local:{}", dir.join("state").display()))
-                .arg("--log")
-                .arg("warn");
-            let log = dir.join(format!("node{i}.log"));
-            c.nodes
-                .push(Daemon::spawn(&format!("sheep{i}"), cmd, &log)?);
-            c.addrs.push(addr);
-        }
-        c.wait_members(n)?;
-        Ok(c)
+        Ok(Cluster(testkit::cluster::Cluster::try_start_with(
+            bins, n, opts,
+        )?))
     }
 
     /// An error with the end of its log if a node has exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        self.nodes.iter_mut().try_for_each(Daemon::check_alive)
-    }
-
-    fn wait_members(&mut self, n: usize) -> Result<()> {
-        wait_for(
-            &format!("{n} sheep to join"),
-            Duration::from_secs(30),
-            || {
-                self.check_alive()?;
-                let out = self.dog_cmd(&["cluster", "info", "--json"]).output()?;
-                Ok(out.status.success()
-                    && serde_json::from_slice::<Value>(&out.stdout)
-                        .map(|v| v["nodes"] == n)
-                        .unwrap_or(false))
-            },
-        )
-    }
-
-    pub fn node_dir(&self, i: usize) -> PathBuf {
-        self.dir.join(format!("node{i}"))
+        Ok(self.0.check_alive()?)
     }
 
     pub fn node_dirs(&self) -> Vec<PathBuf> {
-        (0..self.nodes.len()).map(|i| self.node_dir(i)).collect()
+        (0..self.0.nodes.len())
+            .map(|i| self.0.node_dir(i))
+            .collect()
     }
 
     /// Every node's address, comma-separated (for `--cluster` and `--address`).
     pub fn addresses(&self) -> String {
-        self.addrs.join(",")
-    }
-
-    /// A dog command against this cluster.
-    pub fn dog_cmd(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(self.bins.path("dog"));
-        cmd.arg("--address").arg(self.addresses()).args(args);
-        cmd
+        self.0.addresses()
     }
 
     /// Runs dog; its stdout, or an error with its stderr.
     pub fn dog(&self, args: &[&str]) -> Result<Vec<u8>> {
-        output(self.dog_cmd(args), &format!("dog {}", args.join(" ")))
+        output(self.0.dog_command(args), &format!("dog {}", args.join(" ")))
     }
 
     pub fn format(&self, copies: usize, object_size: u64) -> Result<()> {
@@ -168,14 +116,14 @@ impl Cluster {
     /// `dog vdi write NAME < src`.
     pub fn write_vdi(&self, name: &str, src: &Path) -> Result<()> {
         let input = File::open(src).with_context(|| format!("opening {}", src.display()))?;
-        let mut cmd = self.dog_cmd(&["vdi", "write", name]);
+        let mut cmd = self.0.dog_command(&["vdi", "write", name]);
         cmd.stdin(input);
         output(cmd, &format!("dog vdi write {name}")).map(drop)
     }
 
     /// `dog vdi read NAME > dst` (`None`: to /dev/null).
     pub fn read_vdi(&self, name: &str, dst: Option<&Path>) -> Result<()> {
-        let mut cmd = self.dog_cmd(&["vdi", "read", name]);
+        let mut cmd = self.0.dog_command(&["vdi", "read", name]);
         match dst {
             Some(p) => {
                 cmd.stdout(File::create(p).with_context(|| format!("creating {}", p.display()))?)
@@ -187,8 +135,10 @@ impl Cluster {
 
     /// The nodes, for CPU and RSS accounting: "sheep0", "sheep1", ...
     pub fn watched(&self) -> Vec<Watched> {
-        self.nodes
+        self.0
+            .nodes
             .iter()
+            .flatten()
             .map(|n| Watched {
                 label: n.name().into(),
                 pid: n.pid(),
@@ -197,124 +147,76 @@ impl Cluster {
     }
 
     pub fn bins(&self) -> &Bins {
-        &self.bins
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for n in &mut self.nodes {
-            n.stop(Duration::from_secs(10));
-        }
-    }
-}
-
-/// Whether `path` is a mount point in this namespace.
-pub fn is_mounted(path: &Path) -> bool {
-    mounts_under(path).iter().any(|m| m == path)
-}
-
-/// Mount points at or below `dir`, deepest first.
-pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut v: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|m| m.starts_with(dir))
-        .collect();
-    v.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
-    v
-}
-
-/// Unmounts `dir`, lazily if it is busy (never blocks).
-pub fn unmount(dir: &Path) {
-    let Ok(c) = CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return;
-    };
-    // SAFETY: a valid NUL-terminated path.
-    let ok = unsafe { libc::umount2(c.as_ptr(), 0) } == 0;
-    if !ok && is_mounted(dir) {
-        // SAFETY: as above; MNT_DETACH never blocks.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-    if is_mounted(dir) {
-        let _ = Command::new("fusermount3")
-            .arg("-uz")
-            .arg(dir)
-            .stderr(Stdio::null())
-            .status();
+        &self.0.bins
     }
 }
 
 /// A FUSE mount served by a daemon we started: unmounted, then the daemon stopped, on drop.
 pub struct Mount {
-    pub dir: PathBuf,
     /// Key of its process in the figures' `peak_rss_kib`: "sheepfs" or "bindfs".
     label: &'static str,
-    daemon: Daemon,
+    mount: testkit::mount::Mount,
 }
 
 impl Mount {
     /// sheepfs in the foreground on `dir` (created), with `extra` options; waits for the mount.
     pub fn sheepfs(cluster: &Cluster, dir: &Path, log: &Path, extra: &[String]) -> Result<Mount> {
-        let mut cmd = Command::new(cluster.bins().path("sheepfs"));
-        cmd.arg("--cluster")
-            .arg(cluster.addresses())
-            .arg(dir)
-            .arg("--foreground")
-            .arg("--log-file")
-            .arg(log)
-            .args(extra)
-            .env("RUST_LOG", "warn");
-        Mount::start("sheepfs", cmd, dir, log)
+        let sheepfs = cluster.bins().path("sheepfs");
+        let addresses = cluster.addresses();
+        Mount::start("sheepfs", dir, log, |dir| {
+            let mut cmd = Command::new(&sheepfs);
+            cmd.arg("--cluster")
+                .arg(&addresses)
+                .arg(dir)
+                .arg("--foreground")
+                .arg("--log-file")
+                .arg(log)
+                .args(extra)
+                .env("RUST_LOG", "warn");
+            cmd
+        })
     }
 
     /// `bindfs --multithreaded -f SRC DIR`.
     pub fn bindfs(src: &Path, dir: &Path, log: &Path) -> Result<Mount> {
-        let mut cmd = Command::new("bindfs");
-        cmd.arg("--multithreaded").arg("-f").arg(src).arg(dir);
-        Mount::start("bindfs", cmd, dir, log)
+        Mount::start("bindfs", dir, log, |dir| {
+            let mut cmd = Command::new("bindfs");
+            cmd.arg("--multithreaded").arg("-f").arg(src).arg(dir);
+            cmd
+        })
     }
 
-    fn start(label: &'static str, cmd: Command, dir: &Path, log: &Path) -> Result<Mount> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let dir = dir.canonicalize()?;
+    fn start(
+        label: &'static str,
+        dir: &Path,
+        log: &Path,
+        command: impl FnOnce(&Path) -> Command,
+    ) -> Result<Mount> {
         let name = format!("{label} on {}", dir.display());
-        let mut m = Mount {
-            daemon: Daemon::spawn(&name, cmd, log)?,
-            label,
-            dir,
+        let opts = MountOptions {
+            // A sheepfs pushes its cache before it exits: give it time.
+            proc: daemon(Duration::from_secs(120)),
+            timeout: START,
+            // Its death signal is SIGTERM: sheepfs and bindfs unmount themselves.
+            sentinel: false,
         };
-        let what = format!("{label} to mount {}", m.dir.display());
-        wait_for(&what, Duration::from_secs(30), || {
-            m.daemon.check_alive()?;
-            Ok(is_mounted(&m.dir))
-        })?;
-        Ok(m)
+        let mount = testkit::mount::Mount::try_spawn(&name, command, dir, log, opts)?;
+        Ok(Mount { label, mount })
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
+        self.mount.path(name)
     }
 
     pub fn watched(&self) -> Watched {
         Watched {
             label: self.label.into(),
-            pid: self.daemon.pid(),
+            pid: self.mount.pid(),
         }
     }
 
     /// An error with the end of its log if its daemon has exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        self.daemon.check_alive()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        unmount(&self.dir);
-        // A sheepfs pushes its cache before it exits: give it time.
-        self.daemon.stop(Duration::from_secs(120));
+        Ok(self.mount.check_alive()?)
     }
 }

@@ -138,3 +138,16 @@ pub fn cache_args(dir: &Path, size: &str) -> Vec<String> {
         "3600".into(),
     ]
 }
+
+pub fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Opens a VDI's file read-write, as qemu does: the attachment that lets the cache serve it.
+pub fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}

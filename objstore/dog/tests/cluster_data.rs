@@ -91,7 +91,7 @@ fn unaligned_writes_across_objects_and_resize_delete() {
 #[test]
 fn copies_land_in_distinct_zones() {
     let zones = [1u32, 1, 2, 2, 3, 3];
-    let mut c = Cluster::start_with(
+    let mut c = Cluster::start_with_args(
         &bins(),
         zones
             .iter()

@@ -1,13 +1,17 @@
-//! A local cluster of real `sheep` processes for end-to-end tests, driven through real `dog`.
+//! A local cluster of real `sheep` processes, driven through real `dog`: for end-to-end
+//! tests (the panicking methods) and for `bench run` (the `try_` ones, and
+//! [`ClusterOptions`] for a named directory, quieter logs and a graceful stop).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{free_port, wait_until, Proc};
+use crate::{
+    or_panic, try_free_port, try_wait_until, wait_until, Error, Proc, ProcOptions, Result,
+};
 
 /// Where the binaries under test are.
 #[derive(Debug, Clone)]
@@ -15,6 +19,9 @@ pub struct Bins {
     pub sheep: PathBuf,
     pub dog: PathBuf,
 }
+
+/// Every binary a cluster and its mounts need.
+pub const BINARIES: [&str; 4] = ["sheep", "dog", "sheepfs", "cachectl"];
 
 impl Bins {
     /// From `CARGO_BIN_EXE_*` paths.
@@ -25,55 +32,190 @@ impl Bins {
         }
     }
 
-    /// The workspace's `sheep` and `dog`, built now if they are missing or older than their
-    /// sources: `cargo build --bins` runs once per test process (a no-op when nothing changed),
-    /// so `cargo test -p fusefs` alone never tests a stale `sheep`.
-    pub fn fresh() -> Bins {
+    /// The workspace's binaries, built now if they are missing or older than their sources:
+    /// `cargo build --bins` runs once per test process (a no-op when nothing changed), so
+    /// `cargo test -p fusefs` alone never tests a stale `sheep`.
+    pub fn try_fresh() -> Result<Bins> {
         let dir = crate::build::binaries()
-            .unwrap_or_else(|e| panic!("building the binaries under test: {e}"));
-        Bins {
-            sheep: dir.join("sheep"),
-            dog: dir.join("dog"),
-        }
+            .map_err(|e| Error::Binaries(format!("building the binaries under test: {e}")))?;
+        Ok(Bins::at(&dir))
+    }
+
+    /// Like [`Bins::try_fresh`]; panics if the build fails.
+    #[track_caller]
+    pub fn fresh() -> Bins {
+        or_panic(Bins::try_fresh())
     }
 
     /// Alias of [`Bins::fresh`], kept for older tests.
     pub fn beside_test() -> Bins {
         Bins::fresh()
     }
+
+    /// The binaries already in `dir` (nothing is built): [`Error::Binaries`] naming the first
+    /// of [`BINARIES`] missing there.
+    pub fn in_dir(dir: &Path) -> Result<Bins> {
+        for name in BINARIES {
+            let p = dir.join(name);
+            if !p.is_file() {
+                return Err(Error::Binaries(format!("{} is missing", p.display())));
+            }
+        }
+        Ok(Bins::at(dir))
+    }
+
+    fn at(dir: &Path) -> Bins {
+        Bins {
+            sheep: dir.join("sheep"),
+            dog: dir.join("dog"),
+        }
+    }
+
+    /// The binary `name` (`sheepfs`, `cachectl`, ...): beside `sheep`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        match name {
+            "sheep" => self.sheep.clone(),
+            "dog" => self.dog.clone(),
+            _ => self.sheep.with_file_name(name),
+        }
+    }
 }
 
-/// Fields drop in order: processes are killed before their directory goes.
+/// How sheep logs, and so how a start is known to be serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeLog {
+    /// `RUST_LOG=FILTER`, over the caller's. The filter must show `info`: a start counts once
+    /// its own log says it serves objects at its address, so another cluster's node that
+    /// took the port meanwhile never passes for it.
+    Env(String),
+    /// `--log FILTER` (a `RUST_LOG` in the caller's environment wins): a start counts once
+    /// dog gets an answer at its address while it runs.
+    Arg(String),
+}
+
+/// How [`Cluster::try_start_with`] starts and stops its nodes.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Data, membership state and logs; `None`: a fresh temporary directory removed on drop.
+    /// A named directory is created if missing and kept.
+    pub dir: Option<PathBuf>,
+    pub log: NodeLog,
+    /// How the nodes are tied to this thread and stopped on drop.
+    pub proc: ProcOptions,
+    /// How long a node may take to serve, and the cluster to list every member.
+    pub timeout: Duration,
+}
+
+impl Default for ClusterOptions {
+    /// What tests use: a temporary directory, `RUST_LOG=info`, SIGKILL on drop, 20 s.
+    fn default() -> ClusterOptions {
+        ClusterOptions {
+            dir: None,
+            log: NodeLog::Env("info".into()),
+            proc: ProcOptions::default(),
+            timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// A cluster's directory: a temporary one removed on drop, or one the caller named and keeps.
+#[derive(Debug)]
+pub struct Scratch {
+    _temp: Option<tempfile::TempDir>,
+    path: PathBuf,
+}
+
+impl Scratch {
+    fn new(named: Option<&Path>) -> Result<Scratch> {
+        match named {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+                Ok(Scratch {
+                    _temp: None,
+                    path: dir.to_path_buf(),
+                })
+            }
+            None => {
+                let t = tempfile::tempdir()
+                    .map_err(|e| Error::io("making a temporary directory", e))?;
+                Ok(Scratch {
+                    path: t.path().to_path_buf(),
+                    _temp: Some(t),
+                })
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Fields drop in order: processes are stopped before their directory goes.
 pub struct Cluster {
     pub nodes: Vec<Option<Proc>>,
     /// Extra `sheep` arguments per node (e.g. `--zone 1`), used at every (re)start.
     pub node_args: Vec<Vec<String>>,
     pub bins: Bins,
     pub ports: Vec<u16>,
-    pub dir: tempfile::TempDir,
+    pub dir: Scratch,
+    opts: ClusterOptions,
 }
 
 impl Cluster {
-    /// Starts `n` nodes sharing one local membership store and waits until all are members.
+    /// Starts `n` nodes sharing one local membership store and waits until all are members;
+    /// panics if that fails.
+    #[track_caller]
     pub fn start(bins: &Bins, n: usize) -> Cluster {
-        Cluster::start_with(bins, vec![Vec::new(); n])
+        or_panic(Cluster::try_start(bins, n))
     }
 
-    /// Starts one node per entry of `node_args`, each with those extra `sheep` arguments.
-    pub fn start_with(bins: &Bins, node_args: Vec<Vec<String>>) -> Cluster {
+    /// [`Cluster::try_start_with`] the default (test) options.
+    pub fn try_start(bins: &Bins, n: usize) -> Result<Cluster> {
+        Cluster::try_start_with(bins, n, ClusterOptions::default())
+    }
+
+    /// Starts `n` nodes sharing one local membership store and waits until all are members.
+    /// On an error, the nodes started so far are stopped.
+    pub fn try_start_with(bins: &Bins, n: usize, opts: ClusterOptions) -> Result<Cluster> {
+        Cluster::try_start_with_args(bins, vec![Vec::new(); n], opts)
+    }
+
+    /// Starts one node per entry of `node_args`, each with those extra `sheep` arguments (e.g.
+    /// `--zone 1`), with the default (test) options; panics if that fails.
+    #[track_caller]
+    pub fn start_with_args(bins: &Bins, node_args: Vec<Vec<String>>) -> Cluster {
+        or_panic(Cluster::try_start_with_args(
+            bins,
+            node_args,
+            ClusterOptions::default(),
+        ))
+    }
+
+    /// [`Cluster::try_start_with`], node `i` started with the extra arguments `node_args[i]`.
+    pub fn try_start_with_args(
+        bins: &Bins,
+        node_args: Vec<Vec<String>>,
+        opts: ClusterOptions,
+    ) -> Result<Cluster> {
         let n = node_args.len();
         let mut c = Cluster {
             nodes: (0..n).map(|_| None).collect(),
             node_args,
             bins: bins.clone(),
-            ports: (0..n).map(|_| free_port()).collect(),
-            dir: tempfile::tempdir().expect("temp dir"),
+            ports: (0..n).map(|_| try_free_port()).collect::<Result<_>>()?,
+            dir: Scratch::new(opts.dir.as_deref())?,
+            opts,
         };
         for i in 0..n {
-            c.start_node(i);
+            c.try_start_node(i)?;
         }
-        c.wait_members(n);
-        c
+        try_wait_until(&format!("{n} members"), c.opts.timeout, || {
+            c.check_alive()?;
+            c.members_are(n)
+        })?;
+        Ok(c)
     }
 
     pub fn state_dir(&self) -> PathBuf {
@@ -88,56 +230,85 @@ impl Cluster {
         format!("127.0.0.1:{}", self.ports[i])
     }
 
-    /// Starts (or restarts) node `i` on its own data directory. A first start whose port was
-    /// taken meanwhile (ports come from [`free_port`], which lets go of them, and tests run in
-    /// parallel) moves to another port; another test's node answering there would otherwise
-    /// pass for this one.
+    fn node_log(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("node{i}.log"))
+    }
+
+    /// Starts (or restarts) node `i` on its own data directory; panics if it cannot.
+    #[track_caller]
     pub fn start_node(&mut self, i: usize) {
+        or_panic(self.try_start_node(i))
+    }
+
+    /// Starts (or restarts) node `i` on its own data directory. A first start whose port was
+    /// taken meanwhile (ports come from [`try_free_port`], which lets go of them, and tests run
+    /// in parallel) moves to another port; another test's node answering there would otherwise
+    /// pass for this one.
+    pub fn try_start_node(&mut self, i: usize) -> Result<()> {
         let first_start = self.nodes[i].is_none() && !self.node_dir(i).exists();
         for attempt in 0.. {
+            let addr = self.addr(i);
             let mut cmd = Command::new(&self.bins.sheep);
             cmd.arg("--dir")
                 .arg(self.node_dir(i))
                 .arg("--listen")
-                .arg(self.addr(i))
+                .arg(&addr)
                 .arg("--cluster")
                 .arg(format!("local:{}", self.state_dir().display()))
-                .args(&self.node_args[i])
-                .env("RUST_LOG", "info");
-            let log = self.dir.path().join(format!("node{i}.log"));
+                .args(&self.node_args[i]);
+            let by_log = match &self.opts.log {
+                NodeLog::Env(filter) => {
+                    cmd.env("RUST_LOG", filter);
+                    true
+                }
+                NodeLog::Arg(filter) => {
+                    cmd.arg("--log").arg(filter);
+                    false
+                }
+            };
+            let log = self.node_log(i);
             // The log is appended to: only what this start writes counts.
             let from = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
-            let mut node = Proc::spawn(&format!("sheep{i}"), cmd, &log);
-            let addr = self.addr(i);
+            let name = format!("sheep{i}");
+            let mut node = Proc::try_spawn_with(&name, cmd, &log, self.opts.proc)?;
             // Serving: its own log says so, for this address.
             let serving = format!("objects at {addr},");
             let written =
                 || std::fs::read(&log).map_or(Vec::new(), |b| b[from.min(b.len())..].to_vec());
             let mut exited = false;
-            wait_until(
-                &format!("sheep{i} to serve on {addr}"),
-                Duration::from_secs(20),
+            try_wait_until(
+                &format!("{name} to serve on {addr}"),
+                self.opts.timeout,
                 || {
                     exited = !node.running();
-                    exited || String::from_utf8_lossy(&written()).contains(&serving)
+                    Ok(exited || !by_log || String::from_utf8_lossy(&written()).contains(&serving))
                 },
-            );
+            )?;
             if exited {
                 let tail = crate::log_tail(&log, 1 << 16);
                 if first_start && attempt < 5 && tail.contains("in use") {
-                    self.ports[i] = free_port();
+                    self.ports[i] = try_free_port()?;
                     continue;
                 }
-                panic!("sheep{i} exited while starting on {addr}:\n{tail}");
+                let why = node.check_alive().err().unwrap_or(Error::Unexpected {
+                    what: name.clone(),
+                    detail: "exited".into(),
+                });
+                return Err(why.context(format!("{name} exited while starting on {addr}")));
             }
             self.nodes[i] = Some(node);
-            wait_until(
-                &format!("sheep{i} to answer on {addr}"),
-                Duration::from_secs(20),
-                || self.dog_at(&addr, &["node", "list"]).status.success(),
+            return try_wait_until(
+                &format!("{name} to answer on {addr}"),
+                self.opts.timeout,
+                || {
+                    if let Some(n) = self.nodes[i].as_mut() {
+                        n.check_alive()?;
+                    }
+                    Ok(self.try_dog_at(&addr, &["node", "list"])?.status.success())
+                },
             );
-            return;
         }
+        unreachable!("the loop returns")
     }
 
     pub fn kill9(&mut self, i: usize) {
@@ -147,32 +318,71 @@ impl Cluster {
         self.nodes[i] = None;
     }
 
-    pub fn log(&self, i: usize) -> String {
-        crate::log_tail(&self.dir.path().join(format!("node{i}.log")), 1 << 20)
+    /// [`Error::Exited`] with the end of its log for the first live node that has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        self.nodes
+            .iter_mut()
+            .flatten()
+            .try_for_each(Proc::check_alive)
     }
 
-    fn live_addr(&self) -> String {
+    pub fn log(&self, i: usize) -> String {
+        crate::log_tail(&self.node_log(i), 1 << 20)
+    }
+
+    fn live_addr(&self) -> Result<String> {
         let i = self
             .nodes
             .iter()
             .position(|n| n.is_some())
-            .expect("a live node");
-        self.addr(i)
+            .ok_or_else(|| Error::Unexpected {
+                what: "the cluster".into(),
+                detail: "has no live node".into(),
+            })?;
+        Ok(self.addr(i))
     }
 
-    pub fn dog_at(&self, addr: &str, args: &[&str]) -> Output {
+    /// Every live node's address, comma-separated (for `--cluster` and `--address`).
+    pub fn addresses(&self) -> String {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_some())
+            .map(|i| self.addr(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A dog command against every live node, to run as the caller likes.
+    pub fn dog_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.bins.dog);
+        cmd.arg("--address").arg(self.addresses()).args(args);
+        cmd
+    }
+
+    /// Runs dog against `addr`; its output, whatever its exit status.
+    pub fn try_dog_at(&self, addr: &str, args: &[&str]) -> Result<Output> {
         Command::new(&self.bins.dog)
             .arg("--address")
             .arg(addr)
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .expect("run dog")
+            .map_err(|e| Error::io(format!("running {}", self.bins.dog.display()), e))
+    }
+
+    #[track_caller]
+    pub fn dog_at(&self, addr: &str, args: &[&str]) -> Output {
+        or_panic(self.try_dog_at(addr, args))
+    }
+
+    /// Runs dog against a live node; its output, whatever its exit status.
+    pub fn try_dog(&self, args: &[&str]) -> Result<Output> {
+        self.try_dog_at(&self.live_addr()?, args)
     }
 
     /// Runs dog against a live node.
+    #[track_caller]
     pub fn dog(&self, args: &[&str]) -> Output {
-        self.dog_at(&self.live_addr(), args)
+        or_panic(self.try_dog(args))
     }
 
     /// Runs dog and returns its stdout; panics with its stderr if it failed.
@@ -208,7 +418,7 @@ impl Cluster {
     pub fn dog_stdin(&self, args: &[&str], data: &[u8]) -> Output {
         let mut child = Command::new(&self.bins.dog)
             .arg("--address")
-            .arg(self.live_addr())
+            .arg(or_panic(self.live_addr()))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -238,15 +448,25 @@ impl Cluster {
         self.dog_ok(&["vdi", "read", name, &offset.to_string(), &len.to_string()])
     }
 
-    /// Waits until the cluster lists exactly `n` nodes.
+    /// Waits until the cluster lists exactly `n` nodes; panics after 20 s.
+    #[track_caller]
     pub fn wait_members(&self, n: usize) {
-        wait_until(&format!("{n} members"), Duration::from_secs(20), || {
-            let out = self.dog(&["cluster", "info", "--json"]);
-            out.status.success()
-                && serde_json::from_slice::<Value>(&out.stdout)
-                    .map(|v| v["nodes"] == n)
-                    .unwrap_or(false)
-        });
+        or_panic(self.try_wait_members(n))
+    }
+
+    /// Waits until the cluster lists exactly `n` nodes.
+    pub fn try_wait_members(&self, n: usize) -> Result<()> {
+        try_wait_until(&format!("{n} members"), self.opts.timeout, || {
+            self.members_are(n)
+        })
+    }
+
+    fn members_are(&self, n: usize) -> Result<bool> {
+        let out = self.try_dog(&["cluster", "info", "--json"])?;
+        Ok(out.status.success()
+            && serde_json::from_slice::<Value>(&out.stdout)
+                .map(|v| v["nodes"] == n)
+                .unwrap_or(false))
     }
 
     /// Waits until every node has finished recovery (and collection) for one common epoch.
