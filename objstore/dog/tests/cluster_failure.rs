@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{add_node, bins, kill_at_once, lost_pair, object, recovery_state, sorted, MIB};
+use common::{add_node, bins, kill_at_once, lost_pair, object, recovery_state, sorted, Tmpfs, MIB};
 use testkit::cluster::Cluster;
 use testkit::pseudo_random;
 use testkit::replicas::{self, assert_consistent};
@@ -375,4 +375,43 @@ fn new_epochs_during_recovery() {
         "after node 0 returned"
     );
     assert_consistent(&c, "v");
+}
+
+/// Failed pulls are visible and fail the harness's wait: a node joining on a 3 MiB disk cannot
+/// take the objects it must hold; `dog node recovery` counts its failures, and
+/// `try_wait_recovered` says so instead of waiting them out or calling the cluster recovered.
+#[test]
+fn failed_pulls_show_and_fail_wait_recovered() {
+    let mut c = Cluster::start(&bins(), 3);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    c.write_vdi("v", 0, &pseudo_random(24 << 20, 92));
+    c.wait_recovered();
+    let small = add_node(&mut c);
+    let _disk = Tmpfs::mount(&c.node_dir(small), "3M");
+    c.start_node(small);
+    replicas::wait_view(&c, &[0, 1, 2, small]);
+    let small_addr = c.addr(small);
+    testkit::wait_until(
+        "the small node to report failed pulls",
+        Duration::from_secs(30),
+        || {
+            c.dog_json(&["node", "recovery"])
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| {
+                    r["addr"] == small_addr.as_str()
+                        && r["status"]["recovery"]["failed"].as_u64().unwrap_or(0) > 0
+                })
+        },
+    );
+    let e = c
+        .try_wait_recovered()
+        .expect_err("failed pulls must fail the wait")
+        .to_string();
+    assert!(
+        e.contains("nodes report failed pulls") && e.contains(&small_addr),
+        "{e}"
+    );
 }

@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{
-    or_panic, try_free_port, try_wait_until, wait_until, Error, Proc, ProcOptions, Result,
-};
+use crate::{or_panic, try_free_port, try_wait_until, Error, Proc, ProcOptions, Result};
 
 /// Where the binaries under test are.
 #[derive(Debug, Clone)]
@@ -469,33 +467,49 @@ impl Cluster {
                 .unwrap_or(false))
     }
 
-    /// Waits until every node has finished recovery (and collection) for one common epoch.
-    /// Panics as soon as a node reports a failed pull: a failure is never "recovered".
+    /// Waits until every node has finished recovery (and collection) for one common epoch;
+    /// panics after 60 s, or as soon as a node reports a failed pull.
+    #[track_caller]
     pub fn wait_recovered(&self) {
-        wait_until("recovery to finish", Duration::from_secs(60), || {
-            let out = self.dog(&["node", "recovery", "--json"]);
+        or_panic(self.try_wait_recovered())
+    }
+
+    /// Waits until every node has finished recovery (and collection) for one common epoch.
+    /// A node reporting failed pulls is an [`Error::Unexpected`] at once: a failure is never
+    /// "recovered".
+    pub fn try_wait_recovered(&self) -> Result<()> {
+        try_wait_until("recovery to finish", Duration::from_secs(60), || {
+            let out = self.try_dog(&["node", "recovery", "--json"])?;
             if !out.status.success() {
-                return false;
+                return Ok(false);
             }
-            let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let rows = rows.as_array().unwrap();
+            let rows: Value =
+                serde_json::from_slice(&out.stdout).map_err(|e| Error::Unexpected {
+                    what: "dog node recovery --json".into(),
+                    detail: format!("not JSON: {e}"),
+                })?;
+            let rows = rows.as_array().map(Vec::as_slice).unwrap_or_default();
             let failed: Vec<&Value> = rows
                 .iter()
                 .filter(|r| r["status"]["recovery"]["failed"].as_u64().unwrap_or(0) > 0)
                 .collect();
-            assert!(
-                failed.is_empty(),
-                "recovery reports failed pulls: {}",
-                serde_json::to_string(&failed).unwrap_or_default()
-            );
+            if !failed.is_empty() {
+                return Err(Error::Unexpected {
+                    what: "recovery".into(),
+                    detail: format!(
+                        "nodes report failed pulls: {}",
+                        serde_json::to_string(&failed).unwrap_or_default()
+                    ),
+                });
+            }
             let epochs: Vec<&Value> = rows.iter().map(|r| &r["status"]["epoch"]).collect();
-            !rows.is_empty()
+            Ok(!rows.is_empty()
                 && epochs.iter().all(|e| *e == epochs[0])
                 && rows.iter().all(|r| {
                     r["status"]["recovery"]["state"] == "done"
                         && r["status"]["recovery"]["epoch"] == *epochs[0]
-                })
-        });
+                }))
+        })
     }
 
     /// Where object `index` of VDI `name` should be (placement) and who holds it at which
