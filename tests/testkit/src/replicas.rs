@@ -354,7 +354,7 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
 fn dog_json(c: &Cluster, args: &[&str]) -> Result<Value, String> {
     let mut a = args.to_vec();
     a.push("--json");
-    let out = c.dog(&a);
+    let out = c.try_dog(&a).map_err(|e| e.chain())?;
     if !out.status.success() {
         return Err(format!(
             "dog {a:?} failed: {}",
