@@ -4,8 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::bail;
+use cache_control::CacheMode;
 use clap::{Parser, Subcommand};
-use fusefs::control::CacheMode;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use objstore_proto::size::{format_size, parse_size};
 use serde_json::json;

@@ -1,4 +1,4 @@
-//! One round trip on the cache's control socket (see [`fusefs::control`]): connect, write one
+//! One round trip on the cache's control socket (see [`cache_control`]): connect, write one
 //! JSON request line, read [`Response::Progress`] lines until the final `ok` or `error` line.
 //!
 //! Every failure is an [`Error`] whose `Display` is one line meant for the user.
@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fusefs::control::{CacheMode, CacheStats, Reply, Request, Response, SOCKET_NAME};
+use cache_control::{CacheMode, CacheStats, Reply, Request, Response, SOCKET_NAME};
 use objstore_proto::size::format_size;
 
 /// How long a command that never pushes dirty data may take to answer.
@@ -355,7 +355,7 @@ pub fn dirty_of(stats: &CacheStats, vdi: Option<&str>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fusefs::control::VdiStats;
+    use cache_control::VdiStats;
     use std::os::unix::net::UnixListener;
     use std::sync::mpsc;
     use std::thread;

@@ -1,5 +1,5 @@
 //! `cachectl`: inspect, flush and evict the object cache of a running sheepfs through its
-//! control socket (the protocol is [`fusefs::control`]).
+//! control socket (the protocol is [`cache_control`]).
 //!
 //! - [`client`]: one request/response round trip on the socket, and the user-facing errors.
 //! - [`render`]: the human summary and table, and Prometheus text exposition.

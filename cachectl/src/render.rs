@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use fusefs::control::{CacheStats, VdiStats};
+use cache_control::{CacheStats, VdiStats};
 use objstore_proto::size::format_size;
 
 /// `hits / (hits + misses)` as a percentage, or `-` when there was nothing to count.
@@ -399,7 +399,7 @@ pub fn prometheus(s: &CacheStats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fusefs::control::CacheMode;
+    use cache_control::CacheMode;
 
     fn stats() -> CacheStats {
         let disk0 = VdiStats {

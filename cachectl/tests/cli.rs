@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::thread;
 
-use fusefs::control::{CacheMode, CacheStats, Reply, Response, VdiStats};
+use cache_control::{CacheMode, CacheStats, Reply, Response, VdiStats};
 
 /// A fake sheepfs in a fresh cache directory: it answers one connection per entry of
 /// `answers` with those lines, in order, and reports every request line it read.

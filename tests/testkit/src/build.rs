@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The packages whose binaries the end-to-end tests start.
-const PACKAGES: [&str; 4] = ["objstore-node", "objstore-dog", "fusefs", "cachectl"];
+const PACKAGES: [&str; 4] = ["objstore-node", "objstore-dog", "sheepfs", "cachectl"];
 
 /// Builds every binary the tests use, once per process, in the profile of the running test
 /// executable (`target/<profile>/deps/<test>`), and returns the directory holding them.

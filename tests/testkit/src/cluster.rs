@@ -32,7 +32,7 @@ impl Bins {
 
     /// The workspace's binaries, built now if they are missing or older than their sources:
     /// `cargo build --bins` runs once per test process (a no-op when nothing changed), so
-    /// `cargo test -p fusefs` alone never tests a stale `sheep`.
+    /// `cargo test -p sheepfs` alone never tests a stale `sheep`.
     pub fn try_fresh() -> Result<Bins> {
         let dir = crate::build::binaries()
             .map_err(|e| Error::Binaries(format!("building the binaries under test: {e}")))?;

@@ -40,6 +40,19 @@ pub enum VdiError {
     NotFound(String),
     #[error("invalid size for VDI '{name}': {reason}")]
     InvalidSize { name: String, reason: String },
+    /// Larger than the cluster can address with the VDI's object size.
+    #[error(
+        "invalid size for VDI '{name}': {} is over the limit of {} with {} objects",
+        format_size(*size),
+        format_size(*max),
+        format_size(*object_size as u64)
+    )]
+    TooLarge {
+        name: String,
+        size: u64,
+        max: u64,
+        object_size: u32,
+    },
     #[error("range {offset}+{len} is past the end of VDI '{name}' ({size} bytes)")]
     OutOfRange {
         name: String,
@@ -80,14 +93,11 @@ pub fn max_size(object_size: u32) -> u64 {
 
 pub(crate) fn check_size(name: &str, size: u64, object_size: u32) -> Result<(), VdiError> {
     if size > max_size(object_size) {
-        return Err(VdiError::InvalidSize {
+        return Err(VdiError::TooLarge {
             name: name.to_string(),
-            reason: format!(
-                "{} is over the limit of {} with {} objects",
-                format_size(size),
-                format_size(max_size(object_size)),
-                format_size(object_size as u64)
-            ),
+            size,
+            max: max_size(object_size),
+            object_size,
         });
     }
     Ok(())
@@ -101,6 +111,11 @@ mod tests {
     fn four_tib_fits() {
         assert!(check_size("x", 4 << 40, 4 << 20).is_ok());
         assert!(check_size("x", 64 << 40, 4 << 20).is_ok());
-        assert!(check_size("x", (64 << 40) + 1, 4 << 20).is_err());
+        let e = check_size("x", (64 << 40) + 1, 4 << 20).unwrap_err();
+        assert!(matches!(e, VdiError::TooLarge { .. }));
+        assert_eq!(
+            e.to_string(),
+            "invalid size for VDI 'x': 64.0 TiB is over the limit of 64.0 TiB with 4.0 MiB objects"
+        );
     }
 }

@@ -12,11 +12,12 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use super::bitmap::Bitmap;
+use super::error::LoadError;
 use super::spare::Spares;
 
 /// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
@@ -69,6 +70,8 @@ pub struct CachedObject {
     pub pushing: tokio::sync::Mutex<()>,
     /// When it was last read or written ([`clock_ms`]; 0: not since this mount started).
     used_at: AtomicU64,
+    /// Holders of a pin on it (`crate::space::Pinned`): while any, it is not evicted.
+    pub(crate) pins: AtomicUsize,
 }
 
 /// Milliseconds on a monotonic clock that starts at 1 when first asked: when cached objects
@@ -128,6 +131,11 @@ impl CachedObject {
         }
     }
 
+    /// Whether someone holds a pin on it (it is in use: not to be evicted).
+    pub fn pinned(&self) -> bool {
+        self.pins.load(Ordering::SeqCst) > 0
+    }
+
     /// When it was last used ([`clock_ms`]; 0: not since this mount started).
     pub fn used_at(&self) -> u64 {
         self.used_at.load(Ordering::Relaxed)
@@ -166,6 +174,7 @@ impl CachedObject {
             writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
             used_at: AtomicU64::new(clock_ms()),
+            pins: AtomicUsize::new(0),
             state: Mutex::new(State {
                 valid: Bitmap::new(blocks),
                 dirty: Bitmap::new(blocks),
@@ -185,37 +194,44 @@ impl CachedObject {
     }
 
     /// Loads a cached object from its files; None (with the reason) if they cannot be trusted.
-    pub fn load(dir: &Path, key: Key) -> Result<CachedObject, String> {
+    pub fn load(dir: &Path, key: Key) -> Result<CachedObject, LoadError> {
         let (dp, mp) = paths(dir, key);
-        let raw = fs::read(&mp).map_err(|e| format!("reading {}: {e}", mp.display()))?;
+        let raw = fs::read(&mp).map_err(|source| LoadError::Read {
+            path: mp.clone(),
+            source,
+        })?;
+        let untrusted = |why| LoadError::Untrusted {
+            path: mp.clone(),
+            why,
+        };
         if raw.len() < META_HEAD || &raw[..8] != META_MAGIC {
-            return Err(format!("{} has no valid header", mp.display()));
+            return Err(untrusted("has no valid header"));
         }
         let object_size = u32::from_le_bytes(raw[8..12].try_into().unwrap()) as u64;
         let blocks = u32::from_le_bytes(raw[12..16].try_into().unwrap()) as usize;
         if !object_size.is_power_of_two() || blocks as u64 != object_size.div_ceil(BLOCK) {
-            return Err(format!("{} has a bad geometry", mp.display()));
+            return Err(untrusted("has a bad geometry"));
         }
         let bl = Bitmap::byte_len(blocks);
         if raw.len() != META_HEAD + 2 * bl {
-            return Err(format!("{} is truncated", mp.display()));
+            return Err(untrusted("is truncated"));
         }
         let valid = Bitmap::from_bytes(&raw[META_HEAD..META_HEAD + bl], blocks)
-            .ok_or_else(|| format!("{} has a bad valid map", mp.display()))?;
+            .ok_or_else(|| untrusted("has a bad valid map"))?;
         let dirty = Bitmap::from_bytes(&raw[META_HEAD + bl..], blocks)
-            .ok_or_else(|| format!("{} has a bad dirty map", mp.display()))?;
+            .ok_or_else(|| untrusted("has a bad dirty map"))?;
         if !dirty.minus(&valid).is_empty() {
-            return Err(format!(
-                "{} marks blocks dirty that are not valid",
-                mp.display()
-            ));
+            return Err(untrusted("marks blocks dirty that are not valid"));
         }
         let open = |p: &Path| {
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(p)
-                .map_err(|e| format!("opening {}: {e}", p.display()))
+                .map_err(|source| LoadError::Open {
+                    path: p.to_path_buf(),
+                    source,
+                })
         };
         let dirty_since = (!dirty.is_empty()).then(Instant::now);
         Ok(CachedObject {
@@ -227,6 +243,7 @@ impl CachedObject {
             writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
             used_at: AtomicU64::new(0),
+            pins: AtomicUsize::new(0),
             state: Mutex::new(State {
                 valid,
                 dirty,
@@ -532,7 +549,7 @@ mod tests {
         let saved = || CachedObject::load(d.path(), (1, 2)).unwrap();
         // A fill: data written, bitmaps changed but not saved yet.
         let fill = |o: &CachedObject, start: u64, parts: &[&[u8]]| {
-            super::super::vdi::write_fill(o, start, parts, || true)
+            crate::fill::write_fill(o, start, parts, || true)
         };
         assert_eq!(fill(&o, 0, &[&[7u8; 4096]]), (1, true));
         // Already valid: nothing added, and the object is already listed as unsaved.
@@ -576,7 +593,7 @@ mod tests {
         o.state.lock().unwrap().valid.set_range(2, 3, true);
         let (p1, p2) = (vec![1u8; 3 * b - 100], vec![2u8; 2 * b + 100]);
         let fill = |o: &CachedObject, start: u64, parts: &[&[u8]]| {
-            super::super::vdi::write_fill(o, start, parts, || true)
+            crate::fill::write_fill(o, start, parts, || true)
         };
         assert_eq!(fill(&o, 0, &[&p1, &p2]), (4, true));
         assert_eq!(o.state.lock().unwrap().valid.runs(), vec![(0, 5)]);

@@ -205,3 +205,41 @@ mod tests {
         assert_eq!(s, r#"{"error":"x"}"#);
     }
 }
+
+/// Golden lines: the wire format of the replies cachectl parses, field by field and in order.
+#[cfg(test)]
+mod golden {
+    use super::*;
+
+    #[test]
+    fn stats_line() {
+        const GOLD: &str = concat!(
+            r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"#,
+            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0},"vdis":[]}}}"#
+        );
+        let st = CacheStats {
+            dir: "/c".into(),
+            default_mode: Some(CacheMode::Writeback),
+            total: VdiStats {
+                name: "total".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let s = serde_json::to_string(&Response::Ok(Reply::Stats(st))).unwrap();
+        assert_eq!(s, GOLD);
+    }
+
+    #[test]
+    fn mode_line() {
+        // `attached: None` (an older sheepfs) is left out.
+        const GOLD: &str = r#"{"ok":{"mode":{"vdi":"a","mode":"off"}}}"#;
+        let r = Reply::Mode {
+            vdi: "a".into(),
+            mode: CacheMode::Off,
+            attached: None,
+        };
+        let s = serde_json::to_string(&Response::Ok(r)).unwrap();
+        assert_eq!(s, GOLD);
+    }
+}

@@ -1,17 +1,20 @@
-//! The control socket: `DIR/control.sock`, mode 0600, JSON lines (see `crate::control`).
+//! The cache's control socket: `DIR/control.sock` in the cache directory, mode 0600, JSON
+//! lines (the protocol is `cache_control`). Served here, above both the cache and the
+//! filesystem: `cachectl mode` may have the filesystem take an open file over into the cache.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
+use cache_control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
+use objcache::{chain, Cache};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::Cache;
-use crate::control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
+use crate::handles::Shared;
 
 /// Binds the socket (replacing a stale one) with mode 0600.
-pub(super) fn bind(dir: &Path) -> std::io::Result<UnixListener> {
+pub(crate) fn bind(dir: &Path) -> std::io::Result<UnixListener> {
     let path = dir.join(SOCKET_NAME);
     let _ = std::fs::remove_file(&path);
     let l = UnixListener::bind(&path)?;
@@ -19,11 +22,17 @@ pub(super) fn bind(dir: &Path) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
-pub(super) async fn serve(cache: Cache, listener: UnixListener) {
+/// Removes the socket (at unmount).
+pub fn remove(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(SOCKET_NAME));
+}
+
+/// Answers every connection; `sh` has the cache.
+pub(crate) async fn serve(sh: Arc<Shared>, cache: Cache, listener: UnixListener) {
     loop {
         match listener.accept().await {
             Ok((s, _)) => {
-                tokio::spawn(session(cache.clone(), s));
+                tokio::spawn(session(sh.clone(), cache.clone(), s));
             }
             Err(e) => {
                 tracing::warn!("control socket: {e}");
@@ -39,7 +48,7 @@ async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Response) -> std::io
     w.write_all(&line).await
 }
 
-async fn session(cache: Cache, s: UnixStream) {
+async fn session(sh: Arc<Shared>, cache: Cache, s: UnixStream) {
     let (rd, mut wr) = s.into_split();
     let mut lines = BufReader::new(rd).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -50,7 +59,7 @@ async fn session(cache: Cache, s: UnixStream) {
                 continue;
             }
         };
-        let resp = handle(&cache, req, &mut wr).await;
+        let resp = handle(&sh, &cache, req, &mut wr).await;
         if send(&mut wr, &resp).await.is_err() {
             return;
         }
@@ -62,19 +71,19 @@ fn unknown(name: &str) -> Response {
 }
 
 async fn handle(
+    sh: &Shared,
     cache: &Cache,
     req: Request,
     wr: &mut tokio::net::unix::OwnedWriteHalf,
 ) -> Response {
-    let inner = cache.inner();
     // A VDI of the cluster that nothing was cached of has id 0 here: nothing to do for it.
-    let names = objstore_client::vdi::list_names(&inner.client)
+    let names = objstore_client::vdi::list_names(sh.client())
         .await
         .unwrap_or_default();
     let vid_of = |name: &Option<String>| -> Result<Option<u32>, Box<Response>> {
         match name {
             None => Ok(None),
-            Some(n) => match inner.vid_of(n) {
+            Some(n) => match cache.vid_of(n) {
                 Some(v) => Ok(Some(v)),
                 None if names.iter().any(|(x, _)| x == n) => Ok(Some(0)),
                 None => Err(Box::new(unknown(n))),
@@ -83,7 +92,7 @@ async fn handle(
     };
     match req {
         Request::Stats { vdi } => {
-            let mut st = inner.stats();
+            let mut st = cache.stats();
             if let Some(n) = vdi {
                 if let Err(r) = vid_of(&Some(n.clone())) {
                     return *r;
@@ -107,7 +116,7 @@ async fn handle(
                     r = &mut flush => {
                         return match r {
                             Ok(bytes) => Response::Ok(Reply::Flushed { bytes }),
-                            Err(e) => Response::Error(format!("flush failed (the data stays dirty and is retried): {e}")),
+                            Err(e) => Response::Error(format!("flush failed (the data stays dirty and is retried): {}", chain(&e))),
                         };
                     }
                     Some((pushed, total)) = rx.recv() => {
@@ -121,27 +130,15 @@ async fn handle(
                 Ok(v) => v,
                 Err(r) => return *r,
             };
-            let dirty_before = inner.dirty.load(Ordering::SeqCst);
             if !discard_dirty {
                 if let Err(e) = cache.flush(vid, |_, _| {}).await {
                     return Response::Error(format!(
-                        "evict: flushing dirty data first failed, nothing evicted: {e}"
+                        "evict: flushing dirty data first failed, nothing evicted: {}",
+                        chain(&e)
                     ));
                 }
             }
-            let vids: Vec<u32> = match vid {
-                Some(v) => vec![v],
-                None => inner.records.read().unwrap().keys().copied().collect(),
-            };
-            let mut bytes = 0;
-            for v in vids {
-                bytes += inner.drop_vdi(v, discard_dirty);
-            }
-            let discarded = if discard_dirty {
-                dirty_before.saturating_sub(inner.dirty.load(Ordering::SeqCst))
-            } else {
-                0
-            };
+            let (bytes, discarded) = cache.evict(vid, discard_dirty);
             if discarded > 0 {
                 tracing::warn!("cachectl evict --discard-dirty threw away {discarded} bytes of unpushed writes");
             }
@@ -154,9 +151,7 @@ async fn handle(
             if size < 16 << 20 {
                 return Response::Error(format!("cache size {size} is too small: at least 16 MiB"));
             }
-            inner.size.store(size, Ordering::SeqCst);
-            inner.admission.resize(size);
-            if !inner.reserve(0).await {
+            if !cache.resize(size).await {
                 return Response::Error(format!(
                     "resized to {size} bytes, but the cache could not shrink to it yet (dirty data the cluster has not taken)"
                 ));
@@ -164,7 +159,7 @@ async fn handle(
             Response::Ok(Reply::Resized { size })
         }
         Request::Mode { vdi, mode } => {
-            let Some(vid) = inner.vid_of(&vdi) else {
+            let Some(vid) = cache.vid_of(&vdi) else {
                 return Response::Error(match vid_of(&Some(vdi.clone())) {
                     Ok(_) => format!(
                         "VDI '{vdi}' has not been opened through this cache yet: open it first"
@@ -172,35 +167,25 @@ async fn handle(
                     Err(_) => format!("no VDI named '{vdi}' in the cluster"),
                 });
             };
-            if inner.mode_of(vid) == CacheMode::Writeback && mode != CacheMode::Writeback {
+            if cache.mode_of(vid) == CacheMode::Writeback && mode != CacheMode::Writeback {
                 if let Err(e) = cache.flush(Some(vid), |_, _| {}).await {
                     return Response::Error(format!(
-                        "leaving writeback needs a flush, which failed (mode unchanged): {e}"
+                        "leaving writeback needs a flush, which failed (mode unchanged): {}",
+                        chain(&e)
                     ));
                 }
             }
-            let rec = inner.records.read().unwrap().get(&vid).cloned();
-            if let Some(mut r) = rec {
-                r.mode = Some(mode);
-                inner.save_record(&r);
-            }
-            if mode == CacheMode::Off {
-                inner.drop_vdi(vid, false);
-            }
-            // Writes that went straight to the cluster in the old mode (off, writethrough)
-            // may not be flushed on the nodes yet: the next fsync flushes the cluster even
-            // if it pushes nothing.
-            inner.unflushed.store(true, Ordering::SeqCst);
-            let mut attached = inner.attached.lock().unwrap().contains_key(&vid);
+            cache.set_mode(vid, mode);
+            let mut attached = cache.is_attached(vid);
             if mode != CacheMode::Off && !attached {
-                if let Some(take_over) = inner.take_over_open.get() {
-                    match take_over(vid).await {
-                        Ok(took) => attached = took,
-                        Err(e) => {
-                            return Response::Error(format!(
-                                "VDI '{vdi}' is now {mode}, but the cache could not take over its open file, which goes on straight to the cluster until its next read-write open: {e}"
-                            ))
-                        }
+                // The VDI's open read-write file, if it has one, goes under the cache.
+                match sh.take_over(vid).await {
+                    Ok(took) => attached = took,
+                    Err(e) => {
+                        return Response::Error(format!(
+                            "VDI '{vdi}' is now {mode}, but the cache could not take over its open file, which goes on straight to the cluster until its next read-write open: {}",
+                            chain(&e)
+                        ))
                     }
                 }
             }

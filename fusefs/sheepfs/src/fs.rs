@@ -9,86 +9,26 @@
 //! was written through another path (`dog`, another host); direct writes to one file run in
 //! parallel (`FOPEN_PARALLEL_DIRECT_WRITES`).
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
-use objstore_client::vdi::{self, VdiInfo};
-use objstore_client::{lock::LockError, Client, Vdi, VdiError};
+use objstore_client::vdi;
+use objstore_client::{Client, Vdi};
 use objstore_proto::size::format_size;
 
-use crate::cache::{Cache, CacheError, CachedVdi, Missed};
+use objcache::{Cache, CacheError, Missed};
+
 use crate::errno;
-
-/// An open VDI: straight to the cluster, or through the cache.
-#[derive(Clone)]
-pub enum Disk {
-    Plain(Arc<Vdi>),
-    Cached(Arc<CachedVdi>),
-}
-
-impl Disk {
-    pub fn vdi(&self) -> &Arc<Vdi> {
-        match self {
-            Disk::Plain(v) => v,
-            Disk::Cached(c) => c.vdi(),
-        }
-    }
-
-    async fn write(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
-        match self {
-            Disk::Plain(v) => v.write_at(offset, data).await,
-            Disk::Cached(c) => c.write(offset, data).await,
-        }
-    }
-
-    async fn flush(&self) -> Result<(), VdiError> {
-        match self {
-            Disk::Plain(v) => v.flush().await,
-            Disk::Cached(c) => c.flush().await,
-        }
-    }
-
-    async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
-        match self {
-            Disk::Plain(v) => v.discard(offset, len).await,
-            Disk::Cached(c) => c.discard(offset, len).await,
-        }
-    }
-}
-
-/// The errno for a failed attach through the cache, logged with its reason.
-fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
-    match e {
-        CacheError::Vdi(v) => fail(op, what, v),
-        CacheError::Lock(l) if !matches!(l, LockError::Held { .. }) => {
-            let errno = errno::from_lock(l);
-            if errno == Errno::ENOENT {
-                tracing::debug!("{op} {what}: {e}");
-            } else {
-                tracing::warn!("{op} {what}: {e}");
-            }
-            errno
-        }
-        CacheError::Lock(LockError::Held { .. }) | CacheError::Conflict { .. } => {
-            tracing::error!("{op} {what}: {e}");
-            Errno::EBUSY
-        }
-        _ => {
-            tracing::warn!("{op} {what}: {e}");
-            Errno::EIO
-        }
-    }
-}
+use crate::handles::{cache_fail, fail, ino_of, Disk, Shared};
 
 const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
@@ -103,267 +43,9 @@ const FALLOC_KEEP_SIZE: i32 = 0x01;
 const FALLOC_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_ZERO_RANGE: i32 = 0x10;
 
-fn ino_of(vid: u32) -> u64 {
-    vid as u64 + 1
-}
-
-struct OpenVdi {
-    disk: Disk,
-    handles: usize,
-    /// Handles open read-write.
-    writers: usize,
-}
-
-impl OpenVdi {
-    /// Makes `cached` the handle every request takes if the VDI has a plain one. Returns the
-    /// plain handle when a read-write file of it is open, so writes of it may be in flight:
-    /// `cached` then lets requests in only at [`hand_over`].
-    fn upgrade(&mut self, cached: &Arc<CachedVdi>) -> Option<Arc<Vdi>> {
-        let Disk::Plain(plain) = &self.disk else {
-            return None;
-        };
-        let plain = (self.writers > 0).then(|| plain.clone());
-        if plain.is_some() {
-            cached.close_gate();
-        }
-        self.disk = Disk::Cached(cached.clone());
-        plain
-    }
-}
-
-/// State shared by the FUSE threads and the tasks answering them.
-struct Shared {
-    client: Arc<Client>,
-    cache: Option<Cache>,
-    /// ino → VDI name, learnt from lookup, readdir and create.
-    names: Mutex<HashMap<u64, String>>,
-    open: Mutex<HashMap<u64, OpenVdi>>,
-    next_fh: AtomicU64,
-    uid: u32,
-    gid: u32,
-    mounted_at: SystemTime,
-}
-
 pub struct SheepFs {
     rt: tokio::runtime::Handle,
     sh: Arc<Shared>,
-}
-
-fn secs(t: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(t)
-}
-
-impl Shared {
-    fn file_attr(&self, info: &VdiInfo) -> FileAttr {
-        let t = secs(info.created);
-        FileAttr {
-            ino: INodeNo(ino_of(info.vid)),
-            size: info.size,
-            blocks: info.used.min(info.size.next_multiple_of(512)) / 512,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-            kind: FileType::RegularFile,
-            perm: 0o644,
-            nlink: 1,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        }
-    }
-
-    fn dir_attr(&self) -> FileAttr {
-        FileAttr {
-            ino: INodeNo::ROOT,
-            size: 0,
-            blocks: 0,
-            atime: self.mounted_at,
-            mtime: self.mounted_at,
-            ctime: self.mounted_at,
-            crtime: self.mounted_at,
-            kind: FileType::Directory,
-            perm: 0o755,
-            nlink: 2,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        }
-    }
-
-    fn name_of(&self, ino: u64) -> Result<String, Errno> {
-        self.names
-            .lock()
-            .unwrap()
-            .get(&ino)
-            .cloned()
-            .ok_or(Errno::ENOENT)
-    }
-
-    fn opened(&self, ino: u64) -> Option<Disk> {
-        self.open.lock().unwrap().get(&ino).map(|o| o.disk.clone())
-    }
-
-    fn is_open(&self, name: &str) -> bool {
-        self.open
-            .lock()
-            .unwrap()
-            .values()
-            .any(|o| o.disk.vdi().header().name == name)
-    }
-
-    /// The VDI's attributes, from the open handle if there is one.
-    async fn stat(&self, name: &str) -> Result<VdiInfo, VdiError> {
-        let open = self
-            .open
-            .lock()
-            .unwrap()
-            .values()
-            .find(|o| o.disk.vdi().header().name == name)
-            .map(|o| o.disk.vdi().clone());
-        let info = match open {
-            Some(v) => v.info(),
-            None => Vdi::open(self.client.clone(), name).await?.info(),
-        };
-        self.names
-            .lock()
-            .unwrap()
-            .insert(ino_of(info.vid), name.to_string());
-        Ok(info)
-    }
-
-    /// A new handle on `name`: through the cache when there is one (a read-write open attaches
-    /// the VDI), else straight to the cluster.
-    async fn make_disk(&self, name: &str, rw: bool) -> Result<Disk, Errno> {
-        if let Some(cache) = &self.cache {
-            match cache.open_vdi(name, rw).await {
-                Ok(Some(c)) => return Ok(Disk::Cached(Arc::new(c))),
-                Ok(None) => {}
-                Err(e) => return Err(cache_fail("open", name, &e)),
-            }
-        }
-        match Vdi::open(self.client.clone(), name).await {
-            Ok(v) => Ok(Disk::Plain(Arc::new(v))),
-            Err(e) => Err(fail("open", name, &e)),
-        }
-    }
-
-    /// Opens (or shares) the handle of `name`; returns its inode number. Every open reads the
-    /// inode afresh, so it sees what other clients allocated or resized before it.
-    async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, Disk), Errno> {
-        let fresh = self.make_disk(name, rw).await?;
-        let ino = ino_of(fresh.vdi().header().vid);
-        let mut replaced = None;
-        let shared = {
-            let mut open = self.open.lock().unwrap();
-            let entry = open.entry(ino).or_insert(OpenVdi {
-                disk: fresh.clone(),
-                handles: 0,
-                writers: 0,
-            });
-            // A read-write open upgrades a shared plain handle to the cached one.
-            if let Disk::Cached(cached) = &fresh {
-                replaced = entry.upgrade(cached);
-            }
-            entry.handles += 1;
-            entry.writers += rw as usize;
-            entry.disk.clone()
-        };
-        if let (Some(plain), Disk::Cached(cached)) = (replaced, &fresh) {
-            hand_over(plain, cached, name).await;
-        }
-        if !Arc::ptr_eq(shared.vdi(), fresh.vdi()) {
-            if let Err(e) = shared.vdi().refresh().await {
-                self.release(ino, rw);
-                return Err(fail("open", name, &e));
-            }
-        }
-        self.names.lock().unwrap().insert(ino, name.to_string());
-        Ok((ino, shared))
-    }
-
-    fn release(&self, ino: u64, rw: bool) {
-        let mut open = self.open.lock().unwrap();
-        if let Some(o) = open.get_mut(&ino) {
-            o.handles -= 1;
-            o.writers = o.writers.saturating_sub(rw as usize);
-            if o.handles == 0 {
-                open.remove(&ino);
-            }
-        }
-    }
-
-    /// After `cachectl mode` gave VDI `vid` a caching mode: if it is open read-write here
-    /// through plain handles (it was in mode `off`, unattached, when opened), attaches it and
-    /// makes the cached handle the one every request takes. The cached handle lets requests
-    /// in only once every request of the plain handle is done and the VDI's allocation is
-    /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
-    /// if there was nothing to take over.
-    async fn take_over(&self, vid: u32) -> Result<bool, String> {
-        let ino = ino_of(vid);
-        let name = match self.open.lock().unwrap().get(&ino) {
-            Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(_)) => {
-                o.disk.vdi().header().name
-            }
-            _ => return Ok(false),
-        };
-        let Some(cache) = &self.cache else {
-            return Ok(false);
-        };
-        let cached = Arc::new(
-            cache
-                .take_over(vid, &name)
-                .await
-                .map_err(|e| e.to_string())?,
-        );
-        let plain = match self.open.lock().unwrap().get_mut(&ino) {
-            Some(o) => o.upgrade(&cached),
-            None => None,
-        };
-        match plain {
-            Some(plain) => hand_over(plain, &cached, &name).await,
-            // Closed meanwhile (the VDI stays attached, as after any read-write open), a
-            // read-write open took it through the cache first, or no writer is left.
-            None => cached.open_gate(),
-        }
-        Ok(true)
-    }
-
-    fn new_fh(&self) -> FileHandle {
-        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
-    }
-}
-
-/// Lets `cached` (gated, see `CachedVdi::gated`) take requests once every request of `plain`,
-/// the handle it replaces, is done (each holds a clone of it) and the VDI's inode is read
-/// afresh, so that a read of an object `plain` allocated is not taken for a hole.
-async fn hand_over(plain: Arc<Vdi>, cached: &CachedVdi, name: &str) {
-    let mut waited = 0u64;
-    while Arc::strong_count(&plain) > 1 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        waited += 1;
-        if waited.is_multiple_of(10_000) {
-            tracing::warn!(
-                "taking '{name}' into the cache: still waiting for requests sent straight to the cluster"
-            );
-        }
-    }
-    let mut attempt = 0u32;
-    while let Err(e) = cached.vdi().refresh().await {
-        attempt += 1;
-        tracing::warn!(
-            "taking '{name}' into the cache: reading its inode (attempt {attempt}): {e}"
-        );
-        tokio::time::sleep(Duration::from_secs(u64::from(attempt.min(5)))).await;
-    }
-    cached.open_gate();
-    tracing::info!(
-        "VDI '{name}' is now read and written through the cache (its open file was taken over)"
-    );
 }
 
 fn open_flags() -> FopenFlags {
@@ -372,17 +54,6 @@ fn open_flags() -> FopenFlags {
 
 fn utf8(name: &OsStr) -> Result<String, Errno> {
     name.to_str().map(str::to_string).ok_or(Errno::EINVAL)
-}
-
-/// Logs a failed operation once, with its cause, and returns the errno for the caller.
-fn fail(op: &str, what: &str, e: &VdiError) -> Errno {
-    let errno = errno::from_vdi(e);
-    if errno == Errno::ENOENT {
-        tracing::debug!("{op} {what}: {e}");
-    } else {
-        tracing::warn!("{op} {what}: {e}");
-    }
-    errno
 }
 
 impl SheepFs {
@@ -394,25 +65,28 @@ impl SheepFs {
             cache,
             names: Mutex::default(),
             open: Mutex::default(),
+            closed: tokio::sync::Notify::new(),
             next_fh: AtomicU64::new(1),
             uid,
             gid,
             mounted_at: SystemTime::now(),
         });
-        if let Some(cache) = &sh.cache {
-            // Weak: the cache lives inside Shared.
-            let weak = Arc::downgrade(&sh);
-            cache.set_take_over(Box::new(move |vid| {
-                let weak = weak.clone();
-                Box::pin(async move {
-                    match weak.upgrade() {
-                        Some(sh) => sh.take_over(vid).await,
-                        None => Ok(false),
-                    }
-                })
-            }));
-        }
         SheepFs { rt, sh }
+    }
+
+    /// Binds the cache's control socket (mode 0600, replacing a stale one) and serves it
+    /// on the runtime. Nothing to do without a cache.
+    pub fn serve_control(&self) -> std::io::Result<()> {
+        let Some(cache) = &self.sh.cache else {
+            return Ok(());
+        };
+        let listener = crate::socket::bind(cache.dir())?;
+        self.rt.spawn(crate::socket::serve(
+            self.sh.clone(),
+            cache.clone(),
+            listener,
+        ));
+        Ok(())
     }
 
     /// Runs `f` on the runtime; the FUSE thread returns at once.
@@ -509,7 +183,9 @@ impl Filesystem for SheepFs {
                 Ok(n) => n,
                 Err(e) => return reply.error(e),
             };
-            let vdi = match sh.opened(ino.0) {
+            // Held to the end: a resize is a request on the open handle.
+            let open = sh.opened(ino.0);
+            let vdi = match &open {
                 Some(d) => d.vdi().clone(),
                 None => match Vdi::open(sh.client.clone(), &name).await {
                     Ok(v) => Arc::new(v),
@@ -547,12 +223,9 @@ impl Filesystem for SheepFs {
             // The kernel sends the release of a closed file on its own time: an `rm` right
             // after the last close can arrive first. Give that release a moment.
             let deadline = tokio::time::Instant::now() + UNLINK_WAIT;
-            while sh.is_open(&name) {
-                if tokio::time::Instant::now() >= deadline {
-                    tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
-                    return reply.error(Errno::EBUSY);
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            if !sh.closed_by(&name, deadline).await {
+                tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
+                return reply.error(Errno::EBUSY);
             }
             if let Some(cache) = &sh.cache {
                 // Deleting: what this mount cached of it (dirty too) goes, and so does its lock.
@@ -641,7 +314,7 @@ impl Filesystem for SheepFs {
             return reply.error(Errno::EBADF);
         };
         let mut missed = Missed::default();
-        if let Disk::Cached(c) = &disk {
+        if let Disk::Cached(c) = &*disk {
             let end = c.vdi().size();
             let len = (size as u64).min(end.saturating_sub(offset));
             if len > 0 {
@@ -657,13 +330,13 @@ impl Filesystem for SheepFs {
                 return reply.data(&[]);
             }
             let len = (size as u64).min(end - offset);
-            let read = match &disk {
-                Disk::Plain(v) => v.read_at(offset, len).await,
+            let read = match &*disk {
+                Disk::Plain(v, _) => v.read_at(offset, len).await.map_err(CacheError::from),
                 Disk::Cached(c) => c.read_missed(offset, len, missed).await,
             };
             match read {
                 Ok(data) => reply.data(&data),
-                Err(e) => reply.error(fail("read", &disk.vdi().header().name, &e)),
+                Err(e) => reply.error(cache_fail("read", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -683,7 +356,7 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
-        if let Disk::Cached(c) = &disk {
+        if let Disk::Cached(c) = &*disk {
             if c.write_fast(offset, data) {
                 return reply.written(data.len() as u32);
             }
@@ -698,7 +371,7 @@ impl Filesystem for SheepFs {
             let n = (data.len() as u64).min(end - offset) as usize;
             match disk.write(offset, data.slice(..n)).await {
                 Ok(()) => reply.written(n as u32),
-                Err(e) => reply.error(fail("write", &disk.vdi().header().name, &e)),
+                Err(e) => reply.error(cache_fail("write", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -731,7 +404,7 @@ impl Filesystem for SheepFs {
         self.rt.spawn(async move {
             match disk.flush().await {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fsync", &disk.vdi().header().name, &e)),
+                Err(e) => reply.error(cache_fail("fsync", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -891,7 +564,7 @@ impl Filesystem for SheepFs {
                 // Preallocation: space is taken on write; grow the VDI unless KEEP_SIZE.
                 let end = offset.saturating_add(length);
                 if mode & FALLOC_KEEP_SIZE == 0 && end > size {
-                    vdi.grow(end).await
+                    vdi.grow(end).await.map_err(CacheError::from)
                 } else {
                     Ok(())
                 }
@@ -900,7 +573,7 @@ impl Filesystem for SheepFs {
             };
             match res {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(fail("fallocate", &name, &e)),
+                Err(e) => reply.error(cache_fail("fallocate", &name, &e)),
             }
         });
     }

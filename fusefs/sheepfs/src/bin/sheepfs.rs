@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use cache_control::CacheMode;
 use clap::Parser;
-use fusefs::cache::{Cache, CacheConfig};
-use fusefs::control::CacheMode;
-use fusefs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
-use fusefs::SheepFs;
+use objcache::{Cache, CacheConfig};
 use objstore_client::{Client, ClientOptions};
+use sheepfs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
+use sheepfs::SheepFs;
 
 const READY: &str = "sheepfs-ready";
 
@@ -222,6 +222,12 @@ fn serve(args: Args) -> anyhow::Result<()> {
         }
     };
     let fs = SheepFs::new(client, cache.clone(), rt.handle().clone());
+    if let Some(cache) = &cache {
+        let _guard = rt.enter();
+        fs.serve_control().with_context(|| {
+            format!("cache directory {}: control socket", cache.dir().display())
+        })?;
+    }
     let mut session = fuser::Session::new(fs, &mountpoint, &config(args.allow_other, args.threads))
         .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
@@ -271,6 +277,7 @@ fn serve(args: Args) -> anyhow::Result<()> {
     if let Some(cache) = cache {
         tracing::info!("pushing the cache's dirty data before exit");
         let left = rt.block_on(cache.shutdown());
+        sheepfs::socket::remove(cache.dir());
         if left > 0 {
             tracing::error!(
                 "{} of unpushed writes stay in {}; they are pushed at the next mount",

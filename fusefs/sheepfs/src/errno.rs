@@ -1,8 +1,23 @@
-//! Library errors to errno, in one place.
+//! Library errors to errno, in one place, by the kind of error (never by its text).
 
 use fuser::Errno;
+use objcache::CacheError;
 use objstore_client::lock::LockError;
 use objstore_client::{ClientError, VdiError};
+
+/// The errno for a failed request through the cache.
+pub fn from_cache(e: &CacheError) -> Errno {
+    match e {
+        CacheError::Vdi(v) => from_vdi(v),
+        CacheError::Fetch { source, .. } => from_vdi(source),
+        CacheError::Lock(l) => from_lock(l),
+        // Another host's attachment owns the VDI now, or this one's unpushed writes do.
+        CacheError::Conflict { .. } => Errno::EBUSY,
+        // The cache disk, or pushes that fsync needed: the caller's data is not lost, but
+        // the request failed.
+        _ => Errno::EIO,
+    }
+}
 
 /// The errno a FUSE caller sees for `e`.
 pub fn from_vdi(e: &VdiError) -> Errno {
@@ -12,7 +27,7 @@ pub fn from_vdi(e: &VdiError) -> Errno {
         VdiError::Attached { .. } => Errno::EBUSY,
         VdiError::InvalidName(n) if n.name.len() > 255 => Errno::ENAMETOOLONG,
         VdiError::InvalidName(_) => Errno::EINVAL,
-        VdiError::InvalidSize { reason, .. } if reason.contains("over the limit") => Errno::EFBIG,
+        VdiError::TooLarge { .. } => Errno::EFBIG,
         VdiError::InvalidSize { .. } => Errno::EINVAL,
         VdiError::OutOfRange { .. } => Errno::ENOSPC,
         VdiError::NoVid => Errno::ENOSPC,
@@ -62,6 +77,27 @@ mod tests {
                 reason: "shrinking from 2 to 1 is not supported".into()
             }),
             Errno::EINVAL
+        );
+        assert_eq!(
+            from_vdi(&VdiError::TooLarge {
+                name: "x".into(),
+                size: 1 << 50,
+                max: 1 << 46,
+                object_size: 4 << 20,
+            }),
+            Errno::EFBIG
+        );
+        assert_eq!(
+            from_cache(&CacheError::Conflict {
+                name: "x".into(),
+                ours: 1,
+                theirs: 2
+            }),
+            Errno::EBUSY
+        );
+        assert_eq!(
+            from_cache(&CacheError::Vdi(VdiError::NotFound("x".into()))),
+            Errno::ENOENT
         );
         assert_eq!(
             from_vdi(&VdiError::Cluster(ClientError::Timeout {

@@ -1,0 +1,77 @@
+//! What the cache needs of the cluster, as a trait: VDIs to open ([`Volume`]s), their
+//! attachment locks, and a flush. The cluster's [`Client`] is the real one; tests run the
+//! cache over VDIs in memory (`objstore_client::volume::MemVolume`) and a lock table in
+//! memory, without processes, sockets or root.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use objstore_client::lock::{self, LockError};
+use objstore_client::volume::Volume;
+use objstore_client::{Client, ClientError, Vdi, VdiError};
+
+/// The cluster as the cache sees it.
+pub trait Backend: Send + Sync + 'static {
+    /// An open VDI.
+    type Volume: Volume;
+
+    /// Opens VDI `name` (its inode read afresh).
+    fn open(&self, name: &str) -> impl Future<Output = Result<Self::Volume, VdiError>> + Send;
+
+    /// Takes (or takes again: the same owner may) the attachment lock of VDI `name` for
+    /// `owner`, running on `host`; returns the lock's generation, which changes whenever
+    /// another owner took the lock in between.
+    fn acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        host: &str,
+    ) -> impl Future<Output = Result<u64, LockError>> + Send;
+
+    /// Releases the lock of VDI `name` if `owner` holds it.
+    fn release(
+        &self,
+        name: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), LockError>> + Send;
+
+    /// Called once the cache holds `v`'s lock: `v`'s own writes (pushes, and mode `off`'s
+    /// writes, which invalidate what they overwrite) keep the cache coherent, so they leave
+    /// the lock's generation alone.
+    fn under_lock(&self, v: &Self::Volume);
+
+    /// Makes every write acknowledged so far durable on every replica.
+    fn flush(&self) -> impl Future<Output = Result<(), ClientError>> + Send;
+
+    /// How long an operation may wait for the cluster (making room waits no longer).
+    fn timeout(&self) -> Duration;
+}
+
+impl Backend for Arc<Client> {
+    type Volume = Vdi;
+
+    async fn open(&self, name: &str) -> Result<Vdi, VdiError> {
+        Vdi::open(self.clone(), name).await
+    }
+
+    async fn acquire(&self, name: &str, owner: &str, host: &str) -> Result<u64, LockError> {
+        Ok(lock::acquire(self, name, owner, host).await?.gen)
+    }
+
+    async fn release(&self, name: &str, owner: &str) -> Result<(), LockError> {
+        lock::release(self, name, owner).await
+    }
+
+    fn under_lock(&self, v: &Vdi) {
+        v.set_under_lock();
+    }
+
+    async fn flush(&self) -> Result<(), ClientError> {
+        Client::flush(self).await
+    }
+
+    fn timeout(&self) -> Duration {
+        self.options().timeout
+    }
+}

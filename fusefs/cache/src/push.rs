@@ -1,0 +1,234 @@
+//! Pushes: dirty blocks written to the cluster (one object at a time per object, several
+//! objects at once), the cluster flushed after them, and the background flusher that keeps
+//! dirty data under `max_dirty` and younger than `max_dirty_age`, with backoff after failures.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::object::{self, CachedObject, BLOCK};
+use crate::space::Pinned;
+use crate::stats::Counters;
+use objstore_client::Volume;
+
+use crate::{chain, Backend, Inner, PushError};
+
+/// Pushes in progress, and how the last ones went.
+#[derive(Default)]
+pub(crate) struct Pushes {
+    /// One flush (or flusher round) at a time.
+    pub(crate) push_lock: tokio::sync::Mutex<()>,
+    /// Pushes since the cluster was last flushed.
+    pub(crate) unflushed: AtomicBool,
+    pub(crate) wake_flusher: Notify,
+    pub(crate) push_errors: AtomicU64,
+    pub(crate) last_push_error: Mutex<Option<String>>,
+}
+
+impl<B: Backend> Inner<B> {
+    pub(crate) fn push_failed(&self, why: String) {
+        tracing::warn!("cache push failed: {why} (the data stays dirty and is retried)");
+        self.pushes.push_errors.fetch_add(1, Ordering::Relaxed);
+        *self.pushes.last_push_error.lock().unwrap() = Some(why);
+    }
+
+    /// Pushes one object's dirty blocks to the cluster (not flushed there). Blocks written
+    /// again while the push is in flight stay dirty.
+    pub(crate) async fn push_object(&self, o: &CachedObject) -> Result<u64, PushError> {
+        let vdi = self
+            .attach
+            .attached
+            .lock()
+            .unwrap()
+            .get(&o.key.0)
+            .cloned()
+            .ok_or(PushError::NotAttached { vid: o.key.0 })?;
+        let _one = o.pushing.lock().await;
+        let snapshot = {
+            let mut st = o.state.lock().unwrap();
+            if st.dirty.is_empty() {
+                return Ok(0);
+            }
+            st.rewritten = Some(object::State::empty_like(&st.dirty));
+            st.dirty.clone()
+        };
+        let base = o.key.1 as u64 * o.object_size;
+        let mut pushed = 0u64;
+        let mut result = Ok(());
+        for (s, e) in snapshot.runs() {
+            let off = s as u64 * BLOCK;
+            let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
+            // Pooled: a push of 4 MiB runs would otherwise fault in fresh memory each time.
+            let mut buf = objstore_proto::pagebuf::PageBuf::zeroed(len as usize);
+            if let Err(source) = o.read_data(buf.as_mut(), off) {
+                result = Err(PushError::ReadCache { key: o.key, source });
+                break;
+            }
+            // Never past the end of the VDI (its last object may be partial).
+            let end = (base + off + len).min(vdi.size());
+            if end <= base + off {
+                continue;
+            }
+            buf.truncate((end - base - off) as usize);
+            if let Err(source) = vdi.write_at(base + off, buf.freeze()).await {
+                result = Err(PushError::Write {
+                    name: vdi.name(),
+                    source,
+                });
+                break;
+            }
+            pushed += end - base - off;
+        }
+        let mut st = o.state.lock().unwrap();
+        let rewritten = st.rewritten.take().expect("push in flight");
+        if let Err(e) = result {
+            drop(st);
+            // Its push is over: it may be picked again.
+            self.space.room.tell();
+            return Err(e);
+        }
+        let clean = snapshot.minus(&rewritten);
+        let cleaned = clean.count();
+        st.dirty = st.dirty.minus(&clean);
+        if st.dirty.is_empty() {
+            st.dirty_since = None;
+        }
+        if let Err(e) = o.save(&st) {
+            tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+        }
+        drop(st);
+        self.space
+            .dirty
+            .fetch_sub(o.bytes_of(cleaned), Ordering::SeqCst);
+        if pushed > 0 {
+            self.pushes.unflushed.store(true, Ordering::SeqCst);
+        }
+        Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
+        self.space.room.tell();
+        Ok(pushed)
+    }
+
+    /// Pushes every dirty object of `vid` (or all), then flushes the cluster.
+    pub(crate) async fn flush(
+        &self,
+        vid: Option<u32>,
+        progress: impl Fn(u64, u64),
+    ) -> Result<u64, PushError> {
+        let _one = self.pushes.push_lock.lock().await;
+        let dirty: Vec<Pinned> = self
+            .space
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, o)| {
+                vid.is_none_or(|v| k.0 == v) && !o.state.lock().unwrap().dirty.is_empty()
+            })
+            .map(|(_, o)| self.space.pin(o))
+            .collect();
+        let total: u64 = dirty
+            .iter()
+            .map(|o| o.bytes_of(o.state.lock().unwrap().dirty.count()))
+            .sum();
+        let mut done = 0u64;
+        progress(0, total);
+        use futures::StreamExt;
+        // After a failure no new push starts (the ones under way finish): with the cluster
+        // gone, each would wait out the client's timeout in turn.
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let mut pushes = futures::stream::iter(dirty)
+            .map(|o| {
+                let failed = &failed;
+                async move {
+                    if failed.load(Ordering::SeqCst) {
+                        return Ok(0);
+                    }
+                    self.push_object(&o).await
+                }
+            })
+            .buffer_unordered(4);
+        let mut first_err = None;
+        while let Some(r) = pushes.next().await {
+            match r {
+                Ok(n) => {
+                    done += n;
+                    progress(done.min(total), total);
+                }
+                Err(e) => {
+                    failed.store(true, Ordering::SeqCst);
+                    self.push_failed(chain(&e));
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        drop(pushes);
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // Nothing pushed since the last cluster flush: nothing to make durable.
+        if !self.pushes.unflushed.swap(false, Ordering::SeqCst) {
+            return Ok(done);
+        }
+        self.client.flush().await.map_err(|e| {
+            self.pushes.unflushed.store(true, Ordering::SeqCst);
+            let e = PushError::ClusterFlush(e);
+            self.push_failed(chain(&e));
+            e
+        })?;
+        Ok(done)
+    }
+}
+
+/// The background flusher: keeps dirty bytes under `max_dirty` and pushes data dirty for
+/// longer than `max_dirty_age`, with backoff after failures. Also saves the LRU index.
+pub(crate) async fn flusher<B: Backend>(inner: Arc<Inner<B>>) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        tokio::select! {
+            _ = inner.pushes.wake_flusher.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        inner.save_index();
+        inner.save_unsaved();
+        let now = Instant::now();
+        let over = inner.space.dirty.load(Ordering::SeqCst) > inner.cfg.max_dirty;
+        let mut due: Vec<(Instant, Pinned)> = inner
+            .space
+            .objects
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, o)| {
+                let st = o.state.lock().unwrap();
+                let since = st.dirty_since?;
+                (over || now.duration_since(since) >= inner.cfg.max_dirty_age)
+                    .then(|| (since, inner.space.pin(o)))
+            })
+            .collect();
+        if due.is_empty() {
+            continue;
+        }
+        due.sort_by_key(|(t, _)| *t);
+        let one = inner.pushes.push_lock.lock().await;
+        let mut failed = false;
+        for (_, o) in due {
+            if let Err(e) = inner.push_object(&o).await {
+                inner.push_failed(chain(&e));
+                failed = true;
+                break;
+            }
+            if over && inner.space.dirty.load(Ordering::SeqCst) <= inner.cfg.max_dirty / 2 {
+                break;
+            }
+        }
+        drop(one);
+        if failed {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        } else {
+            backoff = Duration::from_secs(1);
+        }
+    }
+}

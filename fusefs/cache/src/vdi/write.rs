@@ -1,0 +1,338 @@
+//! Writes through the cache: kept dirty (writeback) or passed on and kept clean
+//! (writethrough), or passed on with what they overwrite forgotten (off); discards.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use cache_control::CacheMode;
+use objstore_client::{VdiError, Volume};
+
+use super::{io_err, CachedVdi};
+use crate::object::{CachedObject, State, BLOCK};
+use crate::stats::Counters;
+use crate::{Backend, CacheError};
+
+impl<B: Backend> CachedVdi<B> {
+    /// A writeback write that needs no waiting (one object, no partial block to fetch, room
+    /// without eviction), done on the FUSE thread; false if it must take the slow path.
+    pub fn write_fast(&self, offset: u64, data: &[u8]) -> bool {
+        if !self.gate_open.load(Ordering::Acquire)
+            || self.mode() != CacheMode::Writeback
+            || offset + data.len() as u64 > self.vdi.size()
+        {
+            return false;
+        }
+        let os = self.object_size;
+        let Some((idx, off, n)) = self.one_piece(offset, data.len() as u64) else {
+            return false;
+        };
+        let key = (self.vid(), idx);
+        let obj_end = os.min(self.vdi.size() - idx as u64 * os);
+        let (b0, b1) = CachedObject::block_range(off, n);
+        let existing = (self.inner.space.objects.lock().unwrap())
+            .get(&key)
+            .map(|o| self.inner.space.pin(o));
+        let edges_ok = |st: Option<&State>| {
+            let ok = |b: usize| st.is_some_and(|st| st.valid.get(b));
+            (off % BLOCK == 0 || ok(b0))
+                && ((off + n) % BLOCK == 0 || off + n >= obj_end || ok(b1 - 1))
+        };
+        let new_blocks = match &existing {
+            Some(o) => {
+                let st = o.state.lock().unwrap();
+                if !edges_ok(Some(&st)) {
+                    return false;
+                }
+                (b0..b1).filter(|&b| !st.valid.get(b)).count()
+            }
+            None if edges_ok(None) => b1 - b0,
+            None => return false,
+        };
+        let reserved = new_blocks as u64 * BLOCK;
+        if !self.inner.try_reserve(reserved) {
+            return false;
+        }
+        let Some(o) = existing.or_else(|| self.inner.object_now(key, os, true)) else {
+            self.inner.settle(reserved, 0);
+            return false;
+        };
+        let _writing = o.writing.lock().unwrap();
+        let mut st = o.state.lock().unwrap();
+        if !edges_ok(Some(&st)) {
+            drop(st);
+            self.inner.settle(reserved, 0);
+            return false;
+        }
+        let res = commit(&o, &mut st, off, data, &[], true).and_then(|r| o.save(&st).map(|_| r));
+        drop(st);
+        match res {
+            Ok((added, dirtied)) => {
+                self.inner.settle(reserved, added as u64 * BLOCK);
+                self.inner
+                    .space
+                    .dirty
+                    .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
+                Counters::add(&self.counters.fills, 1);
+                Counters::add(&self.counters.fill_bytes, n);
+                if self.inner.space.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
+                    self.inner.pushes.wake_flusher.notify_one();
+                }
+                true
+            }
+            Err(e) => {
+                // Nothing acknowledged: the slow path retries and reports.
+                tracing::warn!("writing the cache: {e}");
+                self.inner.settle(reserved, 0);
+                false
+            }
+        }
+    }
+
+    /// Writes `data` at `offset` per the VDI's mode.
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
+        self.pass_gate().await;
+        match self.mode() {
+            CacheMode::Off => {
+                self.bypassing(self.vdi.write_at(offset, data.clone()))
+                    .await?;
+                self.invalidate(offset, data.len() as u64);
+                Ok(())
+            }
+            CacheMode::Writethrough => {
+                self.bypassing(self.vdi.write_at(offset, data.clone()))
+                    .await?;
+                self.store(offset, data, false).await
+            }
+            CacheMode::Writeback => {
+                if offset + data.len() as u64 > self.vdi.size() {
+                    return Err(VdiError::OutOfRange {
+                        name: self.vdi.name(),
+                        offset,
+                        len: data.len() as u64,
+                        size: self.vdi.size(),
+                    }
+                    .into());
+                }
+                self.store(offset, data, true).await?;
+                if self.inner.space.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
+                    self.inner.pushes.wake_flusher.notify_one();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Puts written data into the cache; `dirty` for writeback. Partial blocks not yet cached
+    /// are read from the cluster first (writeback) or left uncached (writethrough).
+    async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), CacheError> {
+        let os = self.object_size;
+        for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
+            let key = (self.vid(), idx);
+            let base = idx as u64 * os;
+            let piece = &data[at..at + n as usize];
+            let (b0, b1) = CachedObject::block_range(off, n);
+            let new_blocks = {
+                let o = self.inner.object(key, os, false).await;
+                o.map(|o| {
+                    let st = o.state.lock().unwrap();
+                    (b0..b1).filter(|&b| !st.valid.get(b)).count()
+                })
+                .unwrap_or(b1 - b0)
+            };
+            let reserved = new_blocks as u64 * BLOCK;
+            let room = self.inner.reserve(reserved).await;
+            let o = if room {
+                self.inner.object(key, os, true).await
+            } else {
+                None
+            };
+            let Some(o) = o else {
+                if room {
+                    self.inner.settle(reserved, 0);
+                }
+                if dirty {
+                    // No room (the cluster is not taking dirty data, or the cache disk failed):
+                    // write through instead, which fails with the cluster's error if it is
+                    // down, and bring blocks cached earlier up to date.
+                    self.bypassing(self.vdi.write_at(base + off, Bytes::copy_from_slice(piece)))
+                        .await?;
+                    self.update_cached(idx, off, piece);
+                }
+                continue;
+            };
+            // Edge blocks only partly written need their other bytes (fetched before taking
+            // the object's lock, written under it).
+            let obj_end = os.min(self.vdi.size().saturating_sub(base));
+            let mut edges = Vec::new();
+            if off % BLOCK != 0 {
+                edges.push(b0);
+            }
+            if (off + n) % BLOCK != 0 && (off + n) < obj_end && !edges.contains(&(b1 - 1)) {
+                edges.push(b1 - 1);
+            }
+            let mut old_blocks = Vec::new();
+            for &b in &edges {
+                if dirty && !o.state.lock().unwrap().valid.get(b) {
+                    let bs = b as u64 * BLOCK;
+                    let be = (bs + BLOCK).min(obj_end);
+                    old_blocks.push((b, self.vdi.read_at(base + bs, be - bs).await?));
+                }
+            }
+            // Data and bits change together under the object's locks, so a concurrent fill
+            // can never put older bytes over this write.
+            let _writing = o.writing.lock().unwrap();
+            let mut st = o.state.lock().unwrap();
+            let mut skip = Vec::new();
+            for &b in &edges {
+                if st.valid.get(b) {
+                    continue;
+                }
+                match old_blocks.iter().find(|(ob, _)| *ob == b) {
+                    Some((_, old)) => o
+                        .write_data(old, b as u64 * BLOCK)
+                        .map_err(io_err("writing the cache", key))?,
+                    None => skip.push(b), // writethrough: leave partial blocks uncached
+                }
+            }
+            let (added, dirtied) = commit(&o, &mut st, off, piece, &skip, dirty)
+                .map_err(io_err("writing the cache", key))?;
+            let saved = o.save(&st);
+            drop(st);
+            self.inner.settle(reserved, added as u64 * BLOCK);
+            saved.map_err(io_err("writing cache metadata", key))?;
+            self.inner
+                .space
+                .dirty
+                .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
+            Counters::add(&self.counters.fills, 1);
+            Counters::add(&self.counters.fill_bytes, n);
+        }
+        Ok(())
+    }
+
+    /// Forgets cached blocks of a range (they are no longer what the cluster holds).
+    fn invalidate(&self, offset: u64, len: u64) {
+        for (idx, off, n, _) in self.pieces(offset, len) {
+            let Some(o) = self.peek(idx) else { continue };
+            let (b0, b1) = CachedObject::block_range(off, n);
+            // After any fill in progress, which may have started before the change.
+            let _writing = o.writing.lock().unwrap();
+            let mut st = o.state.lock().unwrap();
+            let before = (st.valid.count(), st.dirty.count());
+            st.valid.set_range(b0, b1, false);
+            st.dirty.set_range(b0, b1, false);
+            let _ = o.save(&st);
+            let after = (st.valid.count(), st.dirty.count());
+            drop(st);
+            self.inner
+                .space
+                .used
+                .fetch_sub((before.0 - after.0) as u64 * BLOCK, Ordering::SeqCst);
+            self.inner
+                .space
+                .dirty
+                .fetch_sub((before.1 - after.1) as u64 * BLOCK, Ordering::SeqCst);
+        }
+    }
+
+    /// Discard: the range reads as zeros afterwards, here and in the cluster. Whole cached
+    /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
+    /// part and keep their other bytes (and dirty state).
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
+        self.pass_gate().await;
+        let end = offset + len;
+        let first_whole = offset.next_multiple_of(BLOCK);
+        let last_whole = end / BLOCK * BLOCK;
+        if first_whole < last_whole {
+            self.invalidate(first_whole, last_whole - first_whole);
+        }
+        let os = self.object_size;
+        let edges = [
+            (offset, first_whole.min(end)),
+            (last_whole.max(offset), end),
+        ];
+        for (s, e) in edges {
+            if s >= e {
+                continue;
+            }
+            let (idx, off) = ((s / os) as u32, s % os);
+            if let Some(o) = self.peek(idx) {
+                let _writing = o.writing.lock().unwrap();
+                let st = o.state.lock().unwrap();
+                if st.valid.get((off / BLOCK) as usize) {
+                    o.write_data(&vec![0u8; (e - s) as usize], off)
+                        .map_err(io_err("writing the cache", o.key))?;
+                }
+            }
+        }
+        Ok(self.bypassing(self.vdi.discard(offset, len)).await?)
+    }
+
+    /// Puts `data` (just written to the cluster at `off` of object `idx`) into the blocks of
+    /// it that are cached; blocks not cached stay so.
+    fn update_cached(&self, idx: u32, off: u64, data: &[u8]) {
+        let Some(o) = self.peek(idx) else { return };
+        let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
+        let _writing = o.writing.lock().unwrap();
+        let st = o.state.lock().unwrap();
+        for b in b0..b1 {
+            if !st.valid.get(b) {
+                continue;
+            }
+            let s = (b as u64 * BLOCK).max(off);
+            let e = ((b as u64 + 1) * BLOCK).min(off + data.len() as u64);
+            let slice = &data[(s - off) as usize..(e - off) as usize];
+            if let Err(err) = o.write_data(slice, s) {
+                tracing::warn!("updating the cache after a write-through: {err}");
+            }
+        }
+    }
+}
+
+/// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and
+/// dirty when `dirty`; the caller holds the object's state lock (`st`) and saves it after.
+/// Returns (blocks made valid, blocks made dirty).
+fn commit(
+    o: &CachedObject,
+    st: &mut State,
+    off: u64,
+    piece: &[u8],
+    skip: &[usize],
+    dirty: bool,
+) -> std::io::Result<(usize, usize)> {
+    let n = piece.len() as u64;
+    let (b0, b1) = CachedObject::block_range(off, n);
+    let s0 = if skip.contains(&b0) {
+        ((b0 as u64 + 1) * BLOCK).min(off + n)
+    } else {
+        off
+    };
+    let e0 = if skip.contains(&(b1 - 1)) {
+        ((b1 as u64 - 1) * BLOCK).max(s0)
+    } else {
+        off + n
+    };
+    if s0 < e0 {
+        o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0)?;
+    }
+    let (mut added, mut dirtied) = (0, 0);
+    for b in (b0..b1).filter(|b| !skip.contains(b)) {
+        if !st.valid.get(b) {
+            st.valid.set_range(b, b + 1, true);
+            added += 1;
+        }
+        if dirty {
+            if !st.dirty.get(b) {
+                st.dirty.set_range(b, b + 1, true);
+                dirtied += 1;
+            }
+            if let Some(r) = st.rewritten.as_mut() {
+                r.set_range(b, b + 1, true);
+            }
+        }
+    }
+    if dirty && st.dirty_since.is_none() {
+        st.dirty_since = Some(std::time::Instant::now());
+    }
+    Ok((added, dirtied))
+}

@@ -1,0 +1,292 @@
+//! The cache in process, over VDIs in memory ([`MemVolume`]) and a lock table in memory:
+//! fills, eviction under a small size, dirty tracking, flush, and a crash (the cache dropped
+//! without unmounting) followed by a restart on the same directory.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cache_control::{CacheMode, CacheStats};
+use objcache::{Backend, Cache, CacheConfig, Missed};
+use objstore_client::lock::LockError;
+use objstore_client::{ClientError, MemVolume, VdiError, Volume};
+
+/// One VDI in memory, shared by every open of it.
+struct Vol(Arc<MemVolume>);
+
+impl Volume for Vol {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn vid(&self) -> u32 {
+        self.0.vid()
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn object_size(&self) -> u32 {
+        self.0.object_size()
+    }
+    fn is_allocated(&self, index: u64) -> bool {
+        self.0.is_allocated(index)
+    }
+    async fn read_at(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
+        self.0.read_at(offset, len).await
+    }
+    async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        self.0.write_at(offset, data).await
+    }
+    async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.0.discard(offset, len).await
+    }
+    async fn flush(&self) -> Result<(), VdiError> {
+        self.0.flush().await
+    }
+    async fn refresh(&self) -> Result<(), VdiError> {
+        self.0.refresh().await
+    }
+}
+
+/// A cluster in memory: VDIs by name, and their locks (owner, generation).
+#[derive(Default)]
+struct Mem {
+    vols: Mutex<HashMap<String, Arc<MemVolume>>>,
+    locks: Mutex<HashMap<String, (Option<String>, u64)>>,
+    flushes: AtomicU64,
+}
+
+#[derive(Clone, Default)]
+struct MemCluster(Arc<Mem>);
+
+impl MemCluster {
+    fn add(&self, name: &str, vid: u32, size: u64, object_size: u32) -> Arc<MemVolume> {
+        let v = Arc::new(MemVolume::new(name, vid, size, object_size));
+        self.0.vols.lock().unwrap().insert(name.into(), v.clone());
+        v
+    }
+}
+
+impl Backend for MemCluster {
+    type Volume = Vol;
+
+    async fn open(&self, name: &str) -> Result<Vol, VdiError> {
+        let vols = self.0.vols.lock().unwrap();
+        let v = vols.get(name).ok_or(VdiError::NotFound(name.into()))?;
+        Ok(Vol(v.clone()))
+    }
+
+    async fn acquire(&self, name: &str, owner: &str, _host: &str) -> Result<u64, LockError> {
+        let mut locks = self.0.locks.lock().unwrap();
+        let (held, gen) = locks.entry(name.into()).or_insert((None, 0));
+        match held {
+            Some(o) if o == owner => {}
+            Some(o) => panic!("'{name}' is held by {o}: the tests attach from one cache"),
+            None => {
+                *held = Some(owner.into());
+                *gen += 1;
+            }
+        }
+        Ok(*gen)
+    }
+
+    async fn release(&self, name: &str, owner: &str) -> Result<(), LockError> {
+        if let Some((held, _)) = self.0.locks.lock().unwrap().get_mut(name) {
+            if held.as_deref() == Some(owner) {
+                *held = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn under_lock(&self, _v: &Vol) {}
+
+    async fn flush(&self) -> Result<(), ClientError> {
+        self.0.flushes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(5)
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+fn config(dir: &Path, size: u64) -> CacheConfig {
+    CacheConfig {
+        dir: dir.to_path_buf(),
+        size,
+        mode: CacheMode::Writeback,
+        max_dirty: size,
+        max_dirty_age: Duration::from_secs(3600),
+        sequential_cutoff: 0,
+    }
+}
+
+/// Bytes that change from one offset to the next, different for each `seed`.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (((seed + i) * 2654435761) >> 13) as u8)
+        .collect()
+}
+
+/// Polls `done` until it holds (or panics after 10 s): for work the cache does in the
+/// background.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn vdi_stats(st: &CacheStats, name: &str) -> (u64, u64) {
+    st.vdis
+        .iter()
+        .find(|v| v.name == name)
+        .map(|v| (v.used, v.dirty))
+        .unwrap_or((0, 0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_is_filled_and_then_served_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("a", 1, 8 * MIB, 4 << 20);
+    let data = pattern(0, 8 * MIB as usize);
+    vol.write_at(0, Bytes::from(data.clone())).await.unwrap();
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    cache.start(&tokio::runtime::Handle::current()).unwrap();
+    let v = cache.open_vdi("a", true).await.unwrap().expect("cached");
+
+    let got = v.read_missed(4096, 65536, Missed::default()).await.unwrap();
+    assert_eq!(&got[..], &data[4096..4096 + 65536]);
+    let reads = vol.stats().reads;
+    wait_for("the fill", || cache.stats().total.fills >= 1);
+    // Served from the cache: on the caller's thread when the blocks are in the page cache
+    // (`read_hit`), else by the async path, which reads the cache's file.
+    let hit = match v.read_hit(4096, 65536) {
+        Ok(hit) => Bytes::from(hit),
+        Err(missed) => v.read_missed(4096, 65536, missed).await.unwrap(),
+    };
+    assert_eq!(&hit[..], &data[4096..4096 + 65536]);
+    assert_eq!(vol.stats().reads, reads, "a hit reaches no cluster");
+    let st = cache.stats();
+    assert_eq!((st.total.misses, st.total.hits), (1, 1));
+    assert_eq!(st.dirty, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_stay_dirty_until_a_flush_pushes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("d", 2, 16 * MIB, 4 << 20);
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    let v = cache.open_vdi("d", true).await.unwrap().expect("cached");
+
+    let one = pattern(1, 4096);
+    let two = pattern(2, 8192);
+    v.write(0, Bytes::from(one.clone())).await.unwrap();
+    v.write(5 * MIB + 8192, Bytes::from(two.clone()))
+        .await
+        .unwrap();
+    let st = cache.stats();
+    assert_eq!((st.dirty, vdi_stats(&st, "d")), (12288, (12288, 12288)));
+    assert_eq!(
+        vol.stats().writes,
+        0,
+        "writeback: nothing reached the cluster"
+    );
+
+    let pushed = cache.flush(None, |_, _| {}).await.unwrap();
+    assert_eq!(pushed, 12288);
+    assert_eq!(cache.stats().dirty, 0);
+    assert_eq!(cluster.0.flushes.load(Ordering::SeqCst), 1);
+    let all = vol.contents();
+    assert_eq!(&all[..4096], &one[..]);
+    assert_eq!(
+        &all[5 * MIB as usize + 8192..5 * MIB as usize + 16384],
+        &two[..]
+    );
+    assert!(all[4096..5 * MIB as usize + 8192].iter().all(|&b| b == 0));
+    // Nothing left to push: no second cluster flush either.
+    assert_eq!(cache.flush(None, |_, _| {}).await.unwrap(), 0);
+    assert_eq!(cluster.0.flushes.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_cache_pushes_and_evicts_to_take_more_writes_than_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("big", 3, 32 * MIB, 1 << 20);
+    let size = 8 * MIB;
+    let cache = Cache::open(config(dir.path(), size), cluster.clone()).unwrap();
+    let v = cache.open_vdi("big", true).await.unwrap().expect("cached");
+
+    let data = pattern(3, 32 * MIB as usize);
+    for (i, chunk) in data.chunks(MIB as usize).enumerate() {
+        v.write(i as u64 * MIB, Bytes::copy_from_slice(chunk))
+            .await
+            .unwrap();
+        assert!(cache.stats().used <= size, "over the bound after write {i}");
+    }
+    let st = cache.stats();
+    assert!(
+        st.total.evictions >= 24,
+        "evictions: {}",
+        st.total.evictions
+    );
+    assert!(st.total.pushed_bytes >= 24 * MIB);
+    cache.flush(None, |_, _| {}).await.unwrap();
+    assert!(vol.contents() == data, "every write reached the cluster");
+    // What is still cached reads back right.
+    let got = v
+        .read_missed(31 * MIB, MIB, Missed::default())
+        .await
+        .unwrap();
+    assert_eq!(&got[..], &data[31 * MIB as usize..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_the_next_mount_finds_the_same_dirty_blocks_and_pushes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("c", 4, 16 * MIB, 4 << 20);
+    let one = pattern(4, 4096);
+    let two = pattern(5, 8192);
+    let before = {
+        let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+        let v = cache.open_vdi("c", true).await.unwrap().expect("cached");
+        v.write(MIB, Bytes::from(one.clone())).await.unwrap();
+        v.write(9 * MIB + 4096, Bytes::from(two.clone()))
+            .await
+            .unwrap();
+        let st = cache.stats();
+        assert_eq!(st.dirty, 12288);
+        st
+        // Dropped without shutdown: as after a kill -9 (same boot, not marked clean).
+    };
+    assert_eq!(vol.stats().writes, 0);
+
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    let after = cache.stats();
+    assert_eq!(after.dirty, before.dirty, "the same dirty bytes");
+    assert_eq!(vdi_stats(&after, "c"), vdi_stats(&before, "c"));
+    // Starting pushes what the last mount left.
+    cache.start(&tokio::runtime::Handle::current()).unwrap();
+    wait_for("the push of what the last mount left", || {
+        cache.stats().dirty == 0 && cluster.0.flushes.load(Ordering::SeqCst) > 0
+    });
+    let all = vol.contents();
+    assert_eq!(&all[MIB as usize..MIB as usize + 4096], &one[..]);
+    let at = 9 * MIB as usize + 4096;
+    assert_eq!(&all[at..at + 8192], &two[..]);
+    assert_eq!(
+        vol.stats().write_bytes,
+        12288,
+        "only the dirty blocks were pushed"
+    );
+}

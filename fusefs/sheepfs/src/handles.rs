@@ -1,0 +1,459 @@
+//! Open VDIs: the one handle per open VDI that every request takes, straight to the cluster
+//! (plain) or through the cache; opening, sharing and releasing it; taking a plain one over
+//! into the cache when `cachectl mode` gives its VDI a caching mode; errors logged once and
+//! turned into errno.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo};
+use objstore_client::vdi::VdiInfo;
+use objstore_client::{lock::LockError, Client, Vdi, VdiError};
+
+use objcache::{chain, Cache, CacheError, CachedVdi};
+
+use crate::errno;
+
+/// An open VDI: straight to the cluster (with its requests in flight, counted), or through
+/// the cache.
+#[derive(Clone)]
+pub(crate) enum Disk {
+    Plain(Arc<Vdi>, Arc<InFlight>),
+    Cached(Arc<CachedVdi>),
+}
+
+/// Requests in flight on a plain handle, each holding a [`HandlePin`]: taking the handle
+/// over into the cache waits for them ([`InFlight::drained`]).
+#[derive(Default)]
+pub(crate) struct InFlight {
+    pins: AtomicUsize,
+    /// Signalled when the last pin goes.
+    idle: tokio::sync::Notify,
+}
+
+/// One request's hold on a plain handle (see [`InFlight`]).
+pub(crate) struct HandlePin(Arc<InFlight>);
+
+impl InFlight {
+    fn pin(self: &Arc<Self>) -> HandlePin {
+        self.pins.fetch_add(1, Ordering::SeqCst);
+        HandlePin(self.clone())
+    }
+
+    /// Returns once no request holds a pin. New pins are no longer handed out by then:
+    /// the handle was replaced under the open table's lock, which pins are taken under.
+    async fn drained(&self) {
+        loop {
+            // Registered before the check: a pin dropped after it still wakes this.
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.pins.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+impl Drop for HandlePin {
+    fn drop(&mut self) {
+        if self.0.pins.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// A request's handle: the disk, pinned if it is a plain one.
+pub(crate) struct InUse {
+    disk: Disk,
+    _pin: Option<HandlePin>,
+}
+
+impl InUse {
+    /// Pins `disk` for one request; taken under the open table's lock.
+    fn of(disk: &Disk) -> InUse {
+        let pin = match disk {
+            Disk::Plain(_, inflight) => Some(inflight.pin()),
+            Disk::Cached(_) => None,
+        };
+        InUse {
+            disk: disk.clone(),
+            _pin: pin,
+        }
+    }
+}
+
+impl std::ops::Deref for InUse {
+    type Target = Disk;
+    fn deref(&self) -> &Disk {
+        &self.disk
+    }
+}
+
+impl Disk {
+    pub(crate) fn vdi(&self) -> &Arc<Vdi> {
+        match self {
+            Disk::Plain(v, _) => v,
+            Disk::Cached(c) => c.vdi(),
+        }
+    }
+
+    pub(crate) async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
+        match self {
+            Disk::Plain(v, _) => Ok(v.write_at(offset, data).await?),
+            Disk::Cached(c) => c.write(offset, data).await,
+        }
+    }
+
+    pub(crate) async fn flush(&self) -> Result<(), CacheError> {
+        match self {
+            Disk::Plain(v, _) => Ok(v.flush().await?),
+            Disk::Cached(c) => c.flush().await,
+        }
+    }
+
+    pub(crate) async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
+        match self {
+            Disk::Plain(v, _) => Ok(v.discard(offset, len).await?),
+            Disk::Cached(c) => c.discard(offset, len).await,
+        }
+    }
+}
+
+/// The errno for a request that failed through the cache (or a plain handle's, as a
+/// [`CacheError::Vdi`]), logged once with its causes.
+pub(crate) fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
+    let errno = errno::from_cache(e);
+    let held = matches!(
+        e,
+        CacheError::Lock(LockError::Held { .. }) | CacheError::Conflict { .. }
+    );
+    if held {
+        tracing::error!("{op} {what}: {}", chain(e));
+    } else if errno == Errno::ENOENT {
+        tracing::debug!("{op} {what}: {}", chain(e));
+    } else {
+        tracing::warn!("{op} {what}: {}", chain(e));
+    }
+    errno
+}
+
+pub(crate) fn ino_of(vid: u32) -> u64 {
+    vid as u64 + 1
+}
+
+pub(crate) struct OpenVdi {
+    pub(crate) disk: Disk,
+    pub(crate) handles: usize,
+    /// Handles open read-write.
+    pub(crate) writers: usize,
+}
+
+impl OpenVdi {
+    /// Makes `cached` the handle every request takes if the VDI has a plain one. Returns the
+    /// plain handle's requests in flight when a read-write file of it is open, so writes of
+    /// it may be in flight: `cached` then lets requests in only at [`hand_over`].
+    pub(crate) fn upgrade(&mut self, cached: &Arc<CachedVdi>) -> Option<Arc<InFlight>> {
+        let Disk::Plain(_, inflight) = &self.disk else {
+            return None;
+        };
+        let plain = (self.writers > 0).then(|| inflight.clone());
+        if plain.is_some() {
+            cached.close_gate();
+        }
+        self.disk = Disk::Cached(cached.clone());
+        plain
+    }
+}
+
+/// State shared by the FUSE threads, the tasks answering them and the control socket.
+pub(crate) struct Shared {
+    pub(crate) client: Arc<Client>,
+    pub(crate) cache: Option<Cache>,
+    /// ino → VDI name, learnt from lookup, readdir and create.
+    pub(crate) names: Mutex<HashMap<u64, String>>,
+    pub(crate) open: Mutex<HashMap<u64, OpenVdi>>,
+    /// Signalled whenever a VDI's last handle is released (an `rm` waits for it).
+    pub(crate) closed: tokio::sync::Notify,
+    pub(crate) next_fh: AtomicU64,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) mounted_at: SystemTime,
+}
+
+fn secs(t: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(t)
+}
+
+impl Shared {
+    pub(crate) fn file_attr(&self, info: &VdiInfo) -> FileAttr {
+        let t = secs(info.created);
+        FileAttr {
+            ino: INodeNo(ino_of(info.vid)),
+            size: info.size,
+            blocks: info.used.min(info.size.next_multiple_of(512)) / 512,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: FileType::RegularFile,
+            perm: 0o644,
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    pub(crate) fn dir_attr(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo::ROOT,
+            size: 0,
+            blocks: 0,
+            atime: self.mounted_at,
+            mtime: self.mounted_at,
+            ctime: self.mounted_at,
+            crtime: self.mounted_at,
+            kind: FileType::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    pub(crate) fn name_of(&self, ino: u64) -> Result<String, Errno> {
+        self.names
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .cloned()
+            .ok_or(Errno::ENOENT)
+    }
+
+    /// The handle of open VDI `ino`, pinned for one request.
+    pub(crate) fn opened(&self, ino: u64) -> Option<InUse> {
+        self.open
+            .lock()
+            .unwrap()
+            .get(&ino)
+            .map(|o| InUse::of(&o.disk))
+    }
+
+    pub(crate) fn is_open(&self, name: &str) -> bool {
+        self.open
+            .lock()
+            .unwrap()
+            .values()
+            .any(|o| o.disk.vdi().header().name == name)
+    }
+
+    /// The VDI's attributes, from the open handle if there is one.
+    pub(crate) async fn stat(&self, name: &str) -> Result<VdiInfo, VdiError> {
+        let open = self
+            .open
+            .lock()
+            .unwrap()
+            .values()
+            .find(|o| o.disk.vdi().header().name == name)
+            .map(|o| o.disk.vdi().clone());
+        let info = match open {
+            Some(v) => v.info(),
+            None => Vdi::open(self.client.clone(), name).await?.info(),
+        };
+        self.names
+            .lock()
+            .unwrap()
+            .insert(ino_of(info.vid), name.to_string());
+        Ok(info)
+    }
+
+    /// A new handle on `name`: through the cache when there is one (a read-write open attaches
+    /// the VDI), else straight to the cluster.
+    pub(crate) async fn make_disk(&self, name: &str, rw: bool) -> Result<Disk, Errno> {
+        if let Some(cache) = &self.cache {
+            match cache.open_vdi(name, rw).await {
+                Ok(Some(c)) => return Ok(Disk::Cached(Arc::new(c))),
+                Ok(None) => {}
+                Err(e) => return Err(cache_fail("open", name, &e)),
+            }
+        }
+        match Vdi::open(self.client.clone(), name).await {
+            Ok(v) => Ok(Disk::Plain(Arc::new(v), Arc::default())),
+            Err(e) => Err(fail("open", name, &e)),
+        }
+    }
+
+    /// Opens (or shares) the handle of `name`; returns its inode number. Every open reads the
+    /// inode afresh, so it sees what other clients allocated or resized before it.
+    pub(crate) async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, InUse), Errno> {
+        let fresh = self.make_disk(name, rw).await?;
+        let ino = ino_of(fresh.vdi().header().vid);
+        let mut replaced = None;
+        let shared = {
+            let mut open = self.open.lock().unwrap();
+            let entry = open.entry(ino).or_insert(OpenVdi {
+                disk: fresh.clone(),
+                handles: 0,
+                writers: 0,
+            });
+            // A read-write open upgrades a shared plain handle to the cached one.
+            if let Disk::Cached(cached) = &fresh {
+                replaced = entry.upgrade(cached);
+            }
+            entry.handles += 1;
+            entry.writers += rw as usize;
+            InUse::of(&entry.disk)
+        };
+        if let (Some(plain), Disk::Cached(cached)) = (replaced, &fresh) {
+            hand_over(plain, cached, name).await;
+        }
+        if !Arc::ptr_eq(shared.vdi(), fresh.vdi()) {
+            if let Err(e) = shared.vdi().refresh().await {
+                self.release(ino, rw);
+                return Err(fail("open", name, &e));
+            }
+        }
+        self.names.lock().unwrap().insert(ino, name.to_string());
+        Ok((ino, shared))
+    }
+
+    pub(crate) fn release(&self, ino: u64, rw: bool) {
+        let mut open = self.open.lock().unwrap();
+        if let Some(o) = open.get_mut(&ino) {
+            o.handles -= 1;
+            o.writers = o.writers.saturating_sub(rw as usize);
+            if o.handles == 0 {
+                open.remove(&ino);
+                self.closed.notify_waiters();
+            }
+        }
+    }
+
+    /// Waits until no handle of `name` is open on this mount; false if one still is at
+    /// `deadline`.
+    pub(crate) async fn closed_by(&self, name: &str, deadline: tokio::time::Instant) -> bool {
+        loop {
+            // Registered before the check: a release right after it still wakes this.
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if !self.is_open(name) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
+                return !self.is_open(name);
+            }
+        }
+    }
+
+    /// After `cachectl mode` gave VDI `vid` a caching mode: if it is open read-write here
+    /// through plain handles (it was in mode `off`, unattached, when opened), attaches it and
+    /// makes the cached handle the one every request takes. The cached handle lets requests
+    /// in only once every request of the plain handle is done and the VDI's allocation is
+    /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
+    /// if there was nothing to take over.
+    pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, CacheError> {
+        let ino = ino_of(vid);
+        let name = match self.open.lock().unwrap().get(&ino) {
+            Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(..)) => {
+                o.disk.vdi().header().name
+            }
+            _ => return Ok(false),
+        };
+        let Some(cache) = &self.cache else {
+            return Ok(false);
+        };
+        let cached = Arc::new(cache.take_over(vid, &name).await?);
+        let plain = match self.open.lock().unwrap().get_mut(&ino) {
+            Some(o) => o.upgrade(&cached),
+            None => None,
+        };
+        match plain {
+            Some(plain) => hand_over(plain, &cached, &name).await,
+            // Closed meanwhile (the VDI stays attached, as after any read-write open), a
+            // read-write open took it through the cache first, or no writer is left.
+            None => cached.open_gate(),
+        }
+        Ok(true)
+    }
+
+    pub(crate) fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+
+    pub(crate) fn new_fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// Lets `cached` (gated, see `CachedVdi::gated`) take requests once every request of the
+/// plain handle it replaces is done (`plain`: their pins) and the VDI's inode is read
+/// afresh, so that a read of an object the plain handle allocated is not taken for a hole.
+pub(crate) async fn hand_over(plain: Arc<InFlight>, cached: &CachedVdi, name: &str) {
+    while tokio::time::timeout(Duration::from_secs(10), plain.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "taking '{name}' into the cache: still waiting for requests sent straight to the cluster"
+        );
+    }
+    let mut attempt = 0u32;
+    while let Err(e) = cached.vdi().refresh().await {
+        attempt += 1;
+        tracing::warn!(
+            "taking '{name}' into the cache: reading its inode (attempt {attempt}): {e}"
+        );
+        tokio::time::sleep(Duration::from_secs(u64::from(attempt.min(5)))).await;
+    }
+    cached.open_gate();
+    tracing::info!(
+        "VDI '{name}' is now read and written through the cache (its open file was taken over)"
+    );
+}
+
+/// Logs a failed operation once, with its cause, and returns the errno for the caller.
+pub(crate) fn fail(op: &str, what: &str, e: &VdiError) -> Errno {
+    let errno = errno::from_vdi(e);
+    if errno == Errno::ENOENT {
+        tracing::debug!("{op} {what}: {e}");
+    } else {
+        tracing::warn!("{op} {what}: {e}");
+    }
+    errno
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn drained_waits_for_the_last_pin() {
+        let inflight = Arc::new(InFlight::default());
+        inflight.drained().await; // none: at once
+        let a = inflight.pin();
+        let b = inflight.pin();
+        let waiter = tokio::spawn({
+            let inflight = inflight.clone();
+            async move { inflight.drained().await }
+        });
+        drop(a);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one pin is left");
+        drop(b);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken by the last pin")
+            .unwrap();
+    }
+}

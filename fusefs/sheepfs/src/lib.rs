@@ -1,0 +1,25 @@
+//! `sheepfs`: the cluster's VDIs as plain files at a FUSE mount point, through the local
+//! object cache (crate `objcache`) when there is one.
+//!
+//! ```text
+//!  kernel FUSE ── fuser session threads (clone_fd) ── SheepFs::<op>() returns at once
+//!                                                       │ reply moved into a tokio task
+//!                                                       ▼
+//!              objcache::CachedVdi ─or─ objstore_client::Vdi (cached inode) ── Client ── sheep × N
+//!                      ▲
+//!  cachectl ── DIR/control.sock (socket: calls the cache, and the fs to take a file over)
+//! ```
+//! - [`fs`]: the `fuser::Filesystem` implementation.
+//! - `handles`: the open VDIs' handles (plain or cached), and taking one over into the cache.
+//! - [`socket`]: the cache's control socket server; the protocol is the `cache_control`
+//!   crate (`fusefs/control`), shared with `cachectl`.
+//! - [`errno`]: the one mapping from library errors to errno values.
+//! - [`mount`]: mount options and the checks made before mounting.
+
+pub mod errno;
+pub mod fs;
+mod handles;
+pub mod mount;
+pub mod socket;
+
+pub use fs::SheepFs;
