@@ -7,9 +7,11 @@ use bytes::Bytes;
 use clap::Subcommand;
 use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use objstore_client::client::ClusterView;
 use objstore_client::lock::{self, LockInfo};
 use objstore_client::vdi::{self, VdiInfo, PARALLEL};
-use objstore_client::Vdi;
+use objstore_client::{Client, Vdi};
+use objstore_proto::oid::ObjectId;
 use objstore_proto::size::format_size;
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -60,6 +62,9 @@ pub enum VdiCmd {
     },
     /// Show which nodes hold object INDEX of a VDI.
     Object { name: String, index: u64 },
+    /// Show which nodes hold each object of a VDI: its inode, then every allocated data object
+    /// (for checking that replicas agree; `index` is null for the inode).
+    Objects { name: String },
     /// Attachment locks: who has a VDI attached read-write.
     #[command(subcommand)]
     Lock(LockCmd),
@@ -220,7 +225,8 @@ struct Holder {
 #[derive(Serialize)]
 struct ObjectOut {
     vdi: String,
-    index: u64,
+    /// None for the inode object.
+    index: Option<u64>,
     oid: Option<String>,
     placement: Vec<std::net::SocketAddr>,
     holders: Vec<Holder>,
@@ -304,57 +310,92 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
             let v = Vdi::open(client.clone(), &name).await?;
             let view = client.refresh().await?;
             let oid = v.object(index);
-            let mut out = ObjectOut {
-                vdi: name.clone(),
-                index,
-                oid: oid.map(|o| o.to_string()),
-                placement: Vec::new(),
-                holders: Vec::new(),
-            };
-            if let Some(oid) = oid {
-                out.placement = view.replicas(oid)?;
-                let stats = futures::future::join_all(
-                    view.info
-                        .view
-                        .nodes
-                        .iter()
-                        .map(|n| client.stat_obj(n.addr, oid)),
-                )
-                .await;
-                for (n, s) in view.info.view.nodes.iter().zip(stats) {
-                    if let Some(stamp) = s? {
-                        out.holders.push(Holder {
-                            addr: n.addr,
-                            stamp,
-                        });
-                    }
-                }
-            } else if index >= v.size().div_ceil(v.object_size() as u64) {
+            if oid.is_none() && index >= v.size().div_ceil(v.object_size() as u64) {
                 bail!("index {index} is past the end of VDI '{name}'");
             }
-            ctx.print(&out, || match &out.oid {
-                None => format!("index {index} of VDI '{name}' is a hole: no object\n"),
-                Some(oid) => {
-                    let mut s = format!("object {oid} (index {index} of VDI '{name}')\n");
-                    for h in &out.holders {
-                        let placed = if out.placement.contains(&h.addr) {
-                            ""
-                        } else {
-                            " (not an owner: will be dropped after recovery)"
-                        };
-                        s += &format!("  {}  stamp {}{placed}\n", h.addr, h.stamp);
-                    }
-                    for p in &out.placement {
-                        if !out.holders.iter().any(|h| h.addr == *p) {
-                            s += &format!("  {p}  missing (to be recovered)\n");
-                        }
-                    }
-                    s
-                }
-            });
+            let out = object_out(client, &view, &name, Some(index), oid).await?;
+            ctx.print(&out, || object_text(&out));
+        }
+        VdiCmd::Objects { name } => {
+            let v = Vdi::open(client.clone(), &name).await?;
+            let view = client.refresh().await?;
+            let mut wanted = vec![(None, Some(ObjectId::inode(v.info().vid)))];
+            let indexes = v.size().div_ceil(v.object_size() as u64);
+            wanted.extend((0..indexes).filter_map(|i| v.object(i).map(|o| (Some(i), Some(o)))));
+            let outs: Vec<anyhow::Result<ObjectOut>> = futures::stream::iter(wanted)
+                .map(|(index, oid)| {
+                    let (view, name) = (&view, &name);
+                    async move { object_out(client, view, name, index, oid).await }
+                })
+                .buffered(PARALLEL)
+                .collect()
+                .await;
+            let outs = outs.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+            ctx.print(&outs, || outs.iter().map(object_text).collect());
         }
     }
     Ok(())
+}
+
+/// Where object `oid` (index `index` of VDI `name`, None for its inode) should be and where it
+/// is: every node of the view is asked for its stamp.
+async fn object_out(
+    client: &Client,
+    view: &ClusterView,
+    name: &str,
+    index: Option<u64>,
+    oid: Option<ObjectId>,
+) -> anyhow::Result<ObjectOut> {
+    let mut out = ObjectOut {
+        vdi: name.to_string(),
+        index,
+        oid: oid.map(|o| o.to_string()),
+        placement: Vec::new(),
+        holders: Vec::new(),
+    };
+    let Some(oid) = oid else {
+        return Ok(out);
+    };
+    out.placement = view.replicas(oid)?;
+    let nodes = &view.info.view.nodes;
+    let stats = futures::future::join_all(nodes.iter().map(|n| client.stat_obj(n.addr, oid))).await;
+    for (n, s) in nodes.iter().zip(stats) {
+        if let Some(stamp) = s? {
+            out.holders.push(Holder {
+                addr: n.addr,
+                stamp,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn object_text(out: &ObjectOut) -> String {
+    let what = match out.index {
+        Some(i) => format!("index {i}"),
+        None => "inode".to_string(),
+    };
+    let name = &out.vdi;
+    match &out.oid {
+        None => format!("{what} of VDI '{name}' is a hole: no object\n"),
+        Some(oid) => {
+            let mut s = format!("object {oid} ({what} of VDI '{name}')\n");
+            for h in &out.holders {
+                let placed = if out.placement.contains(&h.addr) {
+                    ""
+                } else {
+                    " (not an owner: will be dropped after recovery)"
+                };
+                s += &format!("  {}  stamp {}{placed}\n", h.addr, h.stamp);
+            }
+            for p in &out.placement {
+                if !out.holders.iter().any(|h| h.addr == *p) {
+                    s += &format!("  {p}  missing (to be recovered)\n");
+                }
+            }
+            s
+        }
+    }
 }
 
 /// Object-aligned chunks covering `[offset, offset+len)`.

@@ -3,9 +3,11 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use testkit::cluster::{Bins, Cluster};
+use testkit::replicas;
 
 fn bins() -> Bins {
     Bins::fresh()
@@ -59,48 +61,78 @@ fn malformed_frames_close_only_their_connection() {
     truncated_payload.extend_from_slice(b"only ten b");
     let garbage = testkit::pseudo_random(4096, 99);
 
-    let cases: Vec<(&str, Vec<u8>, bool, &str)> = vec![
-        ("bad magic", bad_magic.to_vec(), false, "bad magic"),
+    let garbage_magic = u16::from_be_bytes([garbage[0], garbage[1]]);
+    assert_ne!(garbage_magic, objstore_proto::frame::MAGIC);
+    // What each case must make the node log: the precise reason, on its "closing" line.
+    let cases: Vec<(&str, Vec<u8>, bool, String)> = vec![
+        (
+            "bad magic",
+            bad_magic.to_vec(),
+            false,
+            "bad magic 0xde48 (expected 0x5348)".into(),
+        ),
         (
             "unknown opcode",
             bad_opcode.to_vec(),
             false,
-            "unknown opcode",
+            "unknown opcode 0x7f".into(),
         ),
         (
             "bad client version",
             bad_client_version.to_vec(),
             false,
-            "protocol version 9",
+            "protocol version 9 for opcode ClusterInfo, expected 1".into(),
         ),
         (
             "bad peer version",
             bad_peer_version.to_vec(),
             false,
-            "protocol version 2",
+            "protocol version 2 for opcode PeerList, expected 1".into(),
         ),
         (
             "length over limit",
             too_long.to_vec(),
             false,
-            "over the limit",
+            format!(
+                "payload of {} bytes is over the limit of {MAX_PAYLOAD}",
+                MAX_PAYLOAD + 1
+            ),
         ),
         (
             "truncated header",
             valid_header()[..20].to_vec(),
             true,
-            "truncated",
+            "frame truncated: connection closed after 20 bytes of it".into(),
         ),
-        ("truncated payload", truncated_payload, true, "truncated"),
-        ("garbage", garbage, false, "closing connection"),
+        (
+            "truncated payload",
+            truncated_payload,
+            true,
+            format!(
+                "frame truncated: connection closed after {} bytes of it",
+                HEADER_LEN + 10
+            ),
+        ),
+        (
+            "garbage",
+            garbage,
+            false,
+            format!("bad magic {garbage_magic:#06x}"),
+        ),
     ];
     for (what, bytes, shutdown, logged) in cases {
+        // The log is cumulative: only what this case adds counts.
+        let mark = replicas::log_mark(&c, 0);
         send_bad(&addr, &bytes, shutdown);
         // The node logged why and still serves everyone.
         testkit::wait_until(
-            &format!("log line for {what}"),
+            &format!("log line for {what}: {logged:?}"),
             Duration::from_secs(5),
-            || c.log(0).contains(logged),
+            || {
+                replicas::log_since(&c, 0, mark)
+                    .lines()
+                    .any(|l| l.contains("closing connection from") && l.contains(&logged))
+            },
         );
         assert_eq!(c.read_vdi("v", 0, 10), b"still here", "after {what}");
     }
@@ -201,7 +233,8 @@ fn bad_names_sizes_ranges_and_formats() {
     let out = c.dog_at("nonsense", &["cluster", "info"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("nonsense"));
 
-    // A reader that goes away (`dog ... | head -1`) ends dog quietly, without a panic.
+    // A reader that goes away (`dog ... | head -1`) ends dog quietly, as it ends cat: killed by
+    // SIGPIPE at its first write, nothing on stderr, no panic.
     for args in [
         &["vdi", "list"][..],
         &["cluster", "info", "--json"],
@@ -222,6 +255,13 @@ fn bad_names_sizes_ranges_and_formats() {
             !e.contains("panicked"),
             "dog {args:?} into a closed pipe: {e}"
         );
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "dog {args:?} into a closed pipe: {}, stderr {e:?}",
+            out.status
+        );
+        assert!(e.is_empty(), "dog {args:?} into a closed pipe: {e}");
     }
 
     // The nodes still serve.

@@ -6,6 +6,7 @@ fn bins() -> Bins {
     Bins::fresh()
 }
 use testkit::pseudo_random;
+use testkit::replicas;
 
 #[test]
 fn write_read_256m_three_copies() {
@@ -32,7 +33,11 @@ fn write_read_256m_three_copies() {
         a
     };
     for index in 0..64 {
-        assert_eq!(c.holders("big", index), addrs, "object {index} holders");
+        assert_eq!(
+            c.holders("big", index).addrs(),
+            addrs,
+            "object {index} holders"
+        );
     }
 }
 
@@ -55,8 +60,14 @@ fn unaligned_writes_across_objects_and_resize_delete() {
         want[at as usize + 5..at as usize + 105]
     );
     for index in 0..8 {
-        assert_eq!(c.holders("d", index).len(), 2, "2 copies of object {index}");
+        assert_eq!(
+            c.holders("d", index).addrs().len(),
+            2,
+            "2 copies of object {index}"
+        );
     }
+
+    replicas::assert_consistent(&c, "d");
 
     c.dog_ok(&["vdi", "resize", "d", "16M"]);
     assert_eq!(c.dog_json(&["vdi", "info", "d"])["size"], 16u64 << 20);
@@ -72,4 +83,58 @@ fn unaligned_writes_across_objects_and_resize_delete() {
             "delete removes every object: {n}"
         );
     }
+}
+
+/// Real nodes started with `sheep --zone`: the copies of every object land in distinct zones;
+/// with a whole zone gone the cluster says it is degraded, still serves every byte, and keeps
+/// 3 copies spread over the zones left.
+#[test]
+fn copies_land_in_distinct_zones() {
+    let zones = [1u32, 1, 2, 2, 3, 3];
+    let mut c = Cluster::start_with_args(
+        &bins(),
+        zones
+            .iter()
+            .map(|z| vec!["--zone".to_string(), z.to_string()])
+            .collect(),
+    );
+    c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
+    let info = c.dog_json(&["cluster", "info"]);
+    assert_eq!((&info["zones"], &info["status"]), (&3.into(), &"ok".into()));
+    for n in c.dog_json(&["node", "list"]).as_array().unwrap() {
+        let i = (0..zones.len()).find(|&i| n["addr"] == c.addr(i)).unwrap();
+        assert_eq!(n["zone"], zones[i], "node {i} reports its zone");
+    }
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let data = pseudo_random(32 << 20, 0x20e);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+    let addrs: Vec<String> = (0..zones.len()).map(|i| c.addr(i)).collect();
+    let zone_of = |addr: &str| zones[addrs.iter().position(|a| a == addr).unwrap()];
+    for o in replicas::objects(&c, "v").unwrap() {
+        let mut z: Vec<u32> = o.addrs().iter().map(|a| zone_of(a)).collect();
+        z.sort_unstable();
+        assert_eq!(z, [1, 2, 3], "{}: one copy per zone", o.name());
+    }
+    replicas::assert_consistent(&c, "v");
+
+    // Zone 3 goes away entirely.
+    c.kill9(4);
+    c.kill9(5);
+    replicas::wait_view(&c, &[0, 1, 2, 3]);
+    c.wait_recovered();
+    let info = c.dog_json(&["cluster", "info"]);
+    assert_eq!(
+        (&info["zones"], &info["status"]),
+        (&2.into(), &"degraded".into())
+    );
+    assert!(c.read_vdi("v", 0, 32 << 20) == data, "after losing a zone");
+    for o in replicas::objects(&c, "v").unwrap() {
+        let mut z: Vec<u32> = o.addrs().iter().map(|a| zone_of(a)).collect();
+        z.sort_unstable();
+        z.dedup();
+        assert_eq!(z, [1, 2], "{}: both zones left hold a copy", o.name());
+    }
+    let r = replicas::assert_consistent(&c, "v");
+    assert_eq!(r.copies, 3, "3 copies on 4 nodes of 2 zones");
 }

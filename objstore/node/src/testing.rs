@@ -108,6 +108,7 @@ impl MemCluster {
             cluster: format!("local:{}", self.state.display()),
             zone: None,
             vnodes: 128,
+            pull_delay: std::time::Duration::ZERO,
         };
         let parts = NodeParts {
             store: Some(n.store.clone()),

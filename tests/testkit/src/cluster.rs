@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::{
-    or_panic, try_free_port, try_wait_until, wait_until, Error, Proc, ProcOptions, Result,
-};
+use crate::{or_panic, try_free_port, try_wait_until, Error, Proc, ProcOptions, Result};
 
 /// Where the binaries under test are.
 #[derive(Debug, Clone)]
@@ -155,6 +153,8 @@ impl Scratch {
 /// Fields drop in order: processes are stopped before their directory goes.
 pub struct Cluster {
     pub nodes: Vec<Option<Proc>>,
+    /// Extra `sheep` arguments per node (e.g. `--zone 1`), used at every (re)start.
+    pub node_args: Vec<Vec<String>>,
     pub bins: Bins,
     pub ports: Vec<u16>,
     pub dir: Scratch,
@@ -177,8 +177,30 @@ impl Cluster {
     /// Starts `n` nodes sharing one local membership store and waits until all are members.
     /// On an error, the nodes started so far are stopped.
     pub fn try_start_with(bins: &Bins, n: usize, opts: ClusterOptions) -> Result<Cluster> {
+        Cluster::try_start_with_args(bins, vec![Vec::new(); n], opts)
+    }
+
+    /// Starts one node per entry of `node_args`, each with those extra `sheep` arguments (e.g.
+    /// `--zone 1`), with the default (test) options; panics if that fails.
+    #[track_caller]
+    pub fn start_with_args(bins: &Bins, node_args: Vec<Vec<String>>) -> Cluster {
+        or_panic(Cluster::try_start_with_args(
+            bins,
+            node_args,
+            ClusterOptions::default(),
+        ))
+    }
+
+    /// [`Cluster::try_start_with`], node `i` started with the extra arguments `node_args[i]`.
+    pub fn try_start_with_args(
+        bins: &Bins,
+        node_args: Vec<Vec<String>>,
+        opts: ClusterOptions,
+    ) -> Result<Cluster> {
+        let n = node_args.len();
         let mut c = Cluster {
             nodes: (0..n).map(|_| None).collect(),
+            node_args,
             bins: bins.clone(),
             ports: (0..n).map(|_| try_free_port()).collect::<Result<_>>()?,
             dir: Scratch::new(opts.dir.as_deref())?,
@@ -230,7 +252,8 @@ impl Cluster {
                 .arg("--listen")
                 .arg(&addr)
                 .arg("--cluster")
-                .arg(format!("local:{}", self.state_dir().display()));
+                .arg(format!("local:{}", self.state_dir().display()))
+                .args(&self.node_args[i]);
             let by_log = match &self.opts.log {
                 NodeLog::Env(filter) => {
                     cmd.env("RUST_LOG", filter);
@@ -444,35 +467,54 @@ impl Cluster {
                 .unwrap_or(false))
     }
 
-    /// Waits until every node has finished recovery (and collection) for one common epoch.
+    /// Waits until every node has finished recovery (and collection) for one common epoch;
+    /// panics after 60 s, or as soon as a node reports a failed pull.
+    #[track_caller]
     pub fn wait_recovered(&self) {
-        wait_until("recovery to finish", Duration::from_secs(60), || {
-            let out = self.dog(&["node", "recovery", "--json"]);
+        or_panic(self.try_wait_recovered())
+    }
+
+    /// Waits until every node has finished recovery (and collection) for one common epoch.
+    /// A node reporting failed pulls is an [`Error::Unexpected`] at once: a failure is never
+    /// "recovered".
+    pub fn try_wait_recovered(&self) -> Result<()> {
+        try_wait_until("recovery to finish", Duration::from_secs(60), || {
+            let out = self.try_dog(&["node", "recovery", "--json"])?;
             if !out.status.success() {
-                return false;
+                return Ok(false);
             }
-            let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let rows = rows.as_array().unwrap();
+            let rows: Value =
+                serde_json::from_slice(&out.stdout).map_err(|e| Error::Unexpected {
+                    what: "dog node recovery --json".into(),
+                    detail: format!("not JSON: {e}"),
+                })?;
+            let rows = rows.as_array().map(Vec::as_slice).unwrap_or_default();
+            let failed: Vec<&Value> = rows
+                .iter()
+                .filter(|r| r["status"]["recovery"]["failed"].as_u64().unwrap_or(0) > 0)
+                .collect();
+            if !failed.is_empty() {
+                return Err(Error::Unexpected {
+                    what: "recovery".into(),
+                    detail: format!(
+                        "nodes report failed pulls: {}",
+                        serde_json::to_string(&failed).unwrap_or_default()
+                    ),
+                });
+            }
             let epochs: Vec<&Value> = rows.iter().map(|r| &r["status"]["epoch"]).collect();
-            !rows.is_empty()
+            Ok(!rows.is_empty()
                 && epochs.iter().all(|e| *e == epochs[0])
                 && rows.iter().all(|r| {
                     r["status"]["recovery"]["state"] == "done"
                         && r["status"]["recovery"]["epoch"] == *epochs[0]
-                })
-        });
+                }))
+        })
     }
 
-    /// Addresses of the nodes holding object `index` of VDI `name`.
-    pub fn holders(&self, name: &str, index: u64) -> Vec<String> {
-        let v = self.dog_json(&["vdi", "object", name, &index.to_string()]);
-        let mut h: Vec<String> = v["holders"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| h["addr"].as_str().unwrap().to_string())
-            .collect();
-        h.sort();
-        h
+    /// Where object `index` of VDI `name` should be (placement) and who holds it at which
+    /// stamp.
+    pub fn holders(&self, name: &str, index: u64) -> crate::replicas::ObjectReplicas {
+        crate::replicas::object(self, name, index).unwrap_or_else(|e| panic!("{e}"))
     }
 }

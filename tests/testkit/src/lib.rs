@@ -12,12 +12,14 @@
 //! - [`cluster::Cluster`]: a local cluster of real `sheep` processes driven through real `dog`.
 //! - [`mount::Mount`]: a real FUSE mount (`sheepfs`, `bindfs`), unmounted and stopped on drop.
 //! - [`build`]: the binaries under test, built fresh, or taken from a named directory.
+//! - [`replicas::check`]: every copy of every object of a VDI read from disk and compared.
 
 pub mod build;
 pub mod cluster;
 mod error;
 pub mod mount;
 mod proc;
+pub mod replicas;
 mod wait;
 
 use std::fs::File;

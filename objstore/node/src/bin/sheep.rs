@@ -26,6 +26,10 @@ struct Args {
     /// Virtual nodes on the placement ring (the node's weight; scale it with capacity).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65536))]
     vnodes: u32,
+    /// Test hook: milliseconds to pause before each recovery pull (keeps a node recovering
+    /// long enough for a test to read from it meanwhile).
+    #[arg(long, default_value_t = 0, hide = true)]
+    test_pull_delay_ms: u64,
     /// Log filter when RUST_LOG is not set.
     #[arg(long, default_value = "info")]
     log: String,
@@ -50,6 +54,7 @@ fn main() -> anyhow::Result<()> {
             cluster: args.cluster.clone(),
             zone: args.zone,
             vnodes: args.vnodes,
+            pull_delay: std::time::Duration::from_millis(args.test_pull_delay_ms),
         })
         .await
         .with_context(|| format!("sheep on {} could not start", args.listen))?;

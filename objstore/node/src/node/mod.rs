@@ -42,6 +42,9 @@ pub struct NodeOptions {
     /// Failure domain; defaults to one zone per node.
     pub zone: Option<u32>,
     pub vnodes: u32,
+    /// Test hook: a pause before each recovery pull, so an end-to-end test can act while a
+    /// node is still recovering. Zero (no pause) unless a test asks.
+    pub pull_delay: std::time::Duration,
 }
 
 #[derive(Debug, Error)]
@@ -106,6 +109,7 @@ pub struct Node {
     peers: Pool,
     recovery: recovery::Recovery,
     stop: AtomicBool,
+    pull_delay: std::time::Duration,
     _dir_lock: File,
 }
 
@@ -248,6 +252,7 @@ impl Node {
             peers: Pool::new(parts.transport),
             recovery: recovery::Recovery::default(),
             stop: AtomicBool::new(false),
+            pull_delay: opts.pull_delay,
             _dir_lock: dir_lock,
         });
         let ticker = {

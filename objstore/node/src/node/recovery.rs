@@ -112,6 +112,9 @@ impl Node {
     }
 
     async fn pull(&self, oid: ObjectId, pull: &Pull) -> bool {
+        if !self.pull_delay.is_zero() {
+            tokio::time::sleep(self.pull_delay).await;
+        }
         for &src in &pull.sources {
             let mut h = Header::request(Opcode::PeerRead, 0, self.epoch().view.epoch);
             h.oid = oid.0;
