@@ -426,6 +426,7 @@ mod tests {
             used: (300 << 20) + 4096,
             dirty: 48 << 20,
             flush_backlog: 16 << 20,
+            fill_backlog: 0,
             max_dirty: 256 << 20,
             max_dirty_age_secs: 30,
             sequential_cutoff: 16 << 20,

@@ -162,6 +162,7 @@ impl<B: Backend> Inner<B> {
             used: self.space.used.load(Ordering::SeqCst),
             dirty,
             flush_backlog: dirty,
+            fill_backlog: self.fills.fills_queued.load(Ordering::SeqCst),
             max_dirty: self.cfg.max_dirty,
             max_dirty_age_secs: self.cfg.max_dirty_age.as_secs(),
             sequential_cutoff: self.cfg.sequential_cutoff,

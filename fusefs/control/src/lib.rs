@@ -114,6 +114,10 @@ pub struct CacheStats {
     pub dirty: u64,
     /// Dirty bytes waiting for the background flusher.
     pub flush_backlog: u64,
+    /// Bytes fetched from the cluster and queued to be written into the cache (fills in
+    /// flight); 0 once every fill has landed.
+    #[serde(default)]
+    pub fill_backlog: u64,
     pub max_dirty: u64,
     pub max_dirty_age_secs: u64,
     /// Sequential runs longer than this are cached on their second pass (0: first).
@@ -214,7 +218,7 @@ mod golden {
     #[test]
     fn stats_line() {
         const GOLD: &str = concat!(
-            r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"#,
+            r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"fill_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"#,
             r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0},"vdis":[]}}}"#
         );
         let st = CacheStats {

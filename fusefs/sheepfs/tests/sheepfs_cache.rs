@@ -468,8 +468,10 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
     );
     let used = stats(&cache)["used"].as_u64().unwrap();
     assert!(used <= (16 << 20) + 4096, "cache use {used} over its size");
-    // Fills land in the background: let them, then scan again.
-    std::thread::sleep(Duration::from_millis(500));
+    // Fills land in the background: wait for them, then scan again.
+    wait_until("fills to land", Duration::from_secs(30), || {
+        stats(&cache)["fill_backlog"] == 0
+    });
     let (hits0, evictions0) = (total("hit_bytes"), total("evictions"));
     pass("second sequential pass");
     assert!(
@@ -483,15 +485,17 @@ fn full_cache_admits_second_misses_and_reads_stay_right() {
         "a scan over the cache's size evicts nothing it is still using: {}",
         stats(&cache)
     );
-    // Once the cached data has gone unused for a while, a range read twice comes in.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Once the cached data has gone unused for longer than a range's reuse interval, that
+    // range read twice comes in: re-read it in pairs until it does.
     let fills0 = total("fills");
-    read_mib(40, "re-read");
-    read_mib(40, "re-read");
     wait_until(
         "the re-read range to be filled",
         Duration::from_secs(30),
-        || total("fills") > fills0,
+        || {
+            read_mib(40, "re-read");
+            read_mib(40, "re-read");
+            total("fills") > fills0
+        },
     );
     wait_until("its fill to land", Duration::from_secs(30), || {
         let m = total("misses");
@@ -550,13 +554,10 @@ fn a_stream_is_cached_on_its_second_pass() {
     let used = || stats(&cache)["used"].as_u64().unwrap();
     // Fills of what a pass keeps land in the background: wait for them to settle.
     let settled = || {
-        let mut last = u64::MAX;
         wait_until("fills to settle", Duration::from_secs(30), || {
-            std::thread::sleep(Duration::from_millis(300));
-            let now = used();
-            std::mem::replace(&mut last, now) == now
+            stats(&cache)["fill_backlog"] == 0
         });
-        last
+        used()
     };
     assert_eq!(stats(&cache)["sequential_cutoff"], 16 * MIB);
     let file = open(&rig);
@@ -812,7 +813,13 @@ fn cachectl_mode_takes_over_an_open_file() {
             &["--offset=8M", "--do_verify=1", "--number_ios=30000"],
         )))
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // fio is under way: it has written objects past the first.
+    wait_until("fio to write", Duration::from_secs(30), || {
+        rig.cluster.dog_json(&["vdi", "info", "m"])["allocated_objects"]
+            .as_u64()
+            .unwrap()
+            > 1
+    });
     let out = cachectl_ok(&cache, &["mode", "m", "writeback"]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
