@@ -92,7 +92,18 @@ impl Admission {
     /// milliseconds (how long the data it would displace has gone unused; None: nothing to
     /// displace). Otherwise this miss is remembered.
     pub fn admit(&self, key: Key, block: usize, idle: impl FnOnce() -> Option<u64>) -> bool {
-        let now = clock_ms();
+        self.admit_at(clock_ms(), key, block, idle)
+    }
+
+    /// [`Admission::admit`] at time `now` ([`clock_ms`]): the policy with time given, so tests
+    /// choose the intervals instead of sleeping through them.
+    fn admit_at(
+        &self,
+        now: u64,
+        key: Key,
+        block: usize,
+        idle: impl FnOnce() -> Option<u64>,
+    ) -> bool {
         let h = hash(key, block);
         let slot = &self.ghosts[h as usize & self.mask.load(Ordering::Relaxed)];
         let seen = slot.swap(entry(h, now), Ordering::Relaxed);
@@ -180,16 +191,21 @@ mod tests {
     #[test]
     fn displaces_only_data_idle_longer_than_the_reuse_interval() {
         let a = Admission::new(64 << 20);
-        assert!(!a.admit((1, 0), 0, || panic!("no victim asked on a first miss")));
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        // Came back after >= 30 ms; the victim was used 5 ms ago: kept out, remembered again.
-        assert!(!a.admit((1, 0), 0, || Some(5)));
-        // Back at once now; the victim is idle for longer: admitted.
-        assert!(a.admit((1, 0), 0, || Some(10)));
+        let t = 1_000_000;
+        assert!(!a.admit_at(t, (1, 0), 0, || panic!("no victim asked on a first miss")));
+        // Back 30 ms later; the victim was used 5 ms ago: kept out, remembered again.
+        assert!(!a.admit_at(t + 30, (1, 0), 0, || Some(5)));
+        // Back 2 ms after that; the victim is idle for 10 ms, longer: admitted.
+        assert!(a.admit_at(t + 32, (1, 0), 0, || Some(10)));
+        // Exactly as long as the interval is enough.
+        assert!(!a.admit_at(t + 40, (1, 0), 1, NOTHING_TO_DISPLACE));
+        assert!(a.admit_at(t + 47, (1, 0), 1, || Some(7)));
         // A victim idle for longer than the interval, at a second miss after a pause.
-        assert!(!a.admit((1, 0), 1, NOTHING_TO_DISPLACE));
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        assert!(a.admit((1, 0), 1, || Some(60_000)));
+        assert!(!a.admit_at(t + 100, (1, 0), 2, NOTHING_TO_DISPLACE));
+        assert!(a.admit_at(t + 120, (1, 0), 2, || Some(60_000)));
+        // The real clock goes through the same policy.
+        assert!(!a.admit((1, 0), 3, NOTHING_TO_DISPLACE));
+        assert!(a.admit((1, 0), 3, || Some(60_000)));
     }
 
     #[test]
