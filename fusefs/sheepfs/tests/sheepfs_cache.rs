@@ -970,14 +970,10 @@ fn node_killed_during_flush() {
     let st = stats(&cache);
     assert!(st["dirty"].as_u64().unwrap() > SIZE / 2, "{st}");
     let pushed0 = st["total"]["pushed_bytes"].as_u64().unwrap();
-    let mut flush = Child(
-        Command::new(cachectl_bin())
-            .arg("--cache-dir")
-            .arg(&cache)
-            .arg("flush")
-            .spawn()
-            .unwrap(),
-    );
+    let mut cmd = Command::new(cachectl_bin());
+    cmd.arg("--cache-dir").arg(&cache).arg("flush");
+    testkit::die_with_parent(&mut cmd, libc::SIGKILL);
+    let mut flush = Child(cmd.spawn().unwrap());
     wait_until(
         "the flush to start pushing",
         Duration::from_secs(30),

@@ -15,7 +15,9 @@ fn kill9_a_node_during_fio_verify() {
     let mut rig = Rig::start(4, 3, "1M", &[]);
     rig.cluster.dog_ok(&["vdi", "create", "f", "64M"]);
     let f = rig.path("f");
-    let fio = Command::new("fio")
+    let mut fio = Command::new("fio");
+    testkit::die_with_parent(&mut fio, libc::SIGKILL);
+    let fio = fio
         .args(common::fio_verify_args(
             &f,
             "64M",

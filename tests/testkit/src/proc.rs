@@ -79,22 +79,7 @@ impl Proc {
             .stdout(out)
             .stderr(err)
             .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        let signal = opts.death_signal;
-        // SAFETY: between fork and exec this only makes async-signal-safe calls (prctl,
-        // getppid) and builds an error without allocating.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent died before the prctl: nobody would send the signal.
-                if libc::getppid() != parent {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
+        die_with_parent(&mut cmd, opts.death_signal);
         let child = cmd.spawn().map_err(|e| {
             Error::io(
                 format!("starting {name} ({})", cmd.get_program().to_string_lossy()),
@@ -223,6 +208,26 @@ impl Drop for Proc {
                 }
             }
         }
+    }
+}
+
+/// Makes the child `cmd` starts receive `signal` when the thread that starts it exits (the
+/// test runner killed, or the test's thread gone), so no tool outlives its test.
+pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec this only makes async-signal-safe calls (prctl,
+    // getppid) and builds an error without allocating.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the prctl: nobody would send the signal.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 

@@ -56,8 +56,11 @@ impl Rig {
 
 /// Runs a tool; panics with its output if it failed.
 pub fn run(prog: &str, args: &[&str]) -> Output {
-    let out = Command::new(prog)
-        .args(args)
+    let mut cmd = Command::new(prog);
+    cmd.args(args);
+    // Killed if the test dies first (a panic elsewhere, the runner killed).
+    testkit::die_with_parent(&mut cmd, libc::SIGKILL);
+    let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("run {prog} (make test installs it): {e}"));
     assert!(
