@@ -1,5 +1,6 @@
 //! The cache in process, over VDIs in memory ([`MemVolume`]) and a lock table in memory:
-//! fills, eviction under a small size, dirty tracking, flush, and a crash (the cache dropped
+//! fills, admission into a full cache, eviction under a small size, dirty tracking, flush, mode
+//! changes, and a crash (the cache dropped
 //! without unmounting) followed by a restart on the same directory.
 
 use std::collections::HashMap;
@@ -290,4 +291,100 @@ async fn after_a_crash_the_next_mount_finds_the_same_dirty_blocks_and_pushes_the
         12288,
         "only the dirty blocks were pushed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cache_keeps_a_range_only_on_its_second_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("f", 5, 32 * MIB, 1 << 20);
+    let data = pattern(6, 32 * MIB as usize);
+    vol.write_at(0, Bytes::from(data.clone())).await.unwrap();
+    let size = 8 * MIB;
+    let cache = Cache::open(config(dir.path(), size), cluster.clone()).unwrap();
+    cache.start(&tokio::runtime::Handle::current()).unwrap();
+    let v = cache.open_vdi("f", true).await.unwrap().expect("cached");
+    let (v, data) = (&v, &data);
+    let read = |at: u64| async move {
+        let got = v.read_missed(at, MIB, Missed::default()).await.unwrap();
+        assert!(
+            got[..] == data[at as usize..(at + MIB) as usize],
+            "MiB at {at}"
+        );
+    };
+    let landed = || cache.stats().fill_backlog == 0;
+    // One pass over four times the cache: what fits is kept, then first misses pass by.
+    for i in 0..32 {
+        read(i * MIB).await;
+        wait_for("fills to land", landed);
+    }
+    let st = cache.stats();
+    assert!(st.used <= size, "over the bound: {}", st.used);
+    assert!(st.total.skipped_fills > 0, "a full cache kept first misses");
+    assert_eq!(st.total.evictions, 0, "first misses displaced cached data");
+    // Ranges missed again, sooner than the cached data was last used: they come in, and
+    // displace what went unused longest.
+    let fills = st.total.fills;
+    for at in [20, 21, 22] {
+        read(at * MIB).await;
+        wait_for("a second miss's fill", landed);
+    }
+    let st = cache.stats();
+    assert!(
+        st.total.fills >= fills + 3,
+        "second misses were not kept: {st:?}"
+    );
+    assert!(st.total.evictions > 0, "nothing was displaced: {st:?}");
+    assert!(st.used <= size, "over the bound: {}", st.used);
+    // And is served from the cache now.
+    let reads = vol.stats().reads;
+    let got = match v.read_hit(20 * MIB, MIB) {
+        Ok(hit) => Bytes::from(hit),
+        Err(missed) => v.read_missed(20 * MIB, MIB, missed).await.unwrap(),
+    };
+    assert!(got[..] == data[20 * MIB as usize..21 * MIB as usize]);
+    assert_eq!(vol.stats().reads, reads, "served from the cache");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_changes_writeback_writethrough_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("m", 6, 16 * MIB, 4 << 20);
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    cache.start(&tokio::runtime::Handle::current()).unwrap();
+    let v = cache.open_vdi("m", true).await.unwrap().expect("cached");
+    let vid = cache.vid_of("m").expect("a record of m");
+    assert_eq!(cache.mode_of(vid), CacheMode::Writeback);
+
+    // Writeback: the write stays in the cache.
+    v.write(0, Bytes::from(pattern(7, 4096))).await.unwrap();
+    assert_eq!((cache.stats().dirty, vol.stats().writes), (4096, 0));
+
+    // Leaving writeback flushes first (as cachectl mode does); writethrough then writes the
+    // cluster at once and keeps a clean copy.
+    cache.flush(Some(vid), |_, _| {}).await.unwrap();
+    cache.set_mode(vid, CacheMode::Writethrough);
+    assert_eq!(cache.mode_of(vid), CacheMode::Writethrough);
+    assert_eq!(vol.stats().writes, 1);
+    let two = pattern(8, 8192);
+    v.write(MIB, Bytes::from(two.clone())).await.unwrap();
+    assert_eq!(vol.stats().writes, 2, "writethrough reached the cluster");
+    assert_eq!(cache.stats().dirty, 0);
+    assert_eq!(&vol.contents()[MIB as usize..MIB as usize + 8192], &two[..]);
+    assert!(vdi_stats(&cache.stats(), "m").0 >= 12288, "and kept a copy");
+
+    // Off: the cached data goes, and reads and writes go straight to the cluster.
+    cache.set_mode(vid, CacheMode::Off);
+    assert_eq!(cache.mode_of(vid), CacheMode::Off);
+    assert_eq!(vdi_stats(&cache.stats(), "m"), (0, 0));
+    let reads = vol.stats().reads;
+    let got = v.read_missed(MIB, 8192, Missed::default()).await.unwrap();
+    assert_eq!(&got[..], &two[..]);
+    assert!(vol.stats().reads > reads);
+    v.write(2 * MIB, Bytes::from(pattern(9, 4096)))
+        .await
+        .unwrap();
+    assert_eq!(vol.stats().writes, 3);
+    assert_eq!(cache.stats().used, 0, "mode off caches nothing");
 }
