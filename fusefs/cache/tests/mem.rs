@@ -1,7 +1,7 @@
 //! The cache in process, over VDIs in memory ([`MemVolume`]) and a lock table in memory:
 //! fills, admission into a full cache, eviction under a small size, dirty tracking, flush, mode
-//! changes, and a crash (the cache dropped
-//! without unmounting) followed by a restart on the same directory.
+//! changes, and a crash (the cache dropped without unmounting) followed by a restart on the
+//! same directory.
 
 use std::collections::HashMap;
 use std::path::Path;
