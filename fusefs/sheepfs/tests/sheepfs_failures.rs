@@ -162,26 +162,20 @@ fn background_mode_returns_when_ready_and_sigterm_unmounts() {
     assert!(status.success());
     // Ready on return: no polling needed.
     assert!(testkit::mount::is_mounted(&mnt));
-    struct Detach<'a>(&'a Path);
-    impl Drop for Detach<'_> {
+    // The daemon, found by its command line in /proc: tracked from here on, so a failing
+    // test kills it and detaches its mount.
+    let pids = daemons_for(&mnt);
+    assert_eq!(pids.len(), 1, "one sheepfs daemon: {pids:?}");
+    struct Daemon<'a>(&'a Path, i32);
+    impl Drop for Daemon<'_> {
         fn drop(&mut self) {
+            // SAFETY: signalling the daemon this test started (gone already on success).
+            unsafe { libc::kill(self.1, libc::SIGKILL) };
             testkit::mount::detach(self.0);
         }
     }
-    let _guard = Detach(&mnt);
+    let _guard = Daemon(&mnt, pids[0]);
     assert!(mnt.join("bg").exists());
-    let pid = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(pid.contains(&*mnt.to_string_lossy()));
-    // Find the daemon by its command line and SIGTERM it.
-    let out = Command::new("pgrep")
-        .args(["-f", &format!("sheepfs.*{}", mnt.display())])
-        .output()
-        .unwrap();
-    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    assert_eq!(pids.len(), 1, "one sheepfs daemon: {pids:?}");
     // SAFETY: signalling the daemon this test started.
     unsafe { libc::kill(pids[0], libc::SIGTERM) };
     wait_until("SIGTERM to unmount", Duration::from_secs(10), || {
@@ -191,4 +185,26 @@ fn background_mode_returns_when_ready_and_sigterm_unmounts() {
         // SAFETY: probing a pid.
         unsafe { libc::kill(pids[0], 0) != 0 }
     });
+}
+
+/// The pids of sheepfs processes whose command line names `mnt`.
+fn daemons_for(mnt: &Path) -> Vec<i32> {
+    let want = mnt.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.first().is_some_and(|a| a.ends_with("sheepfs")) && args.iter().any(|a| *a == want) {
+            pids.push(pid);
+        }
+    }
+    pids
 }
