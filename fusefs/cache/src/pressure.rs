@@ -76,11 +76,16 @@ impl CpuPressure {
     /// Whether a small miss about to be fetched may be filled: only while CPUs are to spare
     /// (the pressure read again when the last reading is [`SAMPLE`] old).
     pub fn allows_small_fill(&self) -> bool {
+        self.allows_small_fill_at(Instant::now())
+    }
+
+    /// [`CpuPressure::allows_small_fill`] at time `now`, so tests choose the spans instead of
+    /// sleeping through them.
+    fn allows_small_fill_at(&self, now: Instant) -> bool {
         let Some(psi) = &self.psi else {
             return true;
         };
         let since_start = |t: Instant| t.duration_since(self.start).as_nanos() as u64;
-        let now = Instant::now();
         if since_start(now) >= self.due.load(Ordering::Acquire) {
             // One caller reads (a few µs, once per SAMPLE, a failed read too); the others go
             // by the reading before.
@@ -171,21 +176,25 @@ mod tests {
         };
         write(1_000);
         let p = CpuPressure::with_psi(Some(psi.clone()));
+        let t0 = p.start;
+        let ms = Duration::from_millis;
         // The first reading is only a baseline.
-        assert!(p.allows_small_fill());
+        assert!(p.allows_small_fill_at(t0));
         assert!(!p.busy());
-        // Stalled for the whole of the next sample: busy, no small fill.
-        let t0 = Instant::now();
-        std::thread::sleep(SAMPLE);
-        write(1_000 + 2 * t0.elapsed().as_micros() as u64);
-        assert!(!p.allows_small_fill());
+        // Stalled for the whole of the next sample (100 ms, 200 ms of stall over two CPUs):
+        // busy, no small fill.
+        write(1_000 + 200_000);
+        assert!(!p.allows_small_fill_at(t0 + SAMPLE));
         assert!(p.busy());
-        // Within the same sample the reading stands.
-        assert!(!p.allows_small_fill());
-        // Quiet again: small fills allowed.
-        std::thread::sleep(SAMPLE);
-        assert!(p.allows_small_fill());
+        // Within the same sample the reading stands, whatever the file says.
+        write(1_000 + 200_000 + 1);
+        assert!(!p.allows_small_fill_at(t0 + SAMPLE + ms(50)));
+        // Quiet over the next sample: small fills allowed.
+        assert!(p.allows_small_fill_at(t0 + 2 * SAMPLE));
         assert!(!p.busy());
+        // Half the time stalled is busy again.
+        write(1_000 + 200_000 + 1 + 50_000);
+        assert!(!p.allows_small_fill_at(t0 + 3 * SAMPLE));
     }
 
     #[test]

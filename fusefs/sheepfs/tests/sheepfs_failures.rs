@@ -202,7 +202,7 @@ fn daemons_for(mnt: &Path) -> Vec<i32> {
             .split(|&b| b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.first().is_some_and(|a| a.ends_with("sheepfs")) && args.iter().any(|a| *a == want) {
+        if args.first().is_some_and(|a| a.ends_with("sheepfs")) && args.contains(&want) {
             pids.push(pid);
         }
     }
