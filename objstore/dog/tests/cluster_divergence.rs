@@ -198,10 +198,10 @@ fn delete_while_a_node_is_down_stays_deleted() {
 /// A node joins with a disk too small for what it must pull: its failed pulls show in
 /// `dog node recovery`, no other node drops a copy meanwhile, and once the disk has room the
 /// pulls are retried and the cluster ends with 2 agreeing copies of everything.
+/// (Failed before the fix: 15 of 18 pulls failed on 3 MiB, the round ended "done", nothing was
+/// retried once the disk had room, and the old owners dropped their copies, leaving those
+/// objects with 1 copy.)
 #[test]
-#[ignore = "issue 22: pulls failing on a full disk (15 of 18 on 3 MiB) end the round as done: \
-            they are never retried once the disk has room, and the old owners drop their \
-            copies, leaving those objects with 1 copy"]
 fn failed_recovery_on_a_full_disk_keeps_copies() {
     let mut c = Cluster::start(&bins(), 3);
     c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);

@@ -6,7 +6,10 @@
 //!    there is no local copy), it goes to `pending` with the nodes holding the newest stamp.
 //!    Object I/O waits until the plan exists, so no request touches a copy not yet judged.
 //! 2. **Pull.** Pending objects are copied whole from a newest holder and installed only if still
-//!    newer than the local copy. A request for a pending object pulls it first.
+//!    newer than the local copy. A request for a pending object pulls it first. A pull that
+//!    fails (sources unreachable, the local disk full) leaves the object pending: requests for
+//!    it get `Busy` (never the stale or missing local copy), and the round retries it with
+//!    backoff; the epoch is recovered here only when nothing is pending.
 //! 3. **Collect.** When every node of the epoch reports it has recovered this epoch, objects this
 //!    node does not own are removed. Any new epoch abandons the current round and starts over.
 //!
@@ -24,6 +27,7 @@ use bytes::Bytes;
 use tokio::sync::{watch, OnceCell};
 
 use super::{Epoch, Node};
+use crate::store::StoreError;
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
@@ -31,11 +35,23 @@ use objstore_proto::oid::ObjectId;
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 const PULL_PARALLEL: usize = 4;
 const PLAN_WAIT: Duration = Duration::from_secs(10);
+/// The first wait before failed pulls are tried again, doubling up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 struct Pull {
     stamp: u32,
     sources: Vec<SocketAddr>,
-    result: OnceCell<bool>,
+    result: OnceCell<Result<(), PullFailed>>,
+}
+
+/// Why a pending object could not be pulled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PullFailed {
+    /// The local disk has no room for it.
+    NoSpace,
+    /// No source gave it (unreachable, or it failed to store for another reason).
+    Unavailable,
 }
 
 pub(super) struct Recovery {
@@ -99,19 +115,35 @@ impl Recovery {
 }
 
 impl Node {
-    /// Pulls `oid` now if it is still pending; waits if another task is pulling it.
-    pub(super) async fn ensure_recovered(&self, oid: ObjectId) {
+    /// Pulls `oid` now if it is still pending; waits if another task is pulling it. True when
+    /// the local copy may be used: nothing to pull, or the pull succeeded. A failed pull leaves
+    /// the object pending (the next request or retry round pulls again): its local copy, stale
+    /// or missing, must be neither served nor written into.
+    pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
         let Some(pull) = self.recovery.pending.lock().unwrap().get(&oid).cloned() else {
-            return;
+            return Ok(());
         };
-        pull.result.get_or_init(|| self.pull(oid, &pull)).await;
+        let res = *pull.result.get_or_init(|| self.pull(oid, &pull)).await;
         let mut pending = self.recovery.pending.lock().unwrap();
         if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
-            pending.remove(&oid);
+            if res.is_ok() {
+                pending.remove(&oid);
+            } else {
+                pending.insert(
+                    oid,
+                    Arc::new(Pull {
+                        stamp: pull.stamp,
+                        sources: pull.sources.clone(),
+                        result: OnceCell::new(),
+                    }),
+                );
+            }
         }
+        res
     }
 
-    async fn pull(&self, oid: ObjectId, pull: &Pull) -> bool {
+    async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
+        let mut no_space = false;
         if !self.pull_delay.is_zero() {
             tokio::time::sleep(self.pull_delay).await;
         }
@@ -147,18 +179,24 @@ impl Node {
             match put {
                 Ok(_) => {
                     self.recovery.update(|s| s.done += 1);
-                    return true;
+                    return Ok(());
                 }
-                Err(e) => tracing::warn!("recovering {oid}: {e}"),
+                Err(e) => {
+                    no_space |= matches!(e, StoreError::NoSpace);
+                    tracing::warn!("recovering {oid}: {e}");
+                }
             }
         }
-        tracing::error!(
-            "could not recover object {oid} (stamp {}) from any of {:?}",
+        tracing::warn!(
+            "could not recover object {oid} (stamp {}) from any of {:?}; it stays pending",
             pull.stamp,
             pull.sources
         );
-        self.recovery.update(|s| s.failed += 1);
-        false
+        Err(if no_space {
+            PullFailed::NoSpace
+        } else {
+            PullFailed::Unavailable
+        })
     }
 
     /// Lists `(oid, stamp)` from a peer.
@@ -183,6 +221,31 @@ impl Node {
                 })
                 .collect(),
         )
+    }
+
+    /// Whether every owner of `oid` in `ep` holds it at `stamp` or newer (asked of each).
+    async fn owners_hold(&self, ep: &Epoch, oid: ObjectId, stamp: u32, copies: usize) -> bool {
+        let owners: Vec<SocketAddr> = ep
+            .ring
+            .replicas(oid, copies)
+            .iter()
+            .map(|n| n.addr)
+            .collect();
+        let stats = futures::future::join_all(owners.iter().map(|&a| async move {
+            let mut h = Header::request(Opcode::StatObj, 0, ep.view.epoch);
+            h.oid = oid.0;
+            let conn = self.peers.get(a, PEER_TIMEOUT).await.ok()?;
+            match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
+                Ok(f) if f.header.result_code() == ResultCode::Ok => Some(f.header.aux),
+                Ok(_) => None,
+                Err(_) => {
+                    self.peers.drop_conn(a).await;
+                    None
+                }
+            }
+        }))
+        .await;
+        !owners.is_empty() && stats.iter().all(|s| s.is_some_and(|s| s >= stamp))
     }
 
     async fn peer_recovered(&self, addr: SocketAddr, epoch: u32) -> u32 {
@@ -279,16 +342,46 @@ impl Node {
         });
         self.recovery.planned.send_replace(e);
 
+        // Pull everything; what failed is retried with backoff until it succeeds or the epoch
+        // changes. The epoch counts as recovered here only once nothing is left, so no other
+        // node drops a copy this node has not got yet.
         use futures::StreamExt;
-        let mut work = futures::stream::iter(oids)
-            .map(|oid| self.ensure_recovered(oid))
-            .buffer_unordered(PULL_PARALLEL);
-        while work.next().await.is_some() {
+        let mut oids = oids;
+        let mut backoff = RETRY_FIRST;
+        loop {
+            let mut failed = Vec::new();
+            let mut work = futures::stream::iter(oids)
+                .map(|oid| async move { (oid, self.ensure_recovered(oid).await.is_ok()) })
+                .buffer_unordered(PULL_PARALLEL);
+            while let Some((oid, ok)) = work.next().await {
+                if changed() {
+                    return;
+                }
+                if !ok {
+                    failed.push(oid);
+                }
+            }
+            drop(work);
+            self.recovery.update(|s| s.failed = failed.len() as u64);
+            if failed.is_empty() {
+                break;
+            }
+            tracing::warn!(
+                "epoch {e}: {} object(s) could not be recovered; retrying in {backoff:?}",
+                failed.len()
+            );
+            tokio::time::sleep(backoff).await;
             if changed() {
                 return;
             }
+            backoff = (backoff * 2).min(RETRY_MAX);
+            // A request may have pulled some meanwhile.
+            let pending = self.recovery.pending.lock().unwrap();
+            oids = failed
+                .into_iter()
+                .filter(|o| pending.contains_key(o))
+                .collect();
         }
-        drop(work);
         self.recovery.recovered.store(e, Ordering::SeqCst);
         self.recovery
             .update(|s| s.state = RecoveryState::Collecting);
@@ -316,11 +409,18 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let mut removed = 0;
-        for (oid, _) in self.store.list() {
+        let mut kept = 0;
+        for (oid, stamp) in self.store.list() {
             if changed() {
                 return;
             }
             if ep.ring.holds(self.me.id, oid, copies) {
+                continue;
+            }
+            // Every owner said it recovered the epoch; still, this copy goes only once each
+            // owner shows it holds this version or a newer one.
+            if !self.owners_hold(&ep, oid, stamp, copies).await {
+                kept += 1;
                 continue;
             }
             let store = self.store.clone();
@@ -330,6 +430,11 @@ impl Node {
         }
         if removed > 0 {
             tracing::info!("epoch {e}: dropped {removed} object(s) now held by others");
+        }
+        if kept > 0 {
+            tracing::warn!(
+                "epoch {e}: kept {kept} object(s) this node no longer owns: not every owner holds them yet"
+            );
         }
         self.recovery.update(|s| {
             s.removed = removed;

@@ -11,6 +11,7 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 
 use objstore_client::transport::{Listener, Reader, Writer};
 
+use super::recovery::PullFailed;
 use super::{Epoch, Node};
 use crate::store::StoreError;
 use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
@@ -170,6 +171,22 @@ fn json<'a, T: serde::Deserialize<'a>>(payload: &'a [u8]) -> Result<T, Failure> 
     serde_json::from_slice(payload).map_err(|e| Failure::invalid(format!("bad request body: {e}")))
 }
 
+/// A request for an object whose pull failed: its local copy is stale or missing, so neither
+/// served nor written into. The client retries (another replica, or later) unless this node's
+/// disk has no room for the object.
+fn not_recovered(oid: ObjectId, why: PullFailed) -> Failure {
+    match why {
+        PullFailed::NoSpace => Failure::new(
+            ResultCode::NoSpace,
+            format!("object {oid} is not recovered here: no space left on the node's disk"),
+        ),
+        PullFailed::Unavailable => Failure::new(
+            ResultCode::Busy,
+            format!("object {oid} is not recovered here yet (its pull failed; retrying)"),
+        ),
+    }
+}
+
 fn driver_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(ResultCode::Io, format!("membership store: {e}"))
 }
@@ -180,7 +197,9 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         Opcode::ReadObj => {
             let (_, cfg) = io_epoch(node, h).await?;
             check_range(oid, h.offset, h.length, &cfg)?;
-            node.ensure_recovered(oid).await;
+            node.ensure_recovered(oid)
+                .await
+                .map_err(|why| not_recovered(oid, why))?;
             let store = node.store.clone();
             let (off, len) = (h.offset, h.length as usize);
             let data = if len <= INLINE_READ {
@@ -202,7 +221,9 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 )));
             }
             check_range(oid, h.offset, h.length, &cfg)?;
-            node.ensure_recovered(oid).await;
+            node.ensure_recovered(oid)
+                .await
+                .map_err(|why| not_recovered(oid, why))?;
             node.recovery.written(oid);
             let store = node.store.clone();
             let (off, e) = (h.offset, ep.view.epoch);
