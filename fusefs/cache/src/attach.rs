@@ -22,6 +22,11 @@ pub(crate) struct Attachments<V> {
 }
 
 impl<B: Backend> Inner<B> {
+    /// The volume of VDI `vid` while this cache has it attached.
+    fn attached_volume(&self, vid: u32) -> Option<Arc<B::Volume>> {
+        self.attach.attached.lock().unwrap().get(&vid).cloned()
+    }
+
     /// Takes the VDI's lock and makes the cache match it: data cached under another lock
     /// generation is dropped (refused if it holds unpushed writes).
     pub(crate) async fn attach(&self, name: &str) -> Result<Arc<B::Volume>, CacheError> {
@@ -96,14 +101,7 @@ impl<B: Backend> Cache<B> {
     pub async fn open_vdi(&self, name: &str, rw: bool) -> Result<Option<CachedVdi<B>>, CacheError> {
         let vdi = Arc::new(self.inner.client.open(name).await?);
         let vid = vdi.vid().0;
-        let attached = self
-            .inner
-            .attach
-            .attached
-            .lock()
-            .unwrap()
-            .get(&vid)
-            .cloned();
+        let attached = self.inner.attached_volume(vid);
         if self.inner.mode_of(vid) == CacheMode::Off && attached.is_none() {
             return Ok(None);
         }
@@ -123,14 +121,7 @@ impl<B: Backend> Cache<B> {
     /// [`CachedVdi::open_gate`], which the caller calls once the plain handles' requests in
     /// flight are done.
     pub async fn take_over(&self, vid: u32, name: &str) -> Result<CachedVdi<B>, CacheError> {
-        let attached = self
-            .inner
-            .attach
-            .attached
-            .lock()
-            .unwrap()
-            .get(&vid)
-            .cloned();
+        let attached = self.inner.attached_volume(vid);
         let vdi = match attached {
             Some(v) => v,
             None => self.inner.attach(name).await?,
