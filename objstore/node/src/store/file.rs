@@ -31,6 +31,9 @@ pub struct FileStore {
     index: Mutex<HashMap<ObjectId, ObjMeta>>,
     dirty: Mutex<HashSet<ObjectId>>,
     locks: Vec<RwLock<()>>,
+    /// Held for the whole of a flush: a flush that finds nothing dirty because an earlier one
+    /// took it must still wait until that one has synced it.
+    flushing: Mutex<()>,
 }
 
 /// Removes a temporary file unless disarmed (the write that made it succeeded).
@@ -100,6 +103,7 @@ impl FileStore {
             index: Mutex::new(index),
             dirty: Mutex::default(),
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
+            flushing: Mutex::new(()),
         })
     }
 
@@ -239,6 +243,9 @@ impl ObjectBackend for FileStore {
 
     /// Makes every write before this call durable.
     fn flush(&self) -> Result<(), StoreError> {
+        // Flushes one at a time: every write before this call is either still dirty (synced
+        // here) or was taken by an earlier flush, which has finished once this lock is ours.
+        let _one_at_a_time = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
         let dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
         for (i, &oid) in dirty.iter().enumerate() {
             let _g = self.lock(oid).read().unwrap();
@@ -312,5 +319,47 @@ mod tests {
         assert_eq!(s.read_whole(oid).unwrap(), (b"new".to_vec(), 7));
         assert!(!d.path().join(format!("{oid}.4")).exists());
         assert!(!d.path().join(".tmp/junk").exists());
+    }
+
+    /// A flush that starts while an earlier one is still syncing what it took must not return
+    /// before that sync: its caller's writes may be among them. (Before the fix, the second
+    /// flush found nothing dirty and returned at once.)
+    #[test]
+    fn a_flush_waits_for_an_earlier_flush_still_syncing() {
+        let d = tempfile::tempdir().unwrap();
+        let s = FileStore::open(d.path()).unwrap();
+        let (x, y) = (
+            ObjectId::data(Vid(1), ObjIndex(0)),
+            ObjectId::data(Vid(1), ObjIndex(1)),
+        );
+        for oid in [x, y] {
+            s.write(oid, 0, b"created", 1).unwrap();
+            s.write(oid, 0, b"written", 1).unwrap();
+        }
+        // The first flush will stop at x until the test lets go of its lock.
+        let s = &s;
+        let held = s.lock(x).write().unwrap();
+        std::thread::scope(move |scope| {
+            let first = scope.spawn(move || s.flush());
+            // It has taken both objects: nothing is dirty now.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !s.dirty.lock().unwrap().is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the first flush never started"
+                );
+                std::thread::yield_now();
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            scope.spawn(move || tx.send(s.flush().is_ok()).unwrap());
+            assert!(
+                rx.recv_timeout(std::time::Duration::from_millis(300))
+                    .is_err(),
+                "a flush returned while an earlier one had not synced x yet"
+            );
+            drop(held);
+            assert!(first.join().unwrap().is_ok());
+            assert!(rx.recv().unwrap());
+        });
     }
 }
