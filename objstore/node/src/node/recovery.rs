@@ -8,8 +8,9 @@
 //! 2. **Pull.** Pending objects are copied whole from a newest holder and installed only if still
 //!    newer than the local copy. A request for a pending object pulls it first. A pull that
 //!    fails (sources unreachable, the local disk full) leaves the object pending: requests for
-//!    it get `Busy` (never the stale or missing local copy), and the round retries it with
-//!    backoff; the epoch is recovered here only when nothing is pending.
+//!    it get `Busy` at once (never the stale or missing local copy, and no pull of their own),
+//!    and the round retries it with backoff; the epoch is recovered here only when nothing is
+//!    pending.
 //! 3. **Collect.** When every node of the epoch reports it has recovered this epoch, objects this
 //!    node does not own are removed. Any new epoch abandons the current round and starts over.
 //!
@@ -109,34 +110,47 @@ impl Recovery {
         self.tombstones.lock().unwrap().remove(&oid);
     }
 
+    /// Makes failed pulls of `oids` pullable again (the next `Node::ensure_recovered` pulls);
+    /// returns those still pending (a request may have pulled some meanwhile).
+    fn retry(&self, oids: Vec<ObjectId>) -> Vec<ObjectId> {
+        let mut pending = self.pending.lock().unwrap();
+        oids.into_iter()
+            .filter(|oid| match pending.get_mut(oid) {
+                Some(p) => {
+                    if p.result.get().is_some_and(Result::is_err) {
+                        *p = Arc::new(Pull {
+                            stamp: p.stamp,
+                            sources: p.sources.clone(),
+                            result: OnceCell::new(),
+                        });
+                    }
+                    true
+                }
+                None => false,
+            })
+            .collect()
+    }
+
     fn update(&self, f: impl FnOnce(&mut RecoveryStatus)) {
         f(&mut self.status.lock().unwrap());
     }
 }
 
 impl Node {
-    /// Pulls `oid` now if it is still pending; waits if another task is pulling it. True when
+    /// Pulls `oid` now if it is still pending; waits if another task is pulling it. Ok when
     /// the local copy may be used: nothing to pull, or the pull succeeded. A failed pull leaves
-    /// the object pending (the next request or retry round pulls again): its local copy, stale
-    /// or missing, must be neither served nor written into.
+    /// the object pending with its failure, which later requests get at once (no pull each:
+    /// its local copy, stale or missing, must be neither served nor written into); only the
+    /// recovery round tries it again (`Recovery::retry`), with backoff.
     pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
         let Some(pull) = self.recovery.pending.lock().unwrap().get(&oid).cloned() else {
             return Ok(());
         };
         let res = *pull.result.get_or_init(|| self.pull(oid, &pull)).await;
-        let mut pending = self.recovery.pending.lock().unwrap();
-        if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
-            if res.is_ok() {
+        if res.is_ok() {
+            let mut pending = self.recovery.pending.lock().unwrap();
+            if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
                 pending.remove(&oid);
-            } else {
-                pending.insert(
-                    oid,
-                    Arc::new(Pull {
-                        stamp: pull.stamp,
-                        sources: pull.sources.clone(),
-                        result: OnceCell::new(),
-                    }),
-                );
             }
         }
         res
@@ -375,12 +389,7 @@ impl Node {
                 return;
             }
             backoff = (backoff * 2).min(RETRY_MAX);
-            // A request may have pulled some meanwhile.
-            let pending = self.recovery.pending.lock().unwrap();
-            oids = failed
-                .into_iter()
-                .filter(|o| pending.contains_key(o))
-                .collect();
+            oids = self.recovery.retry(failed);
         }
         self.recovery.recovered.store(e, Ordering::SeqCst);
         self.recovery
