@@ -199,6 +199,15 @@ pub async fn release(client: &Client, vdi: &str, owner: &str) -> Result<(), Lock
     }
 }
 
+/// Who holds `vdi`'s lock, if anyone.
+pub async fn holder(client: &Client, vdi: &str) -> Result<Option<LockInfo>, LockError> {
+    validate_name(vdi)?;
+    match client.kv_get(&keys::lock(vdi)).await? {
+        Some(raw) => Ok(Some(decode(vdi, &raw)?)),
+        None => Ok(None),
+    }
+}
+
 /// Every lock, sorted by VDI name.
 pub async fn list(client: &Client) -> Result<Vec<LockInfo>, LockError> {
     let mut out = Vec::new();

@@ -11,16 +11,11 @@ use objstore_proto::oid::{ObjIndex, ObjectId, Vid, MAX_VID};
 use super::inode::InodeHeader;
 use super::{check_size, validate_name, Vdi, VdiError, PARALLEL};
 use crate::client::{Client, ClientError};
+use crate::lock;
 
 #[derive(Serialize, Deserialize)]
 struct TableEntry {
     vid: Vid,
-}
-
-/// The part of a `lock/<name>` record (`lock::LockInfo`) that delete needs.
-#[derive(Deserialize)]
-struct LockHolder {
-    host: String,
 }
 
 /// What `dog vdi list` and `dog vdi info` show.
@@ -138,12 +133,7 @@ pub async fn list(client: &Arc<Client>) -> Result<Vec<VdiInfo>, VdiError> {
 
 /// Fails with [`VdiError::Attached`] while someone holds the VDI's attachment lock.
 pub async fn check_not_attached(client: &Client, name: &str) -> Result<(), VdiError> {
-    validate_name(name)?;
-    if let Some(raw) = client.kv_get(&keys::lock(name)).await? {
-        let holder: LockHolder = serde_json::from_str(&raw).map_err(|e| VdiError::Corrupt {
-            name: name.to_string(),
-            reason: format!("bad lock record: {e} (free it with 'dog vdi lock break {name}')"),
-        })?;
+    if let Some(holder) = lock::holder(client, name).await? {
         return Err(VdiError::Attached {
             name: name.to_string(),
             host: holder.host,
