@@ -45,11 +45,6 @@ impl Bins {
         or_panic(Bins::try_fresh())
     }
 
-    /// Alias of [`Bins::fresh`], kept for older tests.
-    pub fn beside_test() -> Bins {
-        Bins::fresh()
-    }
-
     /// The binaries already in `dir` (nothing is built): [`Error::Binaries`] naming the first
     /// of [`BINARIES`] missing there.
     pub fn in_dir(dir: &Path) -> Result<Bins> {
