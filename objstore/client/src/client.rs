@@ -111,6 +111,15 @@ fn answer(addr: SocketAddr, res: Result<Frame, ConnError>) -> Answer {
     }
 }
 
+/// The replicas of `oid` in view `v`, or the step to take when there are none.
+fn targets<T>(v: &ClusterView, oid: ObjectId) -> Result<Vec<SocketAddr>, Step<T>> {
+    match v.replicas(oid) {
+        Ok(t) if t.is_empty() => Err(Step::Retry("the cluster has no nodes".into())),
+        Ok(t) => Ok(t),
+        Err(e) => Err(Step::Fatal(e)),
+    }
+}
+
 /// The cluster as this client last saw it.
 pub struct ClusterView {
     pub info: ClusterInfo,
@@ -282,13 +291,10 @@ impl Client {
         payload: Bytes,
         missing_ok: bool,
     ) -> Step<()> {
-        let targets = match v.replicas(ObjectId(h.oid)) {
+        let targets = match targets(v, ObjectId(h.oid)) {
             Ok(t) => t,
-            Err(e) => return Step::Fatal(e),
+            Err(step) => return step,
         };
-        if targets.is_empty() {
-            return Step::Retry("the cluster has no nodes".into());
-        }
         let mut h = h;
         h.epoch = v.epoch();
         let results = futures::future::join_all(targets.iter().map(|&a| {
@@ -354,13 +360,10 @@ impl Client {
         h.offset = offset;
         h.length = len;
         self.retry(|v| async move {
-            let targets = match v.replicas(oid) {
+            let targets = match targets(&v, oid) {
                 Ok(t) => t,
-                Err(e) => return Step::Fatal(e),
+                Err(step) => return step,
             };
-            if targets.is_empty() {
-                return Step::Retry("the cluster has no nodes".into());
-            }
             let mut h = h;
             h.epoch = v.epoch();
             let mut retry = None;
