@@ -149,6 +149,17 @@ fn a_second_sheepfs_on_one_cache_directory_is_refused() {
     let rig = Rig::start(1, 1, "1M", &strs(&cache_args(&cache, "64M")));
     let mnt = tmp.path().join("mnt2");
     std::fs::create_dir_all(&mnt).unwrap();
+    // Should it wrongly start, it daemonizes and mounts: detached when the test ends (its
+    // daemon then exits with its mount).
+    struct Detach<'a>(&'a Path);
+    impl Drop for Detach<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.0) {
+                testkit::mount::detach(self.0);
+            }
+        }
+    }
+    let _guard = Detach(&mnt);
     let out = Command::new(SHEEPFS)
         .arg("--cluster")
         .arg(rig.cluster.addr(0))
