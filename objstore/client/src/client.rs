@@ -11,10 +11,12 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use thiserror::Error;
+// tokio's clock, so a paused clock (the fault simulator) governs the retry deadline too.
+use tokio::time::Instant;
 
 use crate::conn::{ConnError, Pool};
 use crate::transport::{Tcp, Transport};

@@ -1,21 +1,23 @@
 //! The transport seam: how a connection to a node is opened and how a node accepts them. TCP
 //! in production; [`MemNetwork`] in tests, where nodes and clients of one process talk over
-//! in-memory pipes (no ports, no root), and a test can refuse connections to a node.
+//! in-memory pipes (no ports, no root), and a test can refuse connections to a node or inject
+//! network faults (partitions, delays, resets, dead nodes: see [`mem`]).
 //!
 //! ```text
 //!  Client / node peers ── Pool ── Conn ──► Transport::connect(addr) ──► (reader, writer)
 //!  node server ◄── Listener::accept() ◄── TcpListener | MemListener
 //! ```
 
-use std::collections::HashMap;
+pub mod mem;
+
 use std::io;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+
+pub use mem::{ConnInfo, Delay, Link, MemListener, MemNetwork};
 
 /// The reading half of a connection.
 pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
@@ -76,85 +78,6 @@ impl Listener {
             }
         }
     }
-}
-
-/// Bytes an in-memory pipe buffers in each direction.
-const PIPE_BUFFER: usize = 1 << 20;
-
-type Incoming = mpsc::UnboundedSender<(DuplexStream, SocketAddr)>;
-
-/// An in-process network: listeners by address, connections as in-memory pipes.
-#[derive(Clone, Default)]
-pub struct MemNetwork {
-    state: Arc<Mutex<NetState>>,
-}
-
-#[derive(Default)]
-struct NetState {
-    listeners: HashMap<SocketAddr, Incoming>,
-    next_client_port: u16,
-}
-
-/// The accepting end of an in-memory address.
-pub struct MemListener {
-    addr: SocketAddr,
-    rx: mpsc::UnboundedReceiver<(DuplexStream, SocketAddr)>,
-}
-
-impl MemNetwork {
-    pub fn new() -> MemNetwork {
-        MemNetwork::default()
-    }
-
-    /// Starts accepting on `addr`; fails with `AddrInUse` while another listener holds it.
-    pub fn listen(&self, addr: SocketAddr) -> io::Result<Listener> {
-        let mut st = self.state.lock().unwrap();
-        if st.listeners.get(&addr).is_some_and(|tx| !tx.is_closed()) {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{addr} is in use"),
-            ));
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        st.listeners.insert(addr, tx);
-        Ok(Listener::Mem(MemListener { addr, rx }))
-    }
-
-    /// Stops accepting on `addr` (a crashed node): later connects are refused. Connections
-    /// already open break when the node's tasks that hold them end.
-    pub fn close(&self, addr: SocketAddr) {
-        self.state.lock().unwrap().listeners.remove(&addr);
-    }
-}
-
-impl Transport for MemNetwork {
-    fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>> {
-        let res = {
-            let mut st = self.state.lock().unwrap();
-            st.next_client_port = st.next_client_port.wrapping_add(1).max(1);
-            let peer = SocketAddr::from(([127, 0, 0, 2], st.next_client_port));
-            match st.listeners.get(&addr) {
-                Some(tx) => {
-                    let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
-                    tx.send((theirs, peer))
-                        .map(|_| ours)
-                        .map_err(|_| refused(addr))
-                }
-                None => Err(refused(addr)),
-            }
-        };
-        Box::pin(async move {
-            let (rd, wr) = tokio::io::split(res?);
-            Ok((Box::new(rd) as Reader, Box::new(wr) as Writer))
-        })
-    }
-}
-
-fn refused(addr: SocketAddr) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::ConnectionRefused,
-        format!("nothing listens on {addr} (in-memory network)"),
-    )
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ impl MemCluster {
         let parts = NodeParts {
             store: Some(n.store.clone()),
             listener: Some(listener),
-            transport: Arc::new(self.net.clone()),
+            ..NodeParts::new(Arc::new(self.net.clone()))
         };
         let running = rt.block_on(Node::start_with(opts, parts))?;
         n.up = Some((rt, running));

@@ -12,9 +12,11 @@
 //! - [`Driver::leave`] removes this node at once; the next epoch lacks it.
 //! - The key-value store is linearizable: [`Driver::kv_cas`] replaces a value only if it still
 //!   equals `expected` (`None` = absent), and a `None` new value deletes.
-//! - Calls block (file or network I/O); async callers run them on a blocking pool.
+//! - Calls block (file or network I/O); async callers run them on a blocking pool. The
+//!   in-memory driver ([`MemMembership`], for the fault simulator) never blocks.
 
 mod local;
+mod mem;
 
 use std::time::Duration;
 
@@ -23,6 +25,7 @@ use thiserror::Error;
 use objstore_proto::view::{NodeInfo, View};
 
 pub use local::LocalDriver;
+pub use mem::{MemDriver, MemMembership};
 
 /// How often nodes call [`Driver::tick`].
 pub const TICK: Duration = Duration::from_millis(500);

@@ -6,6 +6,10 @@
 //!  Listener (TCP or in-memory) ── one task per connection ── one task per request
 //!                                                 ──► ObjectBackend (blocking pool)
 //! ```
+//!
+//! With [`NodeParts::inline`] the node starts no OS thread: the tick is a tokio task and store
+//! and driver calls run on the calling task ([`Node::blocking`]), so a whole cluster runs in one
+//! current-thread runtime under a paused clock (the fault simulator, `objstore/sim`).
 
 mod recovery;
 mod server;
@@ -17,7 +21,6 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -110,7 +113,10 @@ pub struct Node {
     recovery: recovery::Recovery,
     stop: AtomicBool,
     pull_delay: std::time::Duration,
-    _dir_lock: File,
+    /// Store and driver calls run inline instead of on the blocking pool (see [`NodeParts`]).
+    inline: bool,
+    /// The data directory's lock; None when the caller chose the identity (see [`NodeParts`]).
+    _dir_lock: Option<File>,
 }
 
 /// What [`Node::start_with`] runs on.
@@ -121,12 +127,47 @@ pub struct NodeParts {
     pub listener: Option<Listener>,
     /// How the node connects to its peers (recovery).
     pub transport: Arc<dyn Transport>,
+    /// The membership driver; None: opened from `NodeOptions::cluster`.
+    pub driver: Option<Arc<dyn Driver>>,
+    /// The node's id and incarnation. None: the id is read from (or created in)
+    /// `DIR/node.json`, which also locks `DIR`, and the incarnation is random. Some: the caller
+    /// chose both (a simulator that must place objects the same way in every run of a seed)
+    /// and the data directory is not touched unless the object store lives there.
+    pub identity: Option<(u64, u64)>,
+    /// Run without OS threads: the membership tick as a tokio task, store and driver calls
+    /// inline on the calling task instead of on the blocking pool. For the deterministic
+    /// simulator, which runs every node in one current-thread runtime; never for production
+    /// (a slow disk would stall the node's network tasks).
+    pub inline: bool,
+}
+
+impl NodeParts {
+    /// The production seams (files under `DIR/obj`, TCP, the driver of `NodeOptions::cluster`,
+    /// identity from `DIR`, the blocking pool) with connections to peers through `transport`.
+    pub fn new(transport: Arc<dyn Transport>) -> NodeParts {
+        NodeParts {
+            store: None,
+            listener: None,
+            transport,
+            driver: None,
+            identity: None,
+            inline: false,
+        }
+    }
+}
+
+/// The membership ticker: its own thread, or a task when the node runs inline.
+enum Ticker {
+    Thread(std::thread::JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
 }
 
 /// A started node; dropping it does not stop it, call [`Running::shutdown`].
 pub struct Running {
     pub node: Arc<Node>,
-    ticker: Option<JoinHandle<()>>,
+    ticker: Option<Ticker>,
+    /// The recovery and accept tasks, ended by [`Running::halt`].
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 fn dir_err<'a>(dir: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> NodeError + 'a {
@@ -186,12 +227,7 @@ impl Node {
     /// Opens the data directory, joins the cluster and starts serving over TCP, with objects
     /// as files under `DIR/obj`. Must run inside a tokio runtime.
     pub async fn start(opts: NodeOptions) -> Result<Running, NodeError> {
-        let parts = NodeParts {
-            store: None,
-            listener: None,
-            transport: Arc::new(Tcp),
-        };
-        Node::start_with(opts, parts).await
+        Node::start_with(opts, NodeParts::new(Arc::new(Tcp))).await
     }
 
     /// Like [`Node::start`] with the seams chosen by the caller: the object backend (None: files
@@ -199,12 +235,22 @@ impl Node {
     /// whole clusters in one process this way (a [`crate::store::MemStore`] and an in-memory
     /// network).
     pub async fn start_with(opts: NodeOptions, parts: NodeParts) -> Result<Running, NodeError> {
-        let driver: Arc<dyn Driver> = Arc::from(membership::open(&opts.cluster)?);
+        let inline = parts.inline;
+        let driver: Arc<dyn Driver> = match parts.driver {
+            Some(d) => d,
+            None => Arc::from(membership::open(&opts.cluster)?),
+        };
         let d = driver.clone();
-        let cluster_id = tokio::task::spawn_blocking(move || d.cluster_id())
+        let cluster_id = run_blocking(inline, move || d.cluster_id())
             .await
             .expect("cluster_id task")?;
-        let (dir_lock, id) = open_dir(&opts.dir, &cluster_id)?;
+        let (dir_lock, id, incarnation) = match parts.identity {
+            Some((id, incarnation)) => (None, id, incarnation),
+            None => {
+                let (lock, id) = open_dir(&opts.dir, &cluster_id)?;
+                (Some(lock), id, rand::random())
+            }
+        };
         let store: Arc<dyn ObjectBackend> = match parts.store {
             Some(s) => s,
             None => {
@@ -226,11 +272,11 @@ impl Node {
             addr: listener.local_addr().unwrap_or(opts.listen),
             zone: opts.zone.unwrap_or(id as u32),
             vnodes: opts.vnodes,
-            incarnation: rand::random(),
+            incarnation,
         };
         let d = driver.clone();
         let m = me.clone();
-        let view = tokio::task::spawn_blocking(move || d.join(&m))
+        let view = run_blocking(inline, move || d.join(&m))
             .await
             .expect("join task")?;
         tracing::info!(
@@ -253,21 +299,52 @@ impl Node {
             recovery: recovery::Recovery::default(),
             stop: AtomicBool::new(false),
             pull_delay: opts.pull_delay,
+            inline,
             _dir_lock: dir_lock,
         });
-        let ticker = {
+        let ticker = if inline {
+            Ticker::Task(tokio::spawn(node.clone().tick_task()))
+        } else {
             let node = node.clone();
-            std::thread::Builder::new()
-                .name("membership".into())
-                .spawn(move || node.tick_loop())
-                .map_err(dir_err(&opts.dir, "start membership thread"))?
+            Ticker::Thread(
+                std::thread::Builder::new()
+                    .name("membership".into())
+                    .spawn(move || node.tick_loop())
+                    .map_err(dir_err(&opts.dir, "start membership thread"))?,
+            )
         };
-        tokio::spawn(recovery::run(node.clone()));
-        tokio::spawn(server::serve(node.clone(), listener));
+        let tasks = vec![
+            tokio::spawn(recovery::run(node.clone())),
+            tokio::spawn(server::serve(node.clone(), listener)),
+        ];
         Ok(Running {
             node,
             ticker: Some(ticker),
+            tasks,
         })
+    }
+
+    /// Runs a store or driver call: on tokio's blocking pool, or inline when the node runs
+    /// without OS threads ([`NodeParts::inline`]).
+    pub(crate) async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, tokio::task::JoinError> {
+        run_blocking(self.inline, f).await
+    }
+
+    /// The membership tick as a task (a node that runs inline).
+    async fn tick_task(self: Arc<Node>) {
+        while !self.stop.load(Ordering::SeqCst) {
+            tokio::time::sleep(TICK).await;
+            if self.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            match self.driver.tick() {
+                Ok(view) => self.adopt(view),
+                Err(e) => tracing::warn!("membership tick failed: {e}"),
+            }
+        }
     }
 
     fn tick_loop(&self) {
@@ -337,27 +414,52 @@ impl Node {
 }
 
 impl Running {
-    /// Stops the membership thread without leaving: to the cluster the node just went silent,
-    /// as after a crash. Its tasks live on in their runtime; drop that runtime to end them.
+    /// Stops the membership ticker, the recovery task and the accept loop without leaving: to
+    /// the cluster the node just went silent, as after a crash. Tasks of connections and
+    /// requests live on in their runtime until their connections break; drop that runtime (or
+    /// cut the node off the in-memory network) to end them.
     pub fn halt(mut self) {
         self.node.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.ticker.take() {
-            let _ = t.join();
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        match self.ticker.take() {
+            Some(Ticker::Thread(t)) => {
+                let _ = t.join();
+            }
+            Some(Ticker::Task(t)) => t.abort(),
+            None => {}
         }
     }
 
-    /// Leaves the cluster and stops the membership thread. Connections still open are dropped
+    /// Leaves the cluster and stops the membership ticker. Connections still open are dropped
     /// when the process exits.
     pub async fn shutdown(mut self) {
         self.node.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.ticker.take() {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        match self.ticker.take() {
+            Some(Ticker::Thread(t)) => {
+                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+            }
+            Some(Ticker::Task(t)) => t.abort(),
+            None => {}
         }
         let d = self.node.driver.clone();
-        match tokio::task::spawn_blocking(move || d.leave()).await {
+        match self.node.blocking(move || d.leave()).await {
             Ok(Ok(())) => tracing::info!("left the cluster"),
             Ok(Err(e)) => tracing::warn!("leaving the cluster failed: {e}"),
             Err(e) => tracing::warn!("leaving the cluster failed: {e}"),
         }
     }
+}
+
+/// Runs `f` on tokio's blocking pool, or inline (see [`NodeParts::inline`]); the error is the
+/// pool's (a call that panicked there), as from `spawn_blocking`.
+async fn run_blocking<T: Send + 'static>(
+    inline: bool,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    if inline {
+        return Ok(f());
+    }
+    tokio::task::spawn_blocking(f).await
 }

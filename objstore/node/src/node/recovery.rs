@@ -186,10 +186,10 @@ impl Node {
             };
             let stamp = frame.header.aux;
             let store = self.store.clone();
-            let put =
-                tokio::task::spawn_blocking(move || store.put_if_newer(oid, &frame.payload, stamp))
-                    .await
-                    .expect("store task");
+            let put = self
+                .blocking(move || store.put_if_newer(oid, &frame.payload, stamp))
+                .await
+                .expect("store task");
             match put {
                 Ok(_) => {
                     self.recovery.update(|s| s.done += 1);
@@ -278,7 +278,7 @@ impl Node {
         let e = ep.view.epoch;
         let mut sources: Vec<SocketAddr> = ep.view.nodes.iter().map(|n| n.addr).collect();
         let d = self.driver.clone();
-        if let Ok(Ok(Some(prev))) = tokio::task::spawn_blocking(move || d.view_at(e - 1)).await {
+        if let Ok(Ok(Some(prev))) = self.blocking(move || d.view_at(e - 1)).await {
             sources.extend(prev.nodes.iter().map(|n| n.addr));
         }
         sources.sort();
@@ -348,7 +348,10 @@ impl Node {
         if total > 0 {
             tracing::info!("epoch {e}: recovering {total} object(s)");
         }
-        let oids: Vec<ObjectId> = pending.keys().copied().collect();
+        // Sorted: the order of pulls must not depend on the map's random seed (the simulator
+        // replays a seed exactly).
+        let mut oids: Vec<ObjectId> = pending.keys().copied().collect();
+        oids.sort();
         *self.recovery.pending.lock().unwrap() = pending;
         self.recovery.update(|s| {
             s.total = total;
@@ -360,7 +363,6 @@ impl Node {
         // changes. The epoch counts as recovered here only once nothing is left, so no other
         // node drops a copy this node has not got yet.
         use futures::StreamExt;
-        let mut oids = oids;
         let mut backoff = RETRY_FIRST;
         loop {
             let mut failed = Vec::new();
@@ -433,7 +435,7 @@ impl Node {
                 continue;
             }
             let store = self.store.clone();
-            if let Ok(Ok(())) = tokio::task::spawn_blocking(move || store.remove(oid)).await {
+            if let Ok(Ok(())) = self.blocking(move || store.remove(oid)).await {
                 removed += 1;
             }
         }
@@ -459,6 +461,7 @@ pub(super) async fn run(node: Arc<Node>) {
         let ep = rx.borrow_and_update().clone();
         let round = node.recover_epoch(ep);
         tokio::select! {
+            biased;
             _ = round => {
                 if rx.changed().await.is_err() {
                     return;

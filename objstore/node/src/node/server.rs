@@ -152,9 +152,10 @@ async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
 }
 
 async fn blocking<T: Send + 'static>(
+    node: &Node,
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, Failure> {
-    match tokio::task::spawn_blocking(f).await {
+    match node.blocking(f).await {
         Ok(r) => r.map_err(Failure::from),
         Err(e) => Err(Failure::new(
             ResultCode::Io,
@@ -207,7 +208,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 // blocking pool would cost more than the read.
                 store.read(oid, off, len)?
             } else {
-                blocking(move || store.read(oid, off, len)).await?
+                blocking(node, move || store.read(oid, off, len)).await?
             };
             Ok(Reply::bytes(Bytes::from(data)))
         }
@@ -227,19 +228,19 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             node.recovery.written(oid);
             let store = node.store.clone();
             let (off, e) = (h.offset, ep.view.epoch);
-            blocking(move || store.write(oid, off, &payload, e)).await?;
+            blocking(node, move || store.write(oid, off, &payload, e)).await?;
             Ok(Reply::empty())
         }
         Opcode::RemoveObj => {
             io_epoch(node, h).await?;
             node.recovery.removed(oid);
             let store = node.store.clone();
-            blocking(move || store.remove(oid)).await?;
+            blocking(node, move || store.remove(oid)).await?;
             Ok(Reply::empty())
         }
         Opcode::Flush => {
             let store = node.store.clone();
-            blocking(move || store.flush()).await?;
+            blocking(node, move || store.flush()).await?;
             Ok(Reply::empty())
         }
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
@@ -255,7 +256,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         },
         Opcode::PeerRead => {
             let store = node.store.clone();
-            let (data, stamp) = blocking(move || store.read_whole(oid)).await?;
+            let (data, stamp) = blocking(node, move || store.read_whole(oid)).await?;
             Ok(Reply {
                 payload: Bytes::from(data),
                 aux: stamp,
@@ -293,7 +294,8 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         Opcode::KvGet => {
             let key = text(&payload)?.to_string();
             let d = node.driver.clone();
-            let v = tokio::task::spawn_blocking(move || d.kv_get(&key))
+            let v = node
+                .blocking(move || d.kv_get(&key))
                 .await
                 .map_err(driver_failure)?
                 .map_err(driver_failure)?;
@@ -310,16 +312,17 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 ));
             }
             let d = node.driver.clone();
-            let ok = tokio::task::spawn_blocking(move || {
-                d.kv_cas(
-                    &req.key,
-                    req.expected.as_deref().map(str::as_bytes),
-                    req.new.as_deref().map(str::as_bytes),
-                )
-            })
-            .await
-            .map_err(driver_failure)?
-            .map_err(driver_failure)?;
+            let ok = node
+                .blocking(move || {
+                    d.kv_cas(
+                        &req.key,
+                        req.expected.as_deref().map(str::as_bytes),
+                        req.new.as_deref().map(str::as_bytes),
+                    )
+                })
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
             if ok {
                 Ok(Reply::empty())
             } else {
@@ -329,7 +332,8 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         Opcode::KvList => {
             let prefix = text(&payload)?.to_string();
             let d = node.driver.clone();
-            let list = tokio::task::spawn_blocking(move || d.kv_list(&prefix))
+            let list = node
+                .blocking(move || d.kv_list(&prefix))
                 .await
                 .map_err(driver_failure)?
                 .map_err(driver_failure)?;
@@ -406,7 +410,8 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
     };
     let d = node.driver.clone();
     let raw = serde_json::to_vec(&cfg).expect("serializable");
-    let ok = tokio::task::spawn_blocking(move || d.kv_cas(keys::CONFIG, None, Some(&raw)))
+    let ok = node
+        .blocking(move || d.kv_cas(keys::CONFIG, None, Some(&raw)))
         .await
         .map_err(driver_failure)?
         .map_err(driver_failure)?;

@@ -39,6 +39,10 @@ pub enum Fault {
     Io,
     /// A full disk (ENOSPC).
     NoSpace,
+    /// For [`Op::Flush`]: EIO, and the writes it should have made durable never will be (Linux
+    /// marks the pages clean after a failed fdatasync): readers still see them until a crash,
+    /// a later flush succeeds without them. Other operations: as [`Fault::Io`].
+    IoLosingDirty,
 }
 
 #[derive(Default)]
@@ -111,7 +115,7 @@ impl MemStore {
         match st.faults.iter().find(|(o, _)| *o == op) {
             None => Ok(()),
             Some((_, Fault::NoSpace)) => Err(StoreError::NoSpace),
-            Some((_, Fault::Io)) => Err(StoreError::Io {
+            Some((_, Fault::Io | Fault::IoLosingDirty)) => Err(StoreError::Io {
                 oid,
                 op: match op {
                     Op::Read => "read",
@@ -209,7 +213,12 @@ impl ObjectBackend for MemStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
-        MemStore::check(&st, Op::Flush, ObjectId(0))?;
+        if let Err(e) = MemStore::check(&st, Op::Flush, ObjectId(0)) {
+            if st.faults.contains(&(Op::Flush, Fault::IoLosingDirty)) {
+                st.dirty.clear();
+            }
+            return Err(e);
+        }
         let dirty: Vec<ObjectId> = st.dirty.drain().collect();
         for oid in dirty {
             if let Some(o) = st.live.get(&oid).cloned() {
@@ -258,6 +267,15 @@ mod tests {
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         s.clear_faults();
         s.flush().unwrap();
+        // A failed fdatasync that loses the dirty pages: the next flush succeeds, the crash
+        // shows the write gone.
+        s.write(a, 0, b"z", 1).unwrap();
+        s.fail(Op::Flush, Fault::IoLosingDirty);
+        assert!(s.flush().is_err());
+        s.clear_faults();
+        s.flush().unwrap();
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"z");
+        assert_eq!(s.crashed().read(a, 0, 1).unwrap(), b"x");
         assert!(s.corrupt(a, 0));
         assert_ne!(s.read(a, 0, 1).unwrap(), b"x");
     }
