@@ -2,7 +2,7 @@
 //! by request id. A writer task batches outgoing frames; a reader task routes responses. When
 //! the connection breaks every waiting caller gets [`ConnError::Closed`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,9 @@ pub enum ConnError {
     BadFrame { addr: SocketAddr, reason: String },
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Frame>>>>;
+/// Waiters by request id; ordered, so a broken connection wakes them in the order they asked
+/// (the fault simulator replays a seed exactly only if wake-ups do not follow a hash seed).
+type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Frame>>>>;
 
 /// One TCP connection to a node.
 pub struct Conn {

@@ -22,17 +22,19 @@
 //! A connection's ends are known when it is opened through an endpoint
 //! ([`MemNetwork::endpoint`]); a plain handle connects from a fresh anonymous address.
 //! Draws of the delay generator happen in the order the relays run, so under a current-thread
-//! runtime with a paused clock the same seed gives the same delays.
+//! runtime with a paused clock the same seed gives the same delays. Waiters are woken through
+//! `Notify` (fixed order), never a tokio `watch` (random order).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::{Listener, Reader, Transport, Writer};
@@ -40,7 +42,7 @@ use super::{Listener, Reader, Transport, Writer};
 /// Bytes an in-memory pipe buffers in each direction.
 const PIPE_BUFFER: usize = 1 << 20;
 /// The largest chunk a relay forwards at once.
-const CHUNK: usize = 64 << 10;
+const CHUNK: usize = 16 << 10;
 
 type Incoming = mpsc::UnboundedSender<(DuplexStream, SocketAddr)>;
 
@@ -82,7 +84,7 @@ impl Default for MemNetwork {
         MemNetwork {
             inner: Arc::new(Inner {
                 state: Mutex::default(),
-                changed: watch::channel(0).0,
+                changed: Notify::new(),
             }),
             from: None,
         }
@@ -91,13 +93,35 @@ impl Default for MemNetwork {
 
 struct Inner {
     state: Mutex<NetState>,
-    /// Bumped at every change of links or dead addresses: hung relays and connects re-check.
-    changed: watch::Sender<u64>,
+    /// Fired at every change of links or dead addresses: hung relays and connects re-check.
+    changed: Notify,
 }
 
 struct ConnCtl {
     info: ConnInfo,
-    reset: watch::Sender<bool>,
+    reset: AtomicBool,
+    /// Fired when `reset` is set.
+    reset_set: Notify,
+}
+
+impl ConnCtl {
+    fn reset(&self) {
+        self.reset.store(true, Ordering::SeqCst);
+        self.reset_set.notify_waiters();
+    }
+
+    /// Returns once the connection is reset.
+    async fn fired(&self) {
+        loop {
+            let set = self.reset_set.notified();
+            tokio::pin!(set);
+            set.as_mut().enable();
+            if self.reset.load(Ordering::SeqCst) {
+                return;
+            }
+            set.await;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -158,7 +182,7 @@ impl NetState {
     fn reset_where(&mut self, pick: impl Fn(&ConnInfo) -> bool) {
         self.conns.retain(|_, c| match c.upgrade() {
             Some(c) if pick(&c.info) => {
-                c.reset.send_replace(true);
+                c.reset();
                 false
             }
             Some(_) => true,
@@ -209,7 +233,7 @@ impl MemNetwork {
     }
 
     fn changed(&self) {
-        self.inner.changed.send_modify(|g| *g += 1);
+        self.inner.changed.notify_waiters();
     }
 
     /// Sets the link between `a` and `b` (both directions).
@@ -293,35 +317,28 @@ impl MemNetwork {
         st.reset_where(|c| pair(c.from, c.to) == pair(a, b));
     }
 
-    /// Waits while the link between `a` and `b` hangs; false if it is down (or `reset` fired).
-    async fn passable(
-        &self,
-        a: SocketAddr,
-        b: SocketAddr,
-        reset: Option<&mut watch::Receiver<bool>>,
-    ) -> bool {
-        let mut changed = self.inner.changed.subscribe();
-        let mut reset = reset;
+    /// Waits while the link between `a` and `b` hangs; false if it is down (or the connection
+    /// `ctl` was reset meanwhile).
+    async fn passable(&self, a: SocketAddr, b: SocketAddr, ctl: Option<&ConnCtl>) -> bool {
         loop {
+            let changed = self.inner.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             let link = self.inner.state.lock().unwrap().link(a, b);
             match link {
                 Link::Up => return true,
                 Link::Down => return false,
                 Link::Hang => {}
             }
-            match reset.as_deref_mut() {
-                Some(r) => {
+            match ctl {
+                Some(c) => {
                     tokio::select! {
                         biased;
-                        _ = fired(r) => return false,
-                        c = changed.changed() => if c.is_err() { return false },
+                        _ = c.fired() => return false,
+                        _ = changed => {}
                     }
                 }
-                None => {
-                    if changed.changed().await.is_err() {
-                        return false;
-                    }
-                }
+                None => changed.await,
             }
         }
     }
@@ -354,7 +371,8 @@ impl MemNetwork {
                     from,
                     to,
                 },
-                reset: watch::channel(false).0,
+                reset: AtomicBool::new(false),
+                reset_set: Notify::new(),
             });
             st.conns.insert(ctl.info.id, Arc::downgrade(&ctl));
             ctl
@@ -368,11 +386,6 @@ impl MemNetwork {
     }
 }
 
-/// Returns once the connection's reset fired (or its control is gone).
-async fn fired(reset: &mut watch::Receiver<bool>) {
-    let _ = reset.wait_for(|r| *r).await;
-}
-
 /// One direction of a relayed connection (see the module documentation).
 async fn pump(
     net: MemNetwork,
@@ -381,13 +394,12 @@ async fn pump(
     mut dst: WriteHalf<DuplexStream>,
 ) {
     let (a, b) = (ctl.info.from, ctl.info.to);
-    let mut reset = ctl.reset.subscribe();
     let mut buf = vec![0u8; CHUNK];
     let mut due = Instant::now();
     loop {
         let n = tokio::select! {
             biased;
-            _ = fired(&mut reset) => return,
+            _ = ctl.fired() => return,
             r = src.read(&mut buf) => match r {
                 Ok(0) | Err(_) => {
                     // The sender closed its side: pass the end on, after the bytes before it.
@@ -397,19 +409,19 @@ async fn pump(
                 Ok(n) => n,
             },
         };
-        if !net.passable(a, b, Some(&mut reset)).await {
+        if !net.passable(a, b, Some(&ctl)).await {
             return;
         }
         let delay = net.inner.state.lock().unwrap().next_delay(a, b);
         due = due.max(Instant::now() + delay);
         tokio::select! {
             biased;
-            _ = fired(&mut reset) => return,
+            _ = ctl.fired() => return,
             _ = tokio::time::sleep_until(due) => {}
         }
         tokio::select! {
             biased;
-            _ = fired(&mut reset) => return,
+            _ = ctl.fired() => return,
             r = dst.write_all(&buf[..n]) => if r.is_err() { return },
         }
     }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::{Notify, OnceCell};
 
 use super::{Epoch, Node};
 use crate::store::StoreError;
@@ -56,7 +56,11 @@ pub(super) enum PullFailed {
 }
 
 pub(super) struct Recovery {
-    planned: watch::Sender<u32>,
+    /// The newest epoch whose plan exists; `planned_set` wakes its waiters. (Not a `watch`:
+    /// tokio wakes a watch's waiters in a random order, a Notify's in a fixed one, which the
+    /// fault simulator needs to replay a seed.)
+    planned: AtomicU32,
+    planned_set: Notify,
     recovered: AtomicU32,
     pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
     tombstones: Mutex<HashSet<ObjectId>>,
@@ -66,7 +70,8 @@ pub(super) struct Recovery {
 impl Default for Recovery {
     fn default() -> Self {
         Recovery {
-            planned: watch::channel(0).0,
+            planned: AtomicU32::new(0),
+            planned_set: Notify::new(),
             recovered: AtomicU32::new(0),
             pending: Mutex::default(),
             tombstones: Mutex::default(),
@@ -91,13 +96,26 @@ impl Recovery {
     /// Waits until the plan for `epoch` exists. False on timeout.
     pub(super) async fn wait_planned(&self, epoch: u32) -> bool {
         // The usual case on every request: planned long ago, no waiting machinery.
-        if *self.planned.borrow() >= epoch {
+        if self.planned.load(Ordering::SeqCst) >= epoch {
             return true;
         }
-        let mut rx = self.planned.subscribe();
-        tokio::time::timeout(PLAN_WAIT, rx.wait_for(|p| *p >= epoch))
-            .await
-            .is_ok_and(|r| r.is_ok())
+        let planned = async {
+            loop {
+                let set = self.planned_set.notified();
+                tokio::pin!(set);
+                set.as_mut().enable();
+                if self.planned.load(Ordering::SeqCst) >= epoch {
+                    return;
+                }
+                set.await;
+            }
+        };
+        tokio::time::timeout(PLAN_WAIT, planned).await.is_ok()
+    }
+
+    fn set_planned(&self, epoch: u32) {
+        self.planned.store(epoch, Ordering::SeqCst);
+        self.planned_set.notify_waiters();
     }
 
     /// A removed object must not come back through recovery from a stale holder.
@@ -335,7 +353,7 @@ impl Node {
         });
         let Some(cfg) = self.config() else {
             // Nothing can be stored before the format.
-            self.recovery.planned.send_replace(e);
+            self.recovery.set_planned(e);
             self.recovery.recovered.store(e, Ordering::SeqCst);
             self.recovery.update(|s| s.state = RecoveryState::Done);
             return;
@@ -357,7 +375,7 @@ impl Node {
             s.total = total;
             s.state = RecoveryState::Recovering;
         });
-        self.recovery.planned.send_replace(e);
+        self.recovery.set_planned(e);
 
         // Pull everything; what failed is retried with backoff until it succeeds or the epoch
         // changes. The epoch counts as recovered here only once nothing is left, so no other

@@ -1,0 +1,411 @@
+//! The checker: every 4 KiB block is a register, written by block writes (its tag) and by
+//! removes of its object (zeros), and read by reads.
+//!
+//! # What a read may return
+//! A write `W` (a block write or a remove, acknowledged or failed) or the initial zeros may be
+//! returned by a read `R` (invoked at `t0`, returned at `t1`) exactly when
+//! 1. `W` was invoked before `t1` (it had begun), and
+//! 2. `W` is not *superseded* at `t0`: there is no acknowledged write `W2` to the same block,
+//!    invoked after `W` returned and acknowledged before `t0`, that is *safe* at `t0`.
+//!
+//! `W2` is **safe** at `t0` when no node crashed between `W2`'s invocation and the earlier of
+//! `t0` and the return of the first acknowledged flush invoked after `W2` was acknowledged.
+//! So:
+//! - an acknowledged write hides everything that returned before it began, until a crash
+//!   while it was not yet covered by a flush (then older values may come back, and the
+//!   unflushed write may be lost: the block-device contract allows losing unflushed writes
+//!   on a crash; any node's crash counts, since placement moves objects between nodes);
+//! - a write that overlapped others in time may be returned in any order with them;
+//! - a failed write (an error or timeout returned to the client) may or may not have taken
+//!   effect, but never after a later safe acknowledged write to its block: data of a failed
+//!   write that shows up over a newer acknowledged one is a violation (a late message);
+//! - a removed object reads as zeros, and its older data never comes back once the remove is
+//!   safe.
+//!
+//! A block that is neither zeros nor exactly one write's pattern is [`Kind::Garbage`] (torn or
+//! mixed data); a pattern of a write that never targeted this block is [`Kind::Foreign`].
+//! Errors returned to clients are not violations; they are counted by the run.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::history::{BlockValue, History, Micros, OpKind, Outcome, WriteId};
+
+/// What rule a violation broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// A block that is neither zeros nor one write's pattern.
+    Garbage,
+    /// The pattern of a write to another block or object.
+    Foreign,
+    /// An older acknowledged value came back over a safe acknowledged write.
+    Reverted,
+    /// A safe acknowledged write read as zeros (its object or block was lost).
+    Lost,
+    /// Data removed by a safe acknowledged remove came back.
+    Resurrected,
+    /// A failed write's data showed up over a later safe acknowledged write.
+    LateFailedWrite,
+    /// After the faults stopped, the owners of an object hold different bytes.
+    Divergent,
+    /// After the faults stopped and every node restarted, recovery did not finish in time.
+    NotSettled,
+    /// After the faults stopped and recovery finished, a read failed.
+    FinalReadFailed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: Kind,
+    pub at: Micros,
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} at {:.3} s: {}",
+            self.kind,
+            self.at as f64 / 1e6,
+            self.detail
+        )
+    }
+}
+
+/// One write to one block as the register sees it.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// 0: the initial zeros.
+    id: WriteId,
+    zero: bool,
+    acked: bool,
+    invoke: Micros,
+    end: Micros,
+    remove: bool,
+}
+
+/// The registers built from a history, to judge reads against.
+pub struct Model {
+    /// (object, block) -> writes to it, in invocation order.
+    regs: BTreeMap<(usize, usize), Vec<Entry>>,
+    crashes: Vec<Micros>,
+    /// Acknowledged flushes (invoke, end).
+    flushes: Vec<(Micros, Micros)>,
+}
+
+impl Model {
+    pub fn new(h: &History, objects: usize, blocks: usize) -> Model {
+        let mut regs = BTreeMap::new();
+        for o in 0..objects {
+            for b in 0..blocks {
+                regs.insert(
+                    (o, b),
+                    vec![Entry {
+                        id: 0,
+                        zero: true,
+                        acked: true,
+                        invoke: 0,
+                        end: 0,
+                        remove: false,
+                    }],
+                );
+            }
+        }
+        let mut flushes = Vec::new();
+        for op in &h.ops {
+            let acked = op.outcome == Outcome::Ok;
+            let entry = |id, zero, remove| Entry {
+                id,
+                zero,
+                acked,
+                invoke: op.invoke,
+                end: op.end,
+                remove,
+            };
+            match op.kind {
+                OpKind::Write { obj, block, id } => {
+                    if let Some(r) = regs.get_mut(&(obj, block)) {
+                        r.push(entry(id, false, false));
+                    }
+                }
+                OpKind::Remove { obj, id } => {
+                    for b in 0..blocks {
+                        if let Some(r) = regs.get_mut(&(obj, b)) {
+                            r.push(entry(id, true, true));
+                        }
+                    }
+                }
+                OpKind::Flush if acked => flushes.push((op.invoke, op.end)),
+                _ => {}
+            }
+        }
+        Model {
+            regs,
+            crashes: h.crashes.clone(),
+            flushes,
+        }
+    }
+
+    /// Whether acknowledged `w2` is safe at `t0` (see the module documentation).
+    fn safe(&self, w2: &Entry, t0: Micros) -> bool {
+        let flushed = self
+            .flushes
+            .iter()
+            .filter(|(inv, _)| *inv >= w2.end)
+            .map(|(_, end)| *end)
+            .min()
+            .unwrap_or(Micros::MAX);
+        let horizon = flushed.min(t0);
+        !self.crashes.iter().any(|&c| c >= w2.invoke && c < horizon)
+    }
+
+    /// The newest safe acknowledged write that supersedes `w` at `t0`, if any.
+    fn superseded_by(&self, reg: &[Entry], w: &Entry, t0: Micros) -> Option<Entry> {
+        reg.iter()
+            .filter(|w2| w2.acked && w2.invoke > w.end && w2.end < t0 && self.safe(w2, t0))
+            .max_by_key(|w2| w2.end)
+            .copied()
+    }
+
+    /// Judges one block value read by a read invoked at `t0` that returned at `t1`.
+    pub fn check(
+        &self,
+        obj: usize,
+        block: usize,
+        got: BlockValue,
+        t0: Micros,
+        t1: Micros,
+    ) -> Option<Violation> {
+        let at = t1;
+        let reg = self.regs.get(&(obj, block))?;
+        let where_ = format!("object {obj} block {block}");
+        let candidates: Vec<&Entry> = match got {
+            BlockValue::Garbage => {
+                return Some(Violation {
+                    kind: Kind::Garbage,
+                    at,
+                    detail: format!("{where_}: neither zeros nor one write's data"),
+                })
+            }
+            BlockValue::Zero => reg.iter().filter(|e| e.zero).collect(),
+            BlockValue::Write(id) => {
+                let c: Vec<&Entry> = reg.iter().filter(|e| !e.zero && e.id == id).collect();
+                if c.is_empty() {
+                    return Some(Violation {
+                        kind: Kind::Foreign,
+                        at,
+                        detail: format!("{where_}: holds write {id}, which never targeted it"),
+                    });
+                }
+                c
+            }
+        };
+        let begun: Vec<&Entry> = candidates.into_iter().filter(|w| w.invoke < t1).collect();
+        if begun.is_empty() {
+            return Some(Violation {
+                kind: Kind::Foreign,
+                at,
+                detail: format!("{where_}: read {got:?} before that write began"),
+            });
+        }
+        let mut newest: Option<(Entry, Entry)> = None;
+        for w in begun {
+            match self.superseded_by(reg, w, t0) {
+                None => return None,
+                Some(w2) => {
+                    let newer = match newest {
+                        Some((_, n)) => w2.end > n.end,
+                        None => true,
+                    };
+                    if newer {
+                        newest = Some((*w, w2));
+                    }
+                }
+            }
+        }
+        let (w, w2) = newest?;
+        let kind = if !w.acked {
+            Kind::LateFailedWrite
+        } else if w2.remove && !w.zero {
+            Kind::Resurrected
+        } else if w.zero && !w2.zero {
+            Kind::Lost
+        } else {
+            Kind::Reverted
+        };
+        let what = |e: &Entry| {
+            if e.id == 0 {
+                "the initial zeros".to_string()
+            } else if e.remove {
+                format!("remove {}", e.id)
+            } else {
+                format!("write {}", e.id)
+            }
+        };
+        Some(Violation {
+            kind,
+            at,
+            detail: format!(
+                "{where_}: read (invoked {:.3} s) returned {} ({}, {:.3}-{:.3} s) though {} (acknowledged {:.3}-{:.3} s) superseded it",
+                t0 as f64 / 1e6,
+                what(&w),
+                if w.acked { "acknowledged" } else { "failed" },
+                w.invoke as f64 / 1e6,
+                w.end as f64 / 1e6,
+                what(&w2),
+                w2.invoke as f64 / 1e6,
+                w2.end as f64 / 1e6,
+            ),
+        })
+    }
+
+    /// Judges every acknowledged read of the history.
+    pub fn check_reads(&self, h: &History) -> Vec<Violation> {
+        let mut out = Vec::new();
+        for op in &h.ops {
+            if let (OpKind::Read { obj, first, values }, Outcome::Ok) = (&op.kind, &op.outcome) {
+                for (k, v) in values.iter().enumerate() {
+                    out.extend(self.check(*obj, first + k, *v, op.invoke, op.end));
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::Op;
+
+    fn op(kind: OpKind, invoke: Micros, end: Micros, ok: bool) -> Op {
+        Op {
+            client: 0,
+            kind,
+            invoke,
+            end,
+            outcome: if ok {
+                Outcome::Ok
+            } else {
+                Outcome::Failed("timeout".into())
+            },
+        }
+    }
+
+    fn write(id: u64, invoke: Micros, end: Micros, ok: bool) -> Op {
+        op(
+            OpKind::Write {
+                obj: 0,
+                block: 0,
+                id,
+            },
+            invoke,
+            end,
+            ok,
+        )
+    }
+
+    fn kind(m: &Model, got: BlockValue, t0: Micros, t1: Micros) -> Option<Kind> {
+        m.check(0, 0, got, t0, t1).map(|v| v.kind)
+    }
+
+    #[test]
+    fn a_read_returns_the_last_acknowledged_write_or_a_concurrent_one() {
+        let h = History {
+            ops: vec![
+                write(1, 10, 20, true),
+                write(2, 30, 40, true),
+                write(3, 35, 60, true),
+            ],
+            ..Default::default()
+        };
+        let m = Model::new(&h, 1, 1);
+        assert_eq!(
+            kind(&m, BlockValue::Zero, 5, 25),
+            None,
+            "concurrent with write 1"
+        );
+        assert_eq!(kind(&m, BlockValue::Zero, 25, 26), Some(Kind::Lost));
+        assert_eq!(kind(&m, BlockValue::Write(1), 25, 26), None);
+        assert_eq!(kind(&m, BlockValue::Write(1), 45, 50), Some(Kind::Reverted));
+        // 2 and 3 overlap: either may be last.
+        assert_eq!(kind(&m, BlockValue::Write(2), 70, 71), None);
+        assert_eq!(kind(&m, BlockValue::Write(3), 70, 71), None);
+        assert_eq!(
+            kind(&m, BlockValue::Write(3), 20, 25),
+            Some(Kind::Foreign),
+            "not begun"
+        );
+        assert_eq!(kind(&m, BlockValue::Write(9), 70, 71), Some(Kind::Foreign));
+        assert_eq!(kind(&m, BlockValue::Garbage, 70, 71), Some(Kind::Garbage));
+    }
+
+    #[test]
+    fn a_crash_lets_unflushed_writes_go_but_not_flushed_ones() {
+        let flush = |i, e| op(OpKind::Flush, i, e, true);
+        let h = History {
+            ops: vec![
+                write(1, 10, 20, true),
+                flush(25, 30),
+                write(2, 40, 50, true),
+            ],
+            crashes: vec![60],
+            ..Default::default()
+        };
+        let m = Model::new(&h, 1, 1);
+        assert_eq!(kind(&m, BlockValue::Write(1), 55, 56), Some(Kind::Reverted));
+        assert_eq!(
+            kind(&m, BlockValue::Write(1), 70, 71),
+            None,
+            "2 was never flushed"
+        );
+        assert_eq!(
+            kind(&m, BlockValue::Zero, 70, 71),
+            Some(Kind::Lost),
+            "1 was flushed"
+        );
+        let h2 = History {
+            ops: vec![
+                write(1, 10, 20, true),
+                write(2, 40, 50, true),
+                flush(52, 55),
+            ],
+            crashes: vec![60],
+            ..Default::default()
+        };
+        let m2 = Model::new(&h2, 1, 1);
+        assert_eq!(
+            kind(&m2, BlockValue::Write(1), 70, 71),
+            Some(Kind::Reverted)
+        );
+    }
+
+    #[test]
+    fn failed_writes_and_removes() {
+        let h = History {
+            ops: vec![
+                write(1, 10, 20, false),
+                write(2, 30, 40, true),
+                op(OpKind::Remove { obj: 0, id: 3 }, 50, 60, true),
+            ],
+            ..Default::default()
+        };
+        let m = Model::new(&h, 1, 1);
+        assert_eq!(
+            kind(&m, BlockValue::Write(1), 25, 26),
+            None,
+            "may have taken effect"
+        );
+        assert_eq!(kind(&m, BlockValue::Zero, 25, 26), None, "or not");
+        assert_eq!(
+            kind(&m, BlockValue::Write(1), 45, 46),
+            Some(Kind::LateFailedWrite)
+        );
+        assert_eq!(
+            kind(&m, BlockValue::Write(2), 70, 71),
+            Some(Kind::Resurrected)
+        );
+        assert_eq!(kind(&m, BlockValue::Zero, 70, 71), None);
+    }
+}

@@ -1,0 +1,162 @@
+//! The simulated cluster: every node inline (no OS thread) in the one runtime, on a
+//! [`MemStore`], the simulator's [`MemNetwork`] and one [`MemMembership`].
+//!
+//! A crash cuts the node off the network (all its connections reset, it cannot connect or be
+//! connected to), ends its ticker, recovery and accept tasks, and keeps only what its store
+//! had made durable ([`MemStore::crashed`]). A restart brings it back on that state with the
+//! same id and a new incarnation, as `sheep` restarting on its directory would.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use objstore_client::transport::MemNetwork;
+use objstore_node::membership::MemMembership;
+use objstore_node::store::{MemStore, ObjectBackend};
+use objstore_node::{Node, NodeError, NodeOptions, NodeParts, RecoveryState, Running};
+use objstore_proto::oid::ObjectId;
+
+/// One node of the simulated cluster.
+pub struct SimNode {
+    pub addr: SocketAddr,
+    pub id: u64,
+    pub store: Arc<MemStore>,
+    running: Option<Running>,
+}
+
+impl SimNode {
+    pub fn is_up(&self) -> bool {
+        self.running.is_some()
+    }
+
+    pub fn node(&self) -> Option<&Arc<Node>> {
+        self.running.as_ref().map(|r| &r.node)
+    }
+}
+
+pub struct SimCluster {
+    pub net: MemNetwork,
+    pub membership: MemMembership,
+    pub nodes: Vec<SimNode>,
+}
+
+/// Node `i`'s address.
+pub fn node_addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000))
+}
+
+impl SimCluster {
+    /// A cluster of nodes with the given ids, none started yet.
+    pub fn new(net: MemNetwork, ids: &[u64]) -> SimCluster {
+        SimCluster {
+            net,
+            membership: MemMembership::new("sim"),
+            nodes: ids
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| SimNode {
+                    addr: node_addr(i),
+                    id,
+                    store: Arc::new(MemStore::default()),
+                    running: None,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes.iter().map(|n| n.addr).collect()
+    }
+
+    /// Starts node `i` (down) on its store with a new incarnation.
+    pub async fn start(
+        &mut self,
+        i: usize,
+        incarnation: u64,
+        vnodes: u32,
+    ) -> Result<(), NodeError> {
+        let n = &mut self.nodes[i];
+        if n.running.is_some() {
+            return Ok(());
+        }
+        self.net.revive(n.addr);
+        let listener = self.net.listen(n.addr).map_err(|source| NodeError::Bind {
+            addr: n.addr,
+            source,
+        })?;
+        let opts = NodeOptions {
+            // Never touched: the identity is given and the store is in memory.
+            dir: PathBuf::from(format!("/nonexistent/objstore-sim/node{i}")),
+            listen: n.addr,
+            cluster: "memory".into(),
+            zone: None,
+            vnodes,
+            pull_delay: Duration::ZERO,
+        };
+        let parts = NodeParts {
+            store: Some(n.store.clone()),
+            listener: Some(listener),
+            driver: Some(Arc::new(self.membership.driver())),
+            identity: Some((n.id, incarnation)),
+            inline: true,
+            ..NodeParts::new(Arc::new(self.net.endpoint(n.addr)))
+        };
+        n.running = Some(Node::start_with(opts, parts).await?);
+        Ok(())
+    }
+
+    /// Crashes node `i` (see the module documentation); false if it was down.
+    pub fn crash(&mut self, i: usize) -> bool {
+        let n = &mut self.nodes[i];
+        let Some(running) = n.running.take() else {
+            return false;
+        };
+        self.net.kill(n.addr);
+        running.halt();
+        n.store = Arc::new(n.store.crashed());
+        true
+    }
+
+    pub fn up(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_up())
+            .collect()
+    }
+
+    /// Whether every node is up, in the newest epoch with all nodes, and done recovering it.
+    pub fn settled(&self) -> bool {
+        let latest = self.membership.latest();
+        latest.nodes.len() == self.nodes.len()
+            && self.nodes.iter().all(|n| {
+                n.node().is_some_and(|node| {
+                    let s = node.recovery_status();
+                    node.epoch().view.epoch == latest.epoch
+                        && s.epoch == latest.epoch
+                        && s.state == RecoveryState::Done
+                })
+            })
+    }
+
+    /// Each owner's copy of `oid` in the newest epoch (None: not held), as (node index, bytes
+    /// without trailing zeros: an object's length says nothing). Call when settled.
+    pub fn owner_copies(&self, oid: ObjectId, copies: usize) -> Vec<(usize, Option<Vec<u8>>)> {
+        let Some(node) = self.nodes.iter().find_map(|n| n.node()) else {
+            return Vec::new();
+        };
+        let ep = node.epoch();
+        ep.ring
+            .replicas(oid, copies)
+            .iter()
+            .filter_map(|info| self.nodes.iter().position(|n| n.id == info.id))
+            .map(|i| {
+                let copy = self.nodes[i].store.read_whole(oid).ok().map(|(mut d, _)| {
+                    let len = d.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+                    d.truncate(len);
+                    d
+                });
+                (i, copy)
+            })
+            .collect()
+    }
+}

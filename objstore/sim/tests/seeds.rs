@@ -1,0 +1,172 @@
+//! The simulator over many seeds (see the crate documentation of objstore-sim).
+//!
+//! - `seeds`: `SIM_SEEDS` seeds (default 1000) from `SIM_SEED_BASE` (default 0), or only
+//!   `SEED` when set. It fails on the rules the current replication code keeps
+//!   ([`LENIENT`]); with `SIM_STRICT=1`, on every rule of the checker. Either way it prints
+//!   every kind of violation found, with seeds, and a replay command for the first.
+//! - `seeds_strict`: the same, strict; ignored until issue 22's replication work lands.
+//! - `a_seed_replays_exactly`: one seed twice, the same trace.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use objstore_sim::{run, Config, Kind, Report};
+
+/// What must hold today: no torn or foreign block, and an answer to every read once the
+/// faults stopped. The other kinds are the known replication gaps of issue 22 (see the report
+/// the test prints, and docs/architecture.md "Simulator").
+const LENIENT: &[Kind] = &[Kind::Garbage, Kind::Foreign];
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn replay(seed: u64) -> String {
+    format!("SEED={seed} cargo test -p objstore-sim --test seeds seeds -- --nocapture")
+}
+
+/// Runs the seeds on a few threads; returns the reports by seed.
+fn run_many(seeds: Vec<u64>, cfg: &Config) -> Vec<Report> {
+    let next = AtomicU64::new(0);
+    let out = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(seeds.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(&seed) = seeds.get(i) else { return };
+                let r = run(seed, cfg).unwrap_or_else(|e| panic!("seed {seed}: {e:?}"));
+                out.lock().unwrap().push(r);
+            });
+        }
+    });
+    let mut v = out.into_inner().unwrap();
+    v.sort_by_key(|r| r.seed);
+    v
+}
+
+fn check_seeds(strict: bool) {
+    let cfg = Config::default();
+    let seeds: Vec<u64> = match env_u64("SEED") {
+        Some(s) => vec![s],
+        None => {
+            let base = env_u64("SIM_SEED_BASE").unwrap_or(0);
+            (base..base + env_u64("SIM_SEEDS").unwrap_or(1000)).collect()
+        }
+    };
+    let t = Instant::now();
+    let reports = run_many(seeds.clone(), &cfg);
+    let elapsed = t.elapsed();
+    let mut by_kind: BTreeMap<Kind, Vec<u64>> = BTreeMap::new();
+    for r in &reports {
+        for k in r.kinds() {
+            by_kind.entry(k).or_default().push(r.seed);
+        }
+    }
+    let ops: usize = reports.iter().map(|r| r.stats.ops).sum();
+    let failed: usize = reports.iter().map(|r| r.stats.failed).sum();
+    let blocks: usize = reports.iter().map(|r| r.stats.blocks_checked).sum();
+    let crashes: usize = reports.iter().map(|r| r.stats.crashes).sum();
+    let sim: f64 = reports.iter().map(|r| r.stats.sim_time.as_secs_f64()).sum();
+    // One hash over every seed's trace: two runs of the same seeds must print the same.
+    let batch = reports
+        .iter()
+        .fold(0u64, |h, r| h.rotate_left(7) ^ r.trace_hash);
+    eprintln!(
+        "simulator: {} seed(s) in {:.1} s ({:.0} s simulated): {ops} operations ({failed} returned errors), {blocks} block reads checked, {crashes} node crashes; traces {batch:016x}",
+        reports.len(),
+        elapsed.as_secs_f64(),
+        sim
+    );
+    if reports.len() == 1 {
+        let r = &reports[0];
+        eprintln!(
+            "seed {}: trace {:016x}, {:?}",
+            r.seed, r.trace_hash, r.stats
+        );
+        // Faults and operations in time order (an operation at its completion).
+        let mut lines: Vec<(u64, String)> = r
+            .history
+            .events
+            .iter()
+            .map(|e| (e.at, e.what.clone()))
+            .collect();
+        lines.extend(r.history.ops.iter().map(|o| {
+            (
+                o.end,
+                format!(
+                    "client {} {:?} ({:.3}-{:.3} s): {:?}",
+                    o.client,
+                    o.kind,
+                    o.invoke as f64 / 1e6,
+                    o.end as f64 / 1e6,
+                    o.outcome
+                ),
+            )
+        }));
+        lines.sort_by_key(|l| l.0);
+        for (at, what) in lines {
+            eprintln!("  {:>10.3} s  {what}", at as f64 / 1e6);
+        }
+        for v in &r.violations {
+            eprintln!("  violation: {v}");
+        }
+    }
+    let mut fatal = Vec::new();
+    for (kind, seeds) in &by_kind {
+        let counts = !strict && !LENIENT.contains(kind);
+        let first = reports
+            .iter()
+            .find(|r| r.seed == seeds[0])
+            .and_then(|r| r.violations.iter().find(|v| v.kind == *kind))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        eprintln!(
+            "{kind:?}{}: {} seed(s), e.g. {:?}\n  first: seed {}: {first}\n  replay: {}",
+            if counts { " (known gap, issue 22)" } else { "" },
+            seeds.len(),
+            &seeds[..seeds.len().min(12)],
+            seeds[0],
+            replay(seeds[0])
+        );
+        if !counts {
+            fatal.push(format!(
+                "{kind:?} (first seed {}: {})",
+                seeds[0],
+                replay(seeds[0])
+            ));
+        }
+    }
+    assert!(fatal.is_empty(), "violations: {}", fatal.join("; "));
+}
+
+#[test]
+fn seeds() {
+    check_seeds(std::env::var("SIM_STRICT").is_ok_and(|v| v == "1"));
+}
+
+#[test]
+#[ignore = "issue 22: the replication path still reverts, loses and resurrects writes under faults (run to see which seeds)"]
+fn seeds_strict() {
+    check_seeds(true);
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let cfg = Config::default();
+    let seed = env_u64("SEED").unwrap_or(7);
+    let a = run(seed, &cfg).unwrap();
+    let b = run(seed, &cfg).unwrap();
+    assert!(a.stats.ops > 0 && a.stats.faults > 0, "{:?}", a.stats);
+    assert_eq!(a.history.ops, b.history.ops);
+    assert_eq!(a.history.events, b.history.events);
+    assert_eq!(a.trace_hash, b.trace_hash);
+    assert_eq!(a.violations, b.violations);
+    let c = run(seed + 1, &cfg).unwrap();
+    assert_ne!(a.trace_hash, c.trace_hash, "another seed, another run");
+}
