@@ -4,7 +4,7 @@ RELEASE := target/release
 # End-to-end tests start whole clusters and mounts: on 2 cores, a few at a time.
 TEST_THREADS ?= 2
 
-.PHONY: all build run test deps check bench bench-quick clean
+.PHONY: all build run test deps check sim bench bench-quick clean
 
 all: build
 
@@ -29,6 +29,15 @@ check:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace --lib --bins
+
+## sim: the deterministic fault simulator over SEEDS seeds from SEED_BASE (release build;
+## `cargo test` runs 1000). It fails on the rules the current code keeps; SIM_STRICT=1 fails on
+## every rule of the checker (issue 22). Replay one seed: SEED=N cargo test -p objstore-sim
+## --test seeds seeds -- --nocapture
+SEEDS ?= 10000
+SEED_BASE ?= 0
+sim:
+	SIM_SEEDS=$(SEEDS) SIM_SEED_BASE=$(SEED_BASE) $(CARGO) test --release -p objstore-sim --test seeds seeds -- --exact --nocapture
 
 ## bench: every figure (bench run --profile full, about 45 min) into docs/bench/bench.json, its
 ## tables in docs/bench/report.md with charts (SVG, PNG) in docs/bench, and the placement cost.
