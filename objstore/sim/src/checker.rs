@@ -10,6 +10,8 @@
 //!
 //! `W2` is **safe** at `t0` when no node crashed between `W2`'s invocation and the earlier of
 //! `t0` and the return of the first acknowledged flush invoked after `W2` was acknowledged.
+//! Removes count as writes here too: like a discard on a disk, a remove is durable only once a
+//! flush covered it (the stores happen to make it durable at once; the contract does not).
 //! So:
 //! - an acknowledged write hides everything that returned before it began, until a crash
 //!   while it was not yet covered by a flush (then older values may come back, and the

@@ -59,6 +59,31 @@ impl Faults {
     };
 }
 
+impl std::str::FromStr for Faults {
+    type Err = String;
+
+    /// A comma-separated list of `crashes`, `partitions`, `hangs`, `delays`, `resets`,
+    /// `disk_full`, `fsync_errors`; `all` or `none`.
+    fn from_str(s: &str) -> Result<Faults, String> {
+        let mut f = Faults::NONE;
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "all" => f = Faults::ALL,
+                "none" => f = Faults::NONE,
+                "crashes" => f.crashes = true,
+                "partitions" => f.partitions = true,
+                "hangs" => f.hangs = true,
+                "delays" => f.delays = true,
+                "resets" => f.resets = true,
+                "disk_full" => f.disk_full = true,
+                "fsync_errors" => f.fsync_errors = true,
+                other => return Err(format!("unknown fault class '{other}'")),
+            }
+        }
+        Ok(f)
+    }
+}
+
 /// How a fault is undone.
 #[derive(Debug)]
 enum Undo {

@@ -30,7 +30,13 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 fn replay(seed: u64) -> String {
-    format!("SEED={seed} cargo test -p objstore-sim --test seeds seeds -- --nocapture")
+    let mut env = String::new();
+    for var in ["SIM_FAULTS", "SIM_SHARED"] {
+        if let Ok(v) = std::env::var(var) {
+            env.push_str(&format!("{var}={v} "));
+        }
+    }
+    format!("{env}SEED={seed} cargo test -p objstore-sim --test seeds seeds -- --nocapture")
 }
 
 /// Runs the seeds on a few threads; returns the reports by seed.
@@ -56,8 +62,19 @@ fn run_many(seeds: Vec<u64>, cfg: &Config) -> Vec<Report> {
     v
 }
 
+/// The default shape, changed by `SIM_FAULTS` (e.g. `crashes,disk_full`: only those fault
+/// classes) and `SIM_SHARED=1` (clients write each other's objects).
+fn config() -> Config {
+    let mut cfg = Config::default();
+    if let Ok(f) = std::env::var("SIM_FAULTS") {
+        cfg.faults = f.parse().unwrap_or_else(|e| panic!("SIM_FAULTS: {e}"));
+    }
+    cfg.shared_objects = std::env::var("SIM_SHARED").is_ok_and(|v| v == "1");
+    cfg
+}
+
 fn check_seeds(strict: bool) {
-    let cfg = Config::default();
+    let cfg = config();
     let seeds: Vec<u64> = match env_u64("SEED") {
         Some(s) => vec![s],
         None => {
@@ -162,9 +179,30 @@ fn seeds_strict() {
     check_seeds(true);
 }
 
+/// Without faults the simulator finds nothing and no operation fails: the checker and the
+/// harness do not cry wolf.
+#[test]
+fn without_faults_nothing_fails() {
+    let cfg = Config {
+        faults: objstore_sim::Faults::NONE,
+        ..Config::default()
+    };
+    for r in run_many((0..20).collect(), &cfg) {
+        assert!(
+            r.violations.is_empty(),
+            "seed {}: {:?}",
+            r.seed,
+            r.violations
+        );
+        assert_eq!(r.stats.failed, 0, "seed {}", r.seed);
+        assert_eq!(r.stats.crashes, 0);
+        assert!(r.stats.blocks_checked > 0);
+    }
+}
+
 #[test]
 fn a_seed_replays_exactly() {
-    let cfg = Config::default();
+    let cfg = config();
     let seed = env_u64("SEED").unwrap_or(7);
     let a = run(seed, &cfg).unwrap();
     let b = run(seed, &cfg).unwrap();
