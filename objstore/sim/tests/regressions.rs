@@ -7,10 +7,14 @@
 //! Replay one with its trace: `SEED=N cargo test -p objstore-sim --test seeds seeds --
 //! --nocapture`.
 
-use objstore_sim::{run, Config};
+use objstore_sim::{run, Config, Faults};
 
 fn assert_clean(seed: u64) {
-    let r = run(seed, &Config::default()).unwrap();
+    assert_clean_with(seed, Config::default());
+}
+
+fn assert_clean_with(seed: u64, cfg: Config) {
+    let r = run(seed, &cfg).unwrap();
     let found: Vec<String> = r.violations.iter().map(|v| v.to_string()).collect();
     assert!(found.is_empty(), "seed {seed}:\n{}", found.join("\n"));
 }
@@ -60,4 +64,24 @@ fn rolling_failure_loses_flushed_writes() {
 #[ignore = "issue 22: a write failed on one replica survives a later remove"]
 fn failed_write_survives_a_later_remove() {
     assert_clean(62);
+}
+
+/// Network faults alone (no crash, no disk fault, no error returned to any client): a write
+/// whose first attempts were given up on (1 s request timeout, links hanging and delayed) is
+/// retried and acknowledged; a later acknowledged write to the same block follows; then a
+/// stale attempt of the first write, still in flight on the connection the client gave up on,
+/// reaches one replica and overwrites the newer data there. Nothing repairs it. (Seed 185
+/// with `SIM_FAULTS=partitions,hangs,delays,resets`: write 10 to object 4 block 3 acknowledged
+/// at 6.860 s, write 14 at 7.047 s; node 3 ends with write 10, nodes 1 and 4 with write 14.)
+#[test]
+#[ignore = "issue 22: a timed-out request applied after a newer one"]
+fn stale_request_lands_after_a_newer_write() {
+    let faults: Faults = "partitions,hangs,delays,resets".parse().unwrap();
+    assert_clean_with(
+        185,
+        Config {
+            faults,
+            ..Config::default()
+        },
+    );
 }
