@@ -7,7 +7,9 @@
 //!                                                 ──► ObjectBackend (blocking pool)
 //! ```
 
+mod history;
 mod recovery;
+mod replicate;
 mod server;
 
 use std::fs::{self, File, OpenOptions};
@@ -108,6 +110,15 @@ pub struct Node {
     config: OnceLock<ClusterConfig>,
     peers: Pool,
     recovery: recovery::Recovery,
+    /// Orders changes of one object (sharded): the primary's version choice and every
+    /// replica's check-then-apply.
+    obj_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Versions given to changes that failed somewhere; the next change goes above them.
+    issued: std::sync::Mutex<
+        std::collections::HashMap<objstore_proto::oid::ObjectId, objstore_proto::version::Version>,
+    >,
+    /// Changes in progress, by the epoch they were checked against (see [`Node::enter`]).
+    inflight: replicate::Inflight,
     stop: AtomicBool,
     pull_delay: std::time::Duration,
     _dir_lock: File,
@@ -251,6 +262,11 @@ impl Node {
             config: OnceLock::new(),
             peers: Pool::new(parts.transport),
             recovery: recovery::Recovery::default(),
+            obj_locks: (0..replicate::LOCK_SHARDS)
+                .map(|_| Default::default())
+                .collect(),
+            issued: Default::default(),
+            inflight: Default::default(),
             stop: AtomicBool::new(false),
             pull_delay: opts.pull_delay,
             _dir_lock: dir_lock,

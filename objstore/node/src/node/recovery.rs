@@ -1,37 +1,43 @@
 //! Recovery: after every new epoch, bring this node's objects up to what the epoch makes it
 //! responsible for, then drop what it no longer owns once every owner holds its copies.
 //!
-//! 1. **Plan.** List `(oid, stamp)` from every reachable node of this epoch and the previous one.
-//!    For each object this node owns now, if some node has a higher stamp than the local copy (or
-//!    there is no local copy), it goes to `pending` with the nodes holding the newest stamp.
-//!    Object I/O waits until the plan exists, so no request touches a copy not yet judged.
-//! 2. **Pull.** Pending objects are copied whole from a newest holder and installed only if still
-//!    newer than the local copy. A request for a pending object pulls it first. A pull that
-//!    fails (sources unreachable, the local disk full) leaves the object pending: requests for
-//!    it get `Busy` at once (never the stale or missing local copy, and no pull of their own),
-//!    and the round retries it with backoff; the epoch is recovered here only when nothing is
-//!    pending.
-//! 3. **Collect.** When every node of the epoch reports it has recovered this epoch, objects this
-//!    node does not own are removed. Any new epoch abandons the current round and starts over.
-//!
-//! A node that comes back with old copies lists lower stamps than the survivors that took the
-//! writes it missed, so it pulls before it serves: no read returns data older than the newest
-//! acknowledged write.
+//! 1. **Plan.** List `(oid, version)` (tombstones included) from every reachable node of this
+//!    epoch and the previous one, and judge from the cluster's history which objects those
+//!    listings can vouch for ([`super::history`]). For each object this node owns now: if its
+//!    newest version may be only on nodes that are down, it *waits* (its I/O gets `Busy`, and
+//!    the node says for whom); otherwise, if some node has a higher version than the local copy
+//!    (or there is no local copy), it goes to `pending` with the nodes holding the newest
+//!    version. Object I/O waits until the plan exists, so no request touches a copy not yet
+//!    judged.
+//! 2. **Pull.** Pending objects (or tombstones) are copied whole from a newest holder and
+//!    installed only if still newer than the local copy. A request for a pending object pulls
+//!    it first. A pull that fails (sources unreachable, the local disk full) leaves the object
+//!    pending: requests for it get `Busy` (or `NoSpace`) at once, never the stale or missing
+//!    local copy, and the round retries it with backoff. While objects wait for nodes that are
+//!    down, the round plans again every few seconds (a forced recovery is seen that way).
+//! 3. **Record.** Only when nothing is pending or waiting is the epoch recovered here; the node
+//!    records that in the cluster store (`recovered/<epoch>`), which makes an epoch clean once
+//!    all its members did.
+//! 4. **Collect.** When every node of the epoch reports it has recovered this epoch, copies this
+//!    node does not own are dropped, each only once every owner shows it holds that version or a
+//!    newer one. Any new epoch abandons the current round and starts over.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{watch, OnceCell};
 
+use super::history::{self, Safety};
 use super::{Epoch, Node};
-use crate::store::StoreError;
+use crate::store::{ObjState, StoreError};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
+use objstore_proto::version::decode_list;
 
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 const PULL_PARALLEL: usize = 4;
@@ -39,27 +45,32 @@ const PLAN_WAIT: Duration = Duration::from_secs(10);
 /// The first wait before failed pulls are tried again, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a listing is retried while its node has not reached the epoch yet.
+const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
 
 struct Pull {
-    stamp: u32,
+    want: ObjState,
     sources: Vec<SocketAddr>,
     result: OnceCell<Result<(), PullFailed>>,
 }
 
-/// Why a pending object could not be pulled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a pending object cannot be used yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PullFailed {
     /// The local disk has no room for it.
     NoSpace,
     /// No source gave it (unreachable, or it failed to store for another reason).
     Unavailable,
+    /// Its newest version may be only on these nodes, which are down; they could have taken
+    /// writes up to `epoch`.
+    Waiting { nodes: Vec<SocketAddr>, epoch: u32 },
 }
 
 pub(super) struct Recovery {
     planned: watch::Sender<u32>,
     recovered: AtomicU32,
     pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
-    tombstones: Mutex<HashSet<ObjectId>>,
+    safety: RwLock<Arc<Safety>>,
     status: Mutex<RecoveryStatus>,
 }
 
@@ -69,10 +80,24 @@ impl Default for Recovery {
             planned: watch::channel(0).0,
             recovered: AtomicU32::new(0),
             pending: Mutex::default(),
-            tombstones: Mutex::default(),
+            safety: RwLock::new(Arc::new(Safety::all())),
             status: Mutex::default(),
         }
     }
+}
+
+/// What planning gave.
+enum Plan {
+    /// The epoch changed meanwhile.
+    Changed,
+    /// The cluster store could not be read; try again.
+    Retry,
+    Ready {
+        pending: HashMap<ObjectId, Arc<Pull>>,
+        safety: Safety,
+        /// Objects held or listed that wait for nodes that are down.
+        waiting: u64,
+    },
 }
 
 impl Recovery {
@@ -100,14 +125,9 @@ impl Recovery {
             .is_ok_and(|r| r.is_ok())
     }
 
-    /// A removed object must not come back through recovery from a stale holder.
-    pub(super) fn removed(&self, oid: ObjectId) {
-        self.tombstones.lock().unwrap().insert(oid);
+    /// `oid` was installed whole at a version at least as new as any pull would bring.
+    pub(super) fn settled(&self, oid: ObjectId) {
         self.pending.lock().unwrap().remove(&oid);
-    }
-
-    pub(super) fn written(&self, oid: ObjectId) {
-        self.tombstones.lock().unwrap().remove(&oid);
     }
 
     /// Makes failed pulls of `oids` pullable again (the next `Node::ensure_recovered` pulls);
@@ -119,7 +139,7 @@ impl Recovery {
                 Some(p) => {
                     if p.result.get().is_some_and(Result::is_err) {
                         *p = Arc::new(Pull {
-                            stamp: p.stamp,
+                            want: p.want,
                             sources: p.sources.clone(),
                             result: OnceCell::new(),
                         });
@@ -137,16 +157,25 @@ impl Recovery {
 }
 
 impl Node {
-    /// Pulls `oid` now if it is still pending; waits if another task is pulling it. Ok when
-    /// the local copy may be used: nothing to pull, or the pull succeeded. A failed pull leaves
-    /// the object pending with its failure, which later requests get at once (no pull each:
-    /// its local copy, stale or missing, must be neither served nor written into); only the
-    /// recovery round tries it again (`Recovery::retry`), with backoff.
+    /// Ok when the local copy of `oid` may be used: it is not waiting for nodes that are down,
+    /// and nothing is to be pulled, or the pull succeeded (waiting if another task is pulling).
+    /// A failed pull leaves the object pending with its failure, which later requests get at
+    /// once (its local copy, stale or missing, must be neither served nor written into); only
+    /// the recovery round tries it again (`Recovery::retry`), with backoff.
     pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
+        let safety = self.recovery.safety.read().unwrap().clone();
+        if !safety.safe(oid) {
+            let (nodes, epoch) = safety.waiting_for(Some(oid));
+            return Err(PullFailed::Waiting { nodes, epoch });
+        }
         let Some(pull) = self.recovery.pending.lock().unwrap().get(&oid).cloned() else {
             return Ok(());
         };
-        let res = *pull.result.get_or_init(|| self.pull(oid, &pull)).await;
+        let res = pull
+            .result
+            .get_or_init(|| self.pull(oid, &pull))
+            .await
+            .clone();
         if res.is_ok() {
             let mut pending = self.recovery.pending.lock().unwrap();
             if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
@@ -154,6 +183,37 @@ impl Node {
             }
         }
         res
+    }
+
+    /// Restores copies whose data a failed flush may have lost: each is dropped here and pulled
+    /// again from the object's other owners. Err names the first that could not be restored.
+    pub(super) async fn restore_lost(&self, oids: &[ObjectId]) -> Result<(), ObjectId> {
+        let ep = self.epoch();
+        let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
+        for &oid in oids {
+            let sources: Vec<SocketAddr> = ep
+                .ring
+                .replicas(oid, copies)
+                .iter()
+                .filter(|n| n.id != self.me.id)
+                .map(|n| n.addr)
+                .collect();
+            self.recovery.pending.lock().unwrap().insert(
+                oid,
+                Arc::new(Pull {
+                    want: ObjState::default(),
+                    sources,
+                    result: OnceCell::new(),
+                }),
+            );
+            let store = self.store.clone();
+            let forgot = tokio::task::spawn_blocking(move || store.forget(oid)).await;
+            if !matches!(forgot, Ok(Ok(()))) || self.ensure_recovered(oid).await.is_err() {
+                return Err(oid);
+            }
+            tracing::info!("object {oid} restored from another replica after a failed flush");
+        }
+        Ok(())
     }
 
     async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
@@ -184,10 +244,10 @@ impl Node {
                     continue;
                 }
             };
-            let stamp = frame.header.aux;
+            let state = ObjState::from_wire(frame.header.offset, frame.header.aux);
             let store = self.store.clone();
             let put =
-                tokio::task::spawn_blocking(move || store.put_if_newer(oid, &frame.payload, stamp))
+                tokio::task::spawn_blocking(move || store.put_if_newer(oid, &frame.payload, state))
                     .await
                     .expect("store task");
             match put {
@@ -202,8 +262,8 @@ impl Node {
             }
         }
         tracing::warn!(
-            "could not recover object {oid} (stamp {}) from any of {:?}; it stays pending",
-            pull.stamp,
+            "could not recover object {oid} ({:?}) from any of {:?}; it stays pending",
+            pull.want,
             pull.sources
         );
         Err(if no_space {
@@ -213,32 +273,36 @@ impl Node {
         })
     }
 
-    /// Lists `(oid, stamp)` from a peer.
-    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, u32)>> {
-        let h = Header::request(Opcode::PeerList, 0, epoch);
-        let conn = self.peers.get(addr, PEER_TIMEOUT).await.ok()?;
-        let f = match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
-            Ok(f) if f.header.result_code() == ResultCode::Ok => f,
-            _ => {
-                self.peers.drop_conn(addr).await;
-                return None;
+    /// Lists `(oid, state)` from a peer, waiting a little for a peer not yet at `epoch`.
+    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, ObjState)>> {
+        let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
+        loop {
+            let h = Header::request(Opcode::PeerList, 0, epoch);
+            let conn = self.peers.get(addr, PEER_TIMEOUT).await.ok()?;
+            match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
+                Ok(f) if f.header.result_code() == ResultCode::Ok => {
+                    return decode_list(&f.payload);
+                }
+                Ok(f)
+                    if matches!(
+                        f.header.result_code(),
+                        ResultCode::NodeBehind | ResultCode::Busy
+                    ) && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(_) => return None,
+                Err(_) => {
+                    self.peers.drop_conn(addr).await;
+                    return None;
+                }
             }
-        };
-        Some(
-            f.payload
-                .chunks_exact(12)
-                .map(|c| {
-                    (
-                        ObjectId(u64::from_be_bytes(c[..8].try_into().unwrap())),
-                        u32::from_be_bytes(c[8..].try_into().unwrap()),
-                    )
-                })
-                .collect(),
-        )
+        }
     }
 
-    /// Whether every owner of `oid` in `ep` holds it at `stamp` or newer (asked of each).
-    async fn owners_hold(&self, ep: &Epoch, oid: ObjectId, stamp: u32, copies: usize) -> bool {
+    /// Whether every owner of `oid` in `ep` holds it at `state`'s version or newer (asked of
+    /// each).
+    async fn owners_hold(&self, ep: &Epoch, oid: ObjectId, state: ObjState, copies: usize) -> bool {
         let owners: Vec<SocketAddr> = ep
             .ring
             .replicas(oid, copies)
@@ -250,7 +314,9 @@ impl Node {
             h.oid = oid.0;
             let conn = self.peers.get(a, PEER_TIMEOUT).await.ok()?;
             match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => Some(f.header.aux),
+                Ok(f) if f.header.result_code() == ResultCode::Ok => {
+                    Some(ObjState::from_wire(f.header.offset, f.header.aux))
+                }
                 Ok(_) => None,
                 Err(_) => {
                     self.peers.drop_conn(a).await;
@@ -259,7 +325,10 @@ impl Node {
             }
         }))
         .await;
-        !owners.is_empty() && stats.iter().all(|s| s.is_some_and(|s| s >= stamp))
+        !owners.is_empty()
+            && stats
+                .iter()
+                .all(|s| s.is_some_and(|s| s.version >= state.version))
     }
 
     async fn peer_recovered(&self, addr: SocketAddr, epoch: u32) -> u32 {
@@ -273,54 +342,95 @@ impl Node {
         }
     }
 
-    /// Builds the pending set for `ep`. None if the epoch changed meanwhile.
-    async fn plan(&self, ep: &Epoch, copies: usize) -> Option<HashMap<ObjectId, Arc<Pull>>> {
+    /// Builds the pending set for `ep` and judges which objects must wait.
+    async fn plan(&self, ep: &Epoch, copies: usize, min_copies: usize) -> Plan {
         let e = ep.view.epoch;
-        let mut sources: Vec<SocketAddr> = ep.view.nodes.iter().map(|n| n.addr).collect();
         let d = self.driver.clone();
-        if let Ok(Ok(Some(prev))) = tokio::task::spawn_blocking(move || d.view_at(e - 1)).await {
-            sources.extend(prev.nodes.iter().map(|n| n.addr));
+        let prev = tokio::task::spawn_blocking(move || d.view_at(e - 1))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        let mut ids: HashMap<SocketAddr, u64> = HashMap::new();
+        for n in ep
+            .view
+            .nodes
+            .iter()
+            .chain(prev.iter().flat_map(|p| &p.nodes))
+        {
+            ids.insert(n.addr, n.id);
         }
+        ids.remove(&self.me.addr);
+        let mut sources: Vec<SocketAddr> = ids.keys().copied().collect();
         sources.sort();
-        sources.dedup();
-        sources.retain(|a| *a != self.me.addr);
         let listings =
             futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e))).await;
-        // oid -> (newest stamp, holders of it)
-        let mut best: HashMap<ObjectId, (u32, Vec<SocketAddr>)> = HashMap::new();
+        let d = self.driver.clone();
+        let hist = match tokio::task::spawn_blocking(move || history::load(&*d, e)).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(err)) => {
+                tracing::warn!("epoch {e}: cannot read the cluster's history: {err}");
+                return Plan::Retry;
+            }
+            Err(err) => {
+                tracing::warn!("epoch {e}: cannot read the cluster's history: {err}");
+                return Plan::Retry;
+            }
+        };
+        if self.epoch().view.epoch != e {
+            return Plan::Changed;
+        }
+        let mut present: HashSet<u64> = HashSet::from([self.me.id]);
+        // oid -> (newest state, holders of it)
+        let mut best: HashMap<ObjectId, (ObjState, Vec<SocketAddr>)> = HashMap::new();
         for (addr, list) in sources.iter().zip(listings) {
-            for (oid, stamp) in list.into_iter().flatten() {
-                let b = best.entry(oid).or_insert((stamp, Vec::new()));
-                if stamp > b.0 {
-                    *b = (stamp, Vec::new());
+            let Some(list) = list else { continue };
+            present.insert(ids[addr]);
+            for (oid, st) in list {
+                let b = best.entry(oid).or_insert((st, Vec::new()));
+                if st.version > b.0.version {
+                    *b = (st, Vec::new());
                 }
-                if stamp == b.0 {
+                if st.version == b.0.version {
                     b.1.push(*addr);
                 }
             }
         }
-        if self.epoch().view.epoch != e {
-            return None;
-        }
-        let tombstones = self.recovery.tombstones.lock().unwrap().clone();
+        let safety = Safety::judge(&hist, e, &present, copies, min_copies);
+        let local: HashMap<ObjectId, ObjState> = self.store.list().into_iter().collect();
+        let mut oids: Vec<ObjectId> = best.keys().chain(local.keys()).copied().collect();
+        oids.sort_unstable();
+        oids.dedup();
         let mut pending = HashMap::new();
-        for (oid, (stamp, holders)) in best {
-            if tombstones.contains(&oid) || !ep.ring.holds(self.me.id, oid, copies) {
+        let mut waiting = 0;
+        for oid in oids {
+            if !ep.ring.holds(self.me.id, oid, copies) {
                 continue;
             }
-            if self.store.meta(oid).is_some_and(|m| m.stamp >= stamp) {
+            if !safety.safe(oid) {
+                waiting += 1;
+                continue;
+            }
+            let Some((want, holders)) = best.remove(&oid) else {
+                continue;
+            };
+            if local.get(&oid).is_some_and(|l| l.version >= want.version) {
                 continue;
             }
             pending.insert(
                 oid,
                 Arc::new(Pull {
-                    stamp,
+                    want,
                     sources: holders,
                     result: OnceCell::new(),
                 }),
             );
         }
-        Some(pending)
+        Plan::Ready {
+            pending,
+            safety,
+            waiting,
+        }
     }
 
     /// One round of recovery for `ep`; returns early when the epoch changes.
@@ -335,41 +445,94 @@ impl Node {
         });
         let Some(cfg) = self.config() else {
             // Nothing can be stored before the format.
+            *self.recovery.safety.write().unwrap() = Arc::new(Safety::all());
             self.recovery.planned.send_replace(e);
+            self.record_recovered(e).await;
             self.recovery.recovered.store(e, Ordering::SeqCst);
             self.recovery.update(|s| s.state = RecoveryState::Done);
             return;
         };
         let copies = cfg.copies as usize;
-        let Some(pending) = self.plan(&ep, copies).await else {
-            return;
-        };
-        let total = pending.len() as u64;
-        if total > 0 {
-            tracing::info!("epoch {e}: recovering {total} object(s)");
+        let mut wait = RETRY_FIRST;
+        loop {
+            let (pending, safety, waiting) =
+                match self.plan(&ep, copies, cfg.min_copies() as usize).await {
+                    Plan::Changed => return,
+                    Plan::Retry => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RETRY_MAX);
+                        if changed() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Plan::Ready {
+                        pending,
+                        safety,
+                        waiting,
+                    } => (pending, safety, waiting),
+                };
+            let total = pending.len() as u64;
+            if total > 0 {
+                tracing::info!("epoch {e}: recovering {total} object(s)");
+            }
+            let complete = safety.is_complete();
+            let (waiting_for, waiting_epoch) = safety.waiting_for(None);
+            let mut oids: Vec<ObjectId> = pending.keys().copied().collect();
+            oids.sort_unstable();
+            *self.recovery.pending.lock().unwrap() = pending;
+            *self.recovery.safety.write().unwrap() = Arc::new(safety);
+            self.recovery.update(|s| {
+                s.total = total;
+                s.done = 0;
+                s.incomplete = waiting;
+                s.waiting_for = waiting_for.clone();
+                s.waiting_epoch = waiting_epoch;
+                s.state = RecoveryState::Recovering;
+            });
+            self.recovery.planned.send_replace(e);
+            if !self.pull_all(e, oids).await {
+                return;
+            }
+            if complete {
+                break;
+            }
+            tracing::warn!(
+                "epoch {e}: {waiting} object(s) here may have newer copies only on {} (down; they may hold objects written at epoch {waiting_epoch}): their I/O waits; 'dog cluster recover --force' accepts the loss",
+                waiting_for
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            self.recovery.update(|s| s.state = RecoveryState::Waiting);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY_MAX);
+            if changed() {
+                return;
+            }
         }
-        let oids: Vec<ObjectId> = pending.keys().copied().collect();
-        *self.recovery.pending.lock().unwrap() = pending;
-        self.recovery.update(|s| {
-            s.total = total;
-            s.state = RecoveryState::Recovering;
-        });
-        self.recovery.planned.send_replace(e);
+        self.record_recovered(e).await;
+        self.recovery.recovered.store(e, Ordering::SeqCst);
+        self.recovery
+            .update(|s| s.state = RecoveryState::Collecting);
+        self.collect(&ep, copies).await;
+    }
 
-        // Pull everything; what failed is retried with backoff until it succeeds or the epoch
-        // changes. The epoch counts as recovered here only once nothing is left, so no other
-        // node drops a copy this node has not got yet.
+    /// Pulls `oids`; what failed is retried with backoff until it succeeds or the epoch
+    /// changes (false then).
+    async fn pull_all(&self, e: u32, mut oids: Vec<ObjectId>) -> bool {
         use futures::StreamExt;
-        let mut oids = oids;
+        let changed = || self.epoch().view.epoch != e;
         let mut backoff = RETRY_FIRST;
         loop {
             let mut failed = Vec::new();
             let mut work = futures::stream::iter(oids)
                 .map(|oid| async move { (oid, self.ensure_recovered(oid).await.is_ok()) })
-                .buffer_unordered(PULL_PARALLEL);
+                .buffered(PULL_PARALLEL);
             while let Some((oid, ok)) = work.next().await {
                 if changed() {
-                    return;
+                    return false;
                 }
                 if !ok {
                     failed.push(oid);
@@ -378,7 +541,7 @@ impl Node {
             drop(work);
             self.recovery.update(|s| s.failed = failed.len() as u64);
             if failed.is_empty() {
-                break;
+                return true;
             }
             tracing::warn!(
                 "epoch {e}: {} object(s) could not be recovered; retrying in {backoff:?}",
@@ -386,19 +549,32 @@ impl Node {
             );
             tokio::time::sleep(backoff).await;
             if changed() {
-                return;
+                return false;
             }
             backoff = (backoff * 2).min(RETRY_MAX);
             oids = self.recovery.retry(failed);
         }
-        self.recovery.recovered.store(e, Ordering::SeqCst);
-        self.recovery
-            .update(|s| s.state = RecoveryState::Collecting);
-        if total > 0 {
-            tracing::info!("epoch {e}: recovery done");
-        }
+    }
 
-        // Collect: wait until every owner has recovered this epoch.
+    /// Writes this node into the epoch's recovery record, retrying while the store fails.
+    async fn record_recovered(&self, e: u32) {
+        for attempt in 0..10 {
+            let d = self.driver.clone();
+            let id = self.me.id;
+            match tokio::task::spawn_blocking(move || history::record_recovered(&*d, e, id)).await {
+                Ok(Ok(())) => return,
+                Ok(Err(err)) => tracing::warn!("epoch {e}: recording recovery failed: {err}"),
+                Err(err) => tracing::warn!("epoch {e}: recording recovery failed: {err}"),
+            }
+            tokio::time::sleep(RETRY_FIRST * (attempt + 1)).await;
+        }
+    }
+
+    /// Drops copies this node does not own once every owner holds them.
+    async fn collect(&self, ep: &Epoch, copies: usize) {
+        let e = ep.view.epoch;
+        let changed = || self.epoch().view.epoch != e;
+        // Wait until every owner has recovered this epoch.
         loop {
             if changed() {
                 return;
@@ -419,7 +595,7 @@ impl Node {
         }
         let mut removed = 0;
         let mut kept = 0;
-        for (oid, stamp) in self.store.list() {
+        for (oid, state) in self.store.list() {
             if changed() {
                 return;
             }
@@ -428,12 +604,12 @@ impl Node {
             }
             // Every owner said it recovered the epoch; still, this copy goes only once each
             // owner shows it holds this version or a newer one.
-            if !self.owners_hold(&ep, oid, stamp, copies).await {
+            if !self.owners_hold(ep, oid, state, copies).await {
                 kept += 1;
                 continue;
             }
             let store = self.store.clone();
-            if let Ok(Ok(())) = tokio::task::spawn_blocking(move || store.remove(oid)).await {
+            if let Ok(Ok(())) = tokio::task::spawn_blocking(move || store.forget(oid)).await {
                 removed += 1;
             }
         }
@@ -459,13 +635,14 @@ pub(super) async fn run(node: Arc<Node>) {
         let ep = rx.borrow_and_update().clone();
         let round = node.recover_epoch(ep);
         tokio::select! {
-            _ = round => {
-                if rx.changed().await.is_err() {
+            biased;
+            r = rx.changed() => {
+                if r.is_err() {
                     return;
                 }
             }
-            r = rx.changed() => {
-                if r.is_err() {
+            _ = round => {
+                if rx.changed().await.is_err() {
                     return;
                 }
             }
