@@ -219,3 +219,62 @@ fn a_failed_flush_restores_the_copy_from_a_replica() {
     c.crash(bad);
     assert_eq!(c.store(bad).read(o, 0, 5).unwrap(), b"later");
 }
+
+/// Every replica of an object killed (kill -9) while a write to it was in flight and applied
+/// on the primary only: each comes back at its last flushed version, its bytes holding
+/// whatever writes it had applied. They must end identical (one reference copy, taken by all),
+/// with every acknowledged write. Before the "suspect" mark, the three copies came back under
+/// one version with different bytes, and stayed so.
+#[test]
+fn replicas_killed_during_a_write_end_identical() {
+    let mut c = MemCluster::start(3).expect("start");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cl = client(&c, &rt, Duration::from_secs(5));
+    rt.block_on(cl.format(3, None, MIB)).unwrap();
+    let o = oid(5);
+    rt.block_on(cl.write_obj(o, 0, Bytes::from(vec![1; 16384])))
+        .unwrap();
+    rt.block_on(cl.flush()).unwrap();
+    // Acknowledged, not flushed.
+    rt.block_on(cl.write_obj(o, 0, Bytes::from(vec![2; 8192])))
+        .unwrap();
+    // Applied by the primary only: the others fail it.
+    let primary = (0..3)
+        .find(|&i| owner_rank(&c, 0, o, i) == Some(0))
+        .unwrap();
+    for i in (0..3).filter(|&i| i != primary) {
+        c.store(i).fail(Op::Write, Fault::Io);
+    }
+    assert!(rt
+        .block_on(cl.write_obj(o, 4096, Bytes::from(vec![3; 4096])))
+        .is_err());
+    drop(cl);
+    for i in 0..3 {
+        c.kill(i);
+    }
+    for i in 0..3 {
+        assert!(c.store(i).meta(o).unwrap().suspect || i != primary);
+        c.store(i).clear_faults();
+        c.start_node(i).unwrap();
+    }
+    c.wait_members(3);
+    c.wait_recovered();
+    assert_eq!(replicas_agree(&c, 3, o), 3);
+    let cl = client(&c, &rt, Duration::from_secs(10));
+    let got = rt.block_on(cl.read_obj(o, 0, 16384)).unwrap();
+    assert!(
+        got[..4096].iter().all(|&b| b == 2),
+        "acknowledged write lost"
+    );
+    assert!(
+        got[4096..8192].iter().all(|&b| b == 2) || got[4096..8192].iter().all(|&b| b == 3),
+        "a torn write"
+    );
+    assert!(got[8192..].iter().all(|&b| b == 1));
+    for i in 0..3 {
+        assert!(
+            !c.store(i).meta(o).unwrap().suspect,
+            "node {i} stays suspect"
+        );
+    }
+}

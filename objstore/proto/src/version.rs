@@ -55,12 +55,22 @@ impl fmt::Debug for Version {
 
 /// Flag bit in `aux`: the object is deleted at this version (a tombstone).
 pub const FLAG_DELETED: u32 = 1;
+/// Flag bit in `aux`: the copy was being written when its node stopped, so its bytes may hold
+/// a change newer than its version (see [`ObjState::suspect`]).
+pub const FLAG_SUSPECT: u32 = 2;
 
-/// What a node holds of one object: its version, and whether that version is a delete.
+/// What a node holds of one object: its version, whether that version is a delete, and
+/// whether the copy's bytes may be newer than its version.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ObjState {
     pub version: Version,
     pub deleted: bool,
+    /// The node stopped (killed, crashed) while this copy had writes not yet flushed: the
+    /// version is the last one flushed, the bytes may hold later writes, among them one that
+    /// other replicas never applied. Recovery makes every replica take one reference copy
+    /// before any of them serves it.
+    #[serde(default)]
+    pub suspect: bool,
 }
 
 impl ObjState {
@@ -68,6 +78,7 @@ impl ObjState {
         ObjState {
             version,
             deleted: false,
+            suspect: false,
         }
     }
 
@@ -75,23 +86,35 @@ impl ObjState {
         ObjState {
             version,
             deleted: true,
+            suspect: false,
         }
     }
 
     /// The flags word carried in `aux`.
     pub fn flags(self) -> u32 {
+        let mut f = 0;
         if self.deleted {
-            FLAG_DELETED
-        } else {
-            0
+            f |= FLAG_DELETED;
         }
+        if self.suspect {
+            f |= FLAG_SUSPECT;
+        }
+        f
     }
 
     pub fn from_wire(version: u64, flags: u32) -> ObjState {
         ObjState {
             version: Version(version),
             deleted: flags & FLAG_DELETED != 0,
+            suspect: flags & FLAG_SUSPECT != 0,
         }
+    }
+
+    /// Whether a copy at `self` must be replaced by one at `other` (recovery, a primary's
+    /// push): `other` is newer, or as new while this copy is suspect and `other` is not.
+    pub fn replaced_by(self, other: ObjState) -> bool {
+        other.version > self.version
+            || (other.version == self.version && self.suspect && !other.suspect)
     }
 }
 
@@ -152,9 +175,16 @@ mod tests {
         let list = vec![
             (ObjectId(1), ObjState::live(Version(5))),
             (ObjectId(u64::MAX), ObjState::tombstone(Version(u64::MAX))),
+            (
+                ObjectId(3),
+                ObjState {
+                    suspect: true,
+                    ..ObjState::live(Version(9))
+                },
+            ),
         ];
         let b = encode_list(&list);
-        assert_eq!(b.len(), 2 * LIST_ENTRY);
+        assert_eq!(b.len(), 3 * LIST_ENTRY);
         assert_eq!(decode_list(&b).unwrap(), list);
         assert!(decode_list(&b[..20]).is_none());
     }

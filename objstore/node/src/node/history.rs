@@ -74,6 +74,14 @@ pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError
         e -= 1;
     }
     views.reverse();
+    // Records older than the newest clean epoch are never read again.
+    for &e in records.range(..clean).map(|(e, _)| e) {
+        let key = keys::recovered(e);
+        if let Some(raw) = driver.kv_get(&key)? {
+            // Best effort: another node may be pruning it too.
+            let _ = driver.kv_cas(&key, Some(&raw), None);
+        }
+    }
     Ok(History {
         clean,
         forced,

@@ -381,19 +381,19 @@ impl Node {
             return Plan::Changed;
         }
         let mut present: HashSet<u64> = HashSet::from([self.me.id]);
-        // oid -> (newest state, holders of it)
-        let mut best: HashMap<ObjectId, (ObjState, Vec<SocketAddr>)> = HashMap::new();
+        // oid -> the holders of its newest version, with their states
+        let mut best: HashMap<ObjectId, Vec<(SocketAddr, ObjState)>> = HashMap::new();
         for (addr, list) in sources.iter().zip(listings) {
             let Some(list) = list else { continue };
             present.insert(ids[addr]);
             for (oid, st) in list {
-                let b = best.entry(oid).or_insert((st, Vec::new()));
-                if st.version > b.0.version {
-                    *b = (st, Vec::new());
+                let b = best.entry(oid).or_default();
+                match b.first().map(|(_, s)| s.version) {
+                    Some(v) if v > st.version => continue,
+                    Some(v) if v < st.version => b.clear(),
+                    _ => {}
                 }
-                if st.version == b.0.version {
-                    b.1.push(*addr);
-                }
+                b.push((*addr, st));
             }
         }
         let safety = Safety::judge(&hist, e, &present, copies, min_copies);
@@ -411,20 +411,31 @@ impl Node {
                 waiting += 1;
                 continue;
             }
-            let Some((want, holders)) = best.remove(&oid) else {
-                continue;
-            };
-            if local.get(&oid).is_some_and(|l| l.version >= want.version) {
-                continue;
+            let holders = best.remove(&oid).unwrap_or_default();
+            let mine = local.get(&oid).copied();
+            match reference(self.me.id, &ids, mine, &holders) {
+                Reference::Mine => {
+                    if mine.is_some_and(|m| m.suspect) {
+                        // Every copy of the newest version was being written when its node
+                        // stopped: this one is the reference the others copy.
+                        let store = self.store.clone();
+                        let settled = tokio::task::spawn_blocking(move || store.settle(oid)).await;
+                        if !matches!(settled, Ok(Ok(()))) {
+                            tracing::warn!("epoch {e}: could not settle suspect object {oid}");
+                        }
+                    }
+                }
+                Reference::Pull(want, sources) => {
+                    pending.insert(
+                        oid,
+                        Arc::new(Pull {
+                            want,
+                            sources,
+                            result: OnceCell::new(),
+                        }),
+                    );
+                }
             }
-            pending.insert(
-                oid,
-                Arc::new(Pull {
-                    want,
-                    sources: holders,
-                    result: OnceCell::new(),
-                }),
-            );
         }
         Plan::Ready {
             pending,
@@ -625,6 +636,67 @@ impl Node {
             s.removed = removed;
             s.state = RecoveryState::Done;
         });
+    }
+}
+
+/// Where this node's copy of an object must come from.
+#[derive(Debug, PartialEq, Eq)]
+enum Reference {
+    /// The local copy is current (or the reference the others take).
+    Mine,
+    /// Pull this state from these nodes.
+    Pull(ObjState, Vec<SocketAddr>),
+}
+
+/// Chooses the copy of one object this node must hold, from its own state (`mine`) and the
+/// holders of the newest version elsewhere (`holders`, all at one version): the newest version
+/// wins; among copies of the newest version, one that is not suspect wins over suspect ones
+/// (whose bytes may hold an unacknowledged write); when every copy of the newest version is
+/// suspect, the one on the node with the lowest id is the reference, so every replica ends with
+/// the same bytes.
+fn reference(
+    me: u64,
+    ids: &HashMap<SocketAddr, u64>,
+    mine: Option<ObjState>,
+    holders: &[(SocketAddr, ObjState)],
+) -> Reference {
+    let Some((_, newest)) = holders.first().copied() else {
+        return Reference::Mine;
+    };
+    let mine_v = mine.map(|m| m.version).unwrap_or_default();
+    if mine.is_some() && mine_v > newest.version {
+        return Reference::Mine;
+    }
+    let clean: Vec<SocketAddr> = holders
+        .iter()
+        .filter(|(_, s)| !s.suspect)
+        .map(|(a, _)| *a)
+        .collect();
+    if mine.is_some() && mine_v == newest.version {
+        let m = mine.unwrap_or_default();
+        if !m.suspect {
+            return Reference::Mine;
+        }
+        if !clean.is_empty() {
+            return Reference::Pull(ObjState::live(newest.version), clean);
+        }
+    } else if !clean.is_empty() {
+        let want = holders
+            .iter()
+            .find(|(_, s)| !s.suspect)
+            .map(|(_, s)| *s)
+            .unwrap_or(newest);
+        return Reference::Pull(want, clean);
+    }
+    // Every copy of the newest version is suspect (mine too, if I have one).
+    let lowest = holders
+        .iter()
+        .map(|(a, _)| (ids.get(a).copied().unwrap_or(u64::MAX), *a))
+        .min();
+    match lowest {
+        Some((id, _)) if mine_v == newest.version && me < id => Reference::Mine,
+        Some((_, addr)) => Reference::Pull(newest, vec![addr]),
+        None => Reference::Mine,
     }
 }
 

@@ -346,11 +346,15 @@ impl Node {
         new: Version,
     ) -> Result<(), Failure> {
         let _ordered = self.obj_lock(oid).lock().await;
-        let local = self.store.meta(oid).map(|c| c.version).unwrap_or_default();
-        if local != base {
+        let local = self.store.meta(oid).unwrap_or_default();
+        if local.version != base || local.suspect {
             return Err(Failure::new(
                 ResultCode::Diverged,
-                format!("object {oid} is at {local:?} here, the write applies on {base:?}"),
+                format!(
+                    "object {oid} is at {:?}{} here, the write applies on {base:?}",
+                    local.version,
+                    if local.suspect { " (suspect)" } else { "" }
+                ),
             ));
         }
         let store = self.store.clone();

@@ -86,6 +86,28 @@ impl MemStore {
         }
     }
 
+    /// The store a killed process leaves (`kill -9`): the bytes survive in the kernel's page
+    /// cache, but a copy written since its last flush comes back at its last flushed version,
+    /// suspect, as the file backend's marked files do.
+    pub fn killed(&self) -> MemStore {
+        let st = self.state.lock().unwrap();
+        let mut live = st.live.clone();
+        for oid in &st.dirty {
+            if let (Some(o), Some(d)) = (live.get_mut(oid), st.durable.get(oid)) {
+                o.state.version = d.state.version;
+                o.state.suspect = true;
+            }
+        }
+        MemStore {
+            state: Mutex::new(State {
+                durable: live.clone(),
+                live,
+                ..State::default()
+            }),
+            capacity: self.capacity,
+        }
+    }
+
     /// Makes `op` fail with `fault` until [`MemStore::clear_faults`].
     pub fn fail(&self, op: Op, fault: Fault) {
         self.state.lock().unwrap().faults.push((op, fault));
@@ -212,7 +234,7 @@ impl ObjectBackend for MemStore {
         if st
             .live
             .get(&oid)
-            .is_some_and(|o| o.state.version >= state.version)
+            .is_some_and(|o| !o.state.replaced_by(state))
         {
             return Ok(false);
         }
@@ -222,12 +244,26 @@ impl ObjectBackend for MemStore {
             } else {
                 data.to_vec()
             },
-            state,
+            state: ObjState {
+                suspect: false,
+                ..state
+            },
         };
         st.live.insert(oid, o.clone());
         st.durable.insert(oid, o);
         st.dirty.remove(&oid);
         Ok(true)
+    }
+
+    fn settle(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let mut guard = self.state.lock().unwrap();
+        let st: &mut State = &mut guard;
+        for map in [&mut st.live, &mut st.durable] {
+            if let Some(o) = map.get_mut(&oid) {
+                o.state.suspect = false;
+            }
+        }
+        Ok(())
     }
 
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {

@@ -11,7 +11,10 @@
 //! - `write` sets the object's version; on a missing or deleted object it creates the object
 //!   first (bytes not written read as zeros). The caller (the node) checks versions before it
 //!   writes; the store does not order writes.
-//! - `put_if_newer` installs a whole object or a tombstone only over an older version.
+//! - `put_if_newer` installs a whole object or a tombstone only over an older version (or over
+//!   a suspect copy of the same version).
+//! - After a kill, a copy that had writes not yet flushed comes back *suspect* at its last
+//!   flushed version ([`ObjState::suspect`]); `settle` makes it the reference.
 //! - A write is durable once a later `flush` returned Ok; a crash may lose writes not yet
 //!   flushed (and the version they set: the version that survives is never newer than the bytes
 //!   that survive), never a flushed one, and never leaves an object half-created. Creating an
@@ -101,10 +104,14 @@ pub trait ObjectBackend: Send + Sync + 'static {
         version: Version,
     ) -> Result<(), StoreError>;
     /// Replaces the whole object with `data` at `state` (a tombstone if `state.deleted`; then
-    /// `data` is ignored) unless the copy here is at least that new. Returns whether it
+    /// `data` is ignored) unless the copy here is at least that new and not suspect
+    /// ([`ObjState::replaced_by`]). The copy installed is not suspect. Returns whether it
     /// installed.
     fn put_if_newer(&self, oid: ObjectId, data: &[u8], state: ObjState)
         -> Result<bool, StoreError>;
+    /// Declares a suspect copy ([`ObjState::suspect`]) the reference its replicas copy: it is
+    /// no longer suspect. No-op for a copy that is not suspect.
+    fn settle(&self, oid: ObjectId) -> Result<(), StoreError>;
     /// Drops every trace of an object (a copy this node no longer owns, or one it must fetch
     /// again); forgetting a missing object is not an error.
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError>;
