@@ -197,7 +197,8 @@ async fn waiting(ctx: &Ctx, v: &ClusterView) -> Waiting {
 #[derive(Serialize)]
 struct RecoverOut {
     epoch: u32,
-    /// Objects that were waiting and may now go back to older versions.
+    /// Objects the nodes up hold that were waiting and may now be older than their last
+    /// write (objects only the missing nodes held are not counted: nobody up knows them).
     objects_maybe_older: u64,
     waited_for: Vec<std::net::SocketAddr>,
 }
@@ -245,8 +246,13 @@ async fn recover(ctx: &Ctx, force: bool, yes: bool) -> anyhow::Result<()> {
     };
     ctx.print(&out, || {
         format!(
-            "recovery forced at epoch {epoch}: {} object(s) may be older than their last write; the nodes recover from the copies they have\n",
-            out.objects_maybe_older
+            "recovery forced at epoch {epoch}: {} object(s) held by the nodes up may be older than their last write, and objects only {} held are lost; the nodes recover from the copies they have\n",
+            out.objects_maybe_older,
+            if out.waited_for.is_empty() {
+                "the missing nodes".to_string()
+            } else {
+                list_addrs(&out.waited_for)
+            }
         )
     });
     Ok(())

@@ -352,3 +352,57 @@ fn discard_while_a_node_is_down_stays_discarded() {
         }
     );
 }
+
+/// Both holders of some objects are gone for good: the cluster waits and says for whom;
+/// `dog cluster recover` refuses without `--force`, and without `--yes` when it cannot ask;
+/// with both it records the loss, recovery finishes, and the objects the nodes up hold are
+/// served.
+#[test]
+fn forced_recovery_accepts_losing_every_holder() {
+    let mut c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let data = pseudo_random(32 << 20, 43);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+    let (pair, lost) = lost_pair(&c, "v");
+    kill_at_once(&mut c, &[pair.0, pair.1]);
+    c.wait_members(2);
+    let t = std::time::Instant::now();
+    while c.dog_json(&["cluster", "info"])["status"] != "waiting" {
+        assert!(t.elapsed() < Duration::from_secs(30), "no wait");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = String::from_utf8(c.dog_ok(&["cluster", "info"])).unwrap();
+    assert!(
+        text.contains("Status: waiting")
+            && text.contains(&c.addr(pair.0))
+            && text.contains(&c.addr(pair.1)),
+        "{text}"
+    );
+    let no_force = c.dog(&["cluster", "recover"]);
+    assert!(!no_force.status.success());
+    assert!(String::from_utf8_lossy(&no_force.stderr).contains("--force"));
+    let no_yes = c.dog_stdin(&["cluster", "recover", "--force"], b"");
+    assert!(!no_yes.status.success());
+    assert!(String::from_utf8_lossy(&no_yes.stderr).contains("--yes"));
+    let out = c.dog_json(&["cluster", "recover", "--force", "--yes"]);
+    assert!(out["objects_maybe_older"].is_u64(), "{out}");
+    let waited: Vec<&str> = out["waited_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        waited.contains(&c.addr(pair.0).as_str()) && waited.contains(&c.addr(pair.1).as_str()),
+        "{out}"
+    );
+    c.wait_recovered();
+    assert_ne!(c.dog_json(&["cluster", "info"])["status"], "waiting");
+    // An object the nodes up hold reads as written.
+    let kept = (0..32u64)
+        .find(|i| !lost.iter().any(|(l, _)| l == i))
+        .unwrap();
+    assert!(c.read_vdi("v", kept * MIB, MIB) == object(&data, kept));
+}

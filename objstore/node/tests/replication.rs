@@ -278,3 +278,70 @@ fn replicas_killed_during_a_write_end_identical() {
         );
     }
 }
+
+/// Below `min-copies` live owners writes wait (and fail after the client's timeout, saying
+/// why); reads of objects the nodes up can vouch for go on.
+#[test]
+fn writes_wait_below_min_copies_and_reads_go_on() {
+    let mut c = MemCluster::start(3).expect("start");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cl = client(&c, &rt, Duration::from_secs(20));
+    rt.block_on(cl.format(3, None, MIB)).unwrap();
+    assert_eq!(cl.view().config().unwrap().min_copies(), 2);
+    rt.block_on(cl.write_obj(oid(6), 0, Bytes::from_static(b"kept")))
+        .unwrap();
+    rt.block_on(cl.flush()).unwrap();
+    c.wait_recovered();
+    c.crash(1);
+    c.crash(2);
+    c.wait_members(1);
+    c.wait_recovered();
+    let short = client(&c, &rt, Duration::from_secs(2));
+    assert_eq!(
+        &rt.block_on(short.read_obj(oid(6), 0, 4)).unwrap()[..],
+        b"kept"
+    );
+    match rt.block_on(short.write_obj(oid(6), 0, Bytes::from_static(b"lost"))) {
+        Err(ClientError::Timeout { last, .. }) => assert!(last.contains("min-copies"), "{last}"),
+        other => panic!("a write with one owner of three up: {other:?}"),
+    }
+    c.start_node(1).unwrap();
+    c.wait_members(2);
+    let cl = client(&c, &rt, Duration::from_secs(20));
+    rt.block_on(cl.write_obj(oid(6), 0, Bytes::from_static(b"next")))
+        .unwrap();
+}
+
+/// `dog cluster recover --force` (the FORCED key): a node waiting for nodes that never come
+/// back serves what it has once an operator accepts the loss.
+#[test]
+fn a_forced_recovery_ends_the_wait() {
+    let mut c = MemCluster::start(2).expect("start");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cl = client(&c, &rt, Duration::from_secs(20));
+    rt.block_on(cl.format(2, None, MIB)).unwrap();
+    rt.block_on(cl.write_obj(oid(7), 0, Bytes::from_static(b"old")))
+        .unwrap();
+    rt.block_on(cl.flush()).unwrap();
+    c.crash(0);
+    c.wait_members(1);
+    c.wait_recovered();
+    rt.block_on(cl.write_obj(oid(7), 0, Bytes::from_static(b"new")))
+        .unwrap();
+    c.crash(1);
+    c.start_node(0).unwrap();
+    c.wait_members(1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.node(0).unwrap().recovery_status().state != RecoveryState::Waiting {
+        assert!(Instant::now() < deadline, "node 0 never waited");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cl = client(&c, &rt, Duration::from_secs(20));
+    let epoch = cl.view().epoch();
+    assert!(rt
+        .block_on(cl.kv_cas(objstore_proto::keys::FORCED, None, Some(&epoch.to_string())))
+        .unwrap());
+    c.wait_recovered();
+    // The loss accepted: node 0 serves its older copy.
+    assert_eq!(&rt.block_on(cl.read_obj(oid(7), 0, 3)).unwrap()[..], b"old");
+}

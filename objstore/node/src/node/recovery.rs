@@ -721,3 +721,74 @@ pub(super) async fn run(node: Arc<Node>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use objstore_proto::version::Version;
+
+    fn addr(i: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 7000 + i))
+    }
+
+    fn st(v: u64, suspect: bool) -> ObjState {
+        ObjState {
+            suspect,
+            ..ObjState::live(Version(v))
+        }
+    }
+
+    #[test]
+    fn the_reference_copy() {
+        let ids: HashMap<SocketAddr, u64> = (1..=3).map(|i| (addr(i), i as u64)).collect();
+        let me = 2;
+        // Nothing elsewhere, or older: mine.
+        assert_eq!(reference(me, &ids, Some(st(5, true)), &[]), Reference::Mine);
+        assert_eq!(
+            reference(me, &ids, Some(st(5, false)), &[(addr(1), st(4, false))]),
+            Reference::Mine
+        );
+        // Newer elsewhere: pull it, clean holders first.
+        assert_eq!(
+            reference(
+                me,
+                &ids,
+                Some(st(4, false)),
+                &[(addr(1), st(5, true)), (addr(3), st(5, false))]
+            ),
+            Reference::Pull(st(5, false), vec![addr(3)])
+        );
+        // Same version: a clean copy of mine stays; a suspect one takes a clean one.
+        assert_eq!(
+            reference(me, &ids, Some(st(5, false)), &[(addr(1), st(5, true))]),
+            Reference::Mine
+        );
+        assert_eq!(
+            reference(me, &ids, Some(st(5, true)), &[(addr(3), st(5, false))]),
+            Reference::Pull(st(5, false), vec![addr(3)])
+        );
+        // Every copy suspect: the lowest node id is the reference.
+        assert_eq!(
+            reference(me, &ids, Some(st(5, true)), &[(addr(3), st(5, true))]),
+            Reference::Mine
+        );
+        assert_eq!(
+            reference(
+                me,
+                &ids,
+                Some(st(5, true)),
+                &[(addr(1), st(5, true)), (addr(3), st(5, true))]
+            ),
+            Reference::Pull(st(5, true), vec![addr(1)])
+        );
+        assert_eq!(
+            reference(
+                me,
+                &ids,
+                None,
+                &[(addr(3), st(5, true)), (addr(1), st(5, true))]
+            ),
+            Reference::Pull(st(5, true), vec![addr(1)])
+        );
+    }
+}
