@@ -345,3 +345,44 @@ fn a_forced_recovery_ends_the_wait() {
     // The loss accepted: node 0 serves its older copy.
     assert_eq!(&rt.block_on(cl.read_obj(oid(7), 0, 3)).unwrap()[..], b"old");
 }
+
+/// Two objects that share a lock shard but have different primaries, written at once: each
+/// primary forwards to the other while holding its lock for its own object. With one lock per
+/// shard for both roles they waited on each other until the forward timed out (3 s); a
+/// replica's lock is now a different one, so no write waits that long (the client's timeout
+/// here is shorter than the forward timeout).
+#[test]
+fn primaries_forwarding_to_each_other_do_not_wait_on_each_other() {
+    // The node's shard of an object (objstore/node/src/node/replicate.rs, `shard`).
+    fn shard(o: ObjectId) -> u64 {
+        (o.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % 1024
+    }
+    let c = MemCluster::start(3).expect("start");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cl = client(&c, &rt, Duration::from_secs(20));
+    rt.block_on(cl.format(3, None, MIB)).unwrap();
+    let primary = |o: ObjectId| {
+        (0..3)
+            .find(|&i| owner_rank(&c, 0, o, i) == Some(0))
+            .unwrap()
+    };
+    let a = oid(100);
+    let b = (101..100_000)
+        .map(oid)
+        .find(|&o| shard(o) == shard(a) && primary(o) != primary(a))
+        .expect("two objects of one shard with different primaries");
+    let x = client(&c, &rt, Duration::from_secs(2));
+    let y = client(&c, &rt, Duration::from_secs(2));
+    rt.block_on(async {
+        let write = |cl: Arc<Client>, o: ObjectId| async move {
+            for i in 0..300u64 {
+                cl.write_obj(o, (i % 64) * 4096, Bytes::from(vec![i as u8; 4096]))
+                    .await
+                    .unwrap_or_else(|e| panic!("write {i} to {o}: {e}"));
+            }
+        };
+        tokio::join!(write(x.clone(), a), write(y.clone(), b));
+    });
+    assert_eq!(replicas_agree(&c, 3, a), 3);
+    assert_eq!(replicas_agree(&c, 3, b), 3);
+}

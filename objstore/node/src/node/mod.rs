@@ -110,9 +110,12 @@ pub struct Node {
     config: OnceLock<ClusterConfig>,
     peers: Pool,
     recovery: recovery::Recovery,
-    /// Orders changes of one object (sharded): the primary's version choice and every
-    /// replica's check-then-apply.
+    /// Orders changes of one object as its primary (sharded), held while the replicas apply.
     obj_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Orders what a replica applies to one object (sharded): held only around local store
+    /// calls, never while waiting for another node, so primaries waiting for replicas can
+    /// never wait for each other.
+    replica_locks: Vec<tokio::sync::Mutex<()>>,
     /// Versions given to changes that failed somewhere; the next change goes above them.
     issued: std::sync::Mutex<
         std::collections::HashMap<objstore_proto::oid::ObjectId, objstore_proto::version::Version>,
@@ -263,6 +266,9 @@ impl Node {
             peers: Pool::new(parts.transport),
             recovery: recovery::Recovery::default(),
             obj_locks: (0..replicate::LOCK_SHARDS)
+                .map(|_| Default::default())
+                .collect(),
+            replica_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),
             issued: Default::default(),

@@ -246,6 +246,8 @@ impl Node {
             };
             let state = ObjState::from_wire(frame.header.offset, frame.header.aux);
             let store = self.store.clone();
+            // A replica's write to this object waits while a pull installs it.
+            let _ordered = self.replica_lock(oid).lock().await;
             let put =
                 tokio::task::spawn_blocking(move || store.put_if_newer(oid, &frame.payload, state))
                     .await

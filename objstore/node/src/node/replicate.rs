@@ -106,10 +106,22 @@ fn replica_failure(addr: SocketAddr, code: ResultCode, message: String) -> Failu
     }
 }
 
+fn shard(oid: ObjectId) -> usize {
+    let h = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 32) as usize % LOCK_SHARDS
+}
+
 impl Node {
-    pub(super) fn obj_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
-        let h = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        &self.obj_locks[(h >> 32) as usize % LOCK_SHARDS]
+    /// The primary's lock for `oid`.
+    fn obj_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
+        &self.obj_locks[shard(oid)]
+    }
+
+    /// A replica's lock for `oid`: a different lock from the primary's, since a node is
+    /// primary of some objects and replica of others in one shard, and two primaries
+    /// forwarding to each other must never wait on each other's lock.
+    pub(super) fn replica_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
+        &self.replica_locks[shard(oid)]
     }
 
     /// Registers a change checked against `epoch`; call before checking it.
@@ -345,7 +357,7 @@ impl Node {
         base: Version,
         new: Version,
     ) -> Result<(), Failure> {
-        let _ordered = self.obj_lock(oid).lock().await;
+        let _ordered = self.replica_lock(oid).lock().await;
         let local = self.store.meta(oid).unwrap_or_default();
         if local.version != base || local.suspect {
             return Err(Failure::new(
@@ -369,7 +381,7 @@ impl Node {
         data: Bytes,
         state: ObjState,
     ) -> Result<(), (Failure, Version)> {
-        let _ordered = self.obj_lock(oid).lock().await;
+        let _ordered = self.replica_lock(oid).lock().await;
         let store = self.store.clone();
         let installed = super::server::blocking(move || store.put_if_newer(oid, &data, state))
             .await
