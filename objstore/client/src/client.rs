@@ -1,9 +1,10 @@
 //! The client library: placement computed here, requests sent straight to the replicas.
 //!
-//! - A write goes to every replica of the current epoch in parallel and succeeds only when all
-//!   of them succeed. Writes to one object are ordered here (a lock per object, sharded), so
-//!   every replica applies overlapping writes in the same order.
-//! - A read goes to the first replica and falls back to the others.
+//! - A write (and a remove) goes to the object's primary: its first owner in the current epoch.
+//!   The primary gives it the object's next version, applies it and forwards it to the other
+//!   owners, and answers only when every owner holds that version (see the node's server).
+//!   Writes to one object from this client are also ordered here (a lock per object, sharded).
+//! - A read goes to the primary and falls back to the other owners.
 //! - A stale epoch, a busy node or a lost connection refreshes the membership view and retries
 //!   with backoff until [`ClientOptions::timeout`], then fails with the last reason.
 //! - [`Client::flush`] makes every earlier acknowledged write durable on every node.
@@ -24,6 +25,7 @@ use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::placement::Ring;
+use objstore_proto::version::ObjState;
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -284,41 +286,19 @@ impl Client {
         &self.order[(h >> 32) as usize % ORDER_SHARDS]
     }
 
-    /// Sends one request to every replica of `oid`; all must succeed (not found counts as
-    /// success when `missing_ok`).
-    async fn to_all(
-        &self,
-        v: &ClusterView,
-        h: Header,
-        payload: Bytes,
-        missing_ok: bool,
-    ) -> Step<()> {
-        let targets = match targets(v, ObjectId(h.oid)) {
-            Ok(t) => t,
+    /// Sends a change of `oid` to its primary, which orders it and applies it on every owner.
+    async fn to_primary(&self, v: &ClusterView, h: Header, payload: Bytes) -> Step<()> {
+        let primary = match targets(v, ObjectId(h.oid)) {
+            Ok(t) => t[0],
             Err(step) => return step,
         };
         let mut h = h;
         h.epoch = v.epoch();
-        let results = futures::future::join_all(targets.iter().map(|&a| {
-            let payload = payload.clone();
-            async move { (a, self.call(a, h, payload).await) }
-        }))
-        .await;
-        let mut retry = None;
-        for (addr, res) in results {
-            match answer(addr, res) {
-                Answer::Ok(_) => {}
-                Answer::NotFound if missing_ok => {}
-                Answer::NotFound => {
-                    return Step::Fatal(ClientError::NotFound(ObjectId(h.oid)));
-                }
-                Answer::Retry(why) => retry = Some(why),
-                Answer::Fatal(e) => return Step::Fatal(e),
-            }
-        }
-        match retry {
-            Some(why) => Step::Retry(why),
-            None => Step::Done(()),
+        match answer(primary, self.call(primary, h, payload).await) {
+            Answer::Ok(_) => Step::Done(()),
+            Answer::NotFound => Step::Fatal(ClientError::NotFound(ObjectId(h.oid))),
+            Answer::Retry(why) => Step::Retry(why),
+            Answer::Fatal(e) => Step::Fatal(e),
         }
     }
 
@@ -336,17 +316,17 @@ impl Client {
         h.length = data.len() as u32;
         self.retry(|v| {
             let data = data.clone();
-            async move { self.to_all(&v, h, data, false).await }
+            async move { self.to_primary(&v, h, data).await }
         })
         .await
     }
 
-    /// Removes object `oid` from every replica.
+    /// Removes object `oid` from every replica (each keeps a tombstone at a new version).
     pub async fn remove_obj(&self, oid: ObjectId) -> Result<(), ClientError> {
         let _order = self.order_lock(oid).lock().await;
         let mut h = Header::request(Opcode::RemoveObj, 0, 0);
         h.oid = oid.0;
-        self.retry(|v| async move { self.to_all(&v, h, Bytes::new(), true).await })
+        self.retry(|v| async move { self.to_primary(&v, h, Bytes::new()).await })
             .await
     }
 
@@ -415,16 +395,16 @@ impl Client {
         .await
     }
 
-    /// The stamp of `oid` on node `addr`, or None if that node does not hold it.
+    /// What node `addr` holds of `oid` (its version, or a tombstone), or None if nothing.
     pub async fn stat_obj(
         &self,
         addr: SocketAddr,
         oid: ObjectId,
-    ) -> Result<Option<u32>, ClientError> {
+    ) -> Result<Option<ObjState>, ClientError> {
         let mut h = Header::request(Opcode::StatObj, 0, 0);
         h.oid = oid.0;
         match answer(addr, self.call(addr, h, Bytes::new()).await) {
-            Answer::Ok(f) => Ok(Some(f.header.aux)),
+            Answer::Ok(f) => Ok(Some(ObjState::from_wire(f.header.offset, f.header.aux))),
             Answer::NotFound => Ok(None),
             Answer::Retry(why) => Err(unreachable(addr, why)),
             Answer::Fatal(e) => Err(e),
@@ -455,9 +435,16 @@ impl Client {
         }
     }
 
-    pub async fn format(&self, copies: u32, object_size: u64) -> Result<(), ClientError> {
+    /// Formats the cluster; `min_copies` None takes the default for `copies`.
+    pub async fn format(
+        &self,
+        copies: u32,
+        min_copies: Option<u32>,
+        object_size: u64,
+    ) -> Result<(), ClientError> {
         let body = serde_json::to_vec(&FormatRequest {
             copies,
+            min_copies,
             object_size,
         })
         .expect("serializable");

@@ -13,7 +13,7 @@ use thiserror::Error;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-use objstore_proto::frame::{read_frame_aligned, write_frame, Frame, Header};
+use objstore_proto::frame::{read_frame_aligned, write_frame_parts, Frame, Header};
 
 use crate::transport::{Tcp, Transport, Writer};
 
@@ -34,10 +34,18 @@ pub enum ConnError {
 /// (the fault simulator replays a seed exactly only if wake-ups do not follow a hash seed).
 type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Frame>>>>;
 
+/// A frame to send: its payload is `prefix` then `payload` (a prefix saves copying object data
+/// behind a few bytes of request fields).
+pub(crate) struct Outgoing {
+    header: Header,
+    prefix: Bytes,
+    payload: Bytes,
+}
+
 /// One TCP connection to a node.
 pub struct Conn {
     addr: SocketAddr,
-    tx: mpsc::UnboundedSender<(Header, Bytes)>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     pending: Pending,
     next_id: AtomicU64,
     closed: Arc<AtomicBool>,
@@ -64,7 +72,7 @@ impl Conn {
                 addr,
                 reason: e.to_string(),
             })?;
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Header, Bytes)>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
 
@@ -118,7 +126,20 @@ impl Conn {
     /// Sends a request and waits for its response. `header.req_id` is assigned here.
     pub async fn call(
         &self,
+        header: Header,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Frame, ConnError> {
+        self.call_with_prefix(header, Bytes::new(), payload, timeout)
+            .await
+    }
+
+    /// [`Conn::call`] with a payload of `prefix` followed by `payload`, sent without joining
+    /// them.
+    pub async fn call_with_prefix(
+        &self,
         mut header: Header,
+        prefix: Bytes,
         payload: Bytes,
         timeout: Duration,
     ) -> Result<Frame, ConnError> {
@@ -127,10 +148,15 @@ impl Conn {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         header.req_id = id;
-        header.payload_len = payload.len() as u32;
+        header.payload_len = (prefix.len() + payload.len()) as u32;
         let (otx, orx) = oneshot::channel();
         self.pending.lock().unwrap().insert(id, otx);
-        if self.tx.send((header, payload)).is_err() {
+        let out = Outgoing {
+            header,
+            prefix,
+            payload,
+        };
+        if self.tx.send(out).is_err() {
             self.pending.lock().unwrap().remove(&id);
             return Err(ConnError::Closed(self.addr));
         }
@@ -147,14 +173,20 @@ impl Conn {
 
 /// Writes queued frames to `wr`, batching what is queued before each flush, until the queue
 /// closes or a write fails.
-pub(crate) async fn pump_frames(wr: Writer, rx: &mut mpsc::UnboundedReceiver<(Header, Bytes)>) {
+pub(crate) async fn pump_frames(wr: Writer, rx: &mut mpsc::UnboundedReceiver<Outgoing>) {
     let mut w = BufWriter::with_capacity(256 << 10, wr);
-    while let Some((h, p)) = rx.recv().await {
-        if write_frame(&mut w, &h, &p).await.is_err() {
+    while let Some(o) = rx.recv().await {
+        if write_frame_parts(&mut w, &o.header, &[&o.prefix, &o.payload])
+            .await
+            .is_err()
+        {
             return;
         }
-        while let Ok((h, p)) = rx.try_recv() {
-            if write_frame(&mut w, &h, &p).await.is_err() {
+        while let Ok(o) = rx.try_recv() {
+            if write_frame_parts(&mut w, &o.header, &[&o.prefix, &o.payload])
+                .await
+                .is_err()
+            {
                 return;
             }
         }

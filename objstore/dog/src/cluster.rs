@@ -6,6 +6,8 @@ use objstore_proto::view::DEFAULT_OBJECT_SIZE;
 use serde::Serialize;
 
 use crate::{size_arg, Ctx};
+use objstore_client::client::ClusterView;
+use objstore_proto::keys;
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {
@@ -14,12 +16,30 @@ pub enum ClusterCmd {
         /// Copies of every object (on distinct nodes, in distinct zones where possible).
         #[arg(short, long)]
         copies: u32,
+        /// Live owners a write needs; below it writes wait (default: a majority of the copies,
+        /// 2 of 3, 1 of 2, as Ceph's min_size).
+        #[arg(long)]
+        min_copies: Option<u32>,
         /// Object size: a power of two from 1M to 64M.
         #[arg(long, value_parser = size_arg, default_value_t = DEFAULT_OBJECT_SIZE as u64)]
         object_size: u64,
     },
-    /// Show the cluster's state, format and membership epoch.
+    /// Show the cluster's state, format and membership epoch, and what I/O waits for.
     Info,
+    /// Accept that objects waiting for nodes that are down may go back to older versions.
+    ///
+    /// When every node that may hold the newest copy of some objects is down, their I/O waits
+    /// (`dog cluster info` says for whom). If those nodes are gone for good, this lets the
+    /// nodes that are up serve and recover the newest copies they have: the writes only the
+    /// missing nodes held are lost.
+    Recover {
+        /// Required: this may lose acknowledged writes.
+        #[arg(long)]
+        force: bool,
+        /// Do not ask for confirmation (for scripts).
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -36,6 +56,13 @@ struct InfoOut {
     status: &'static str,
     epoch: u32,
     copies: Option<u32>,
+    min_copies: Option<u32>,
+    /// Objects whose I/O waits for nodes that are down (summed over the nodes up).
+    waiting_objects: u64,
+    /// The nodes they wait for.
+    waiting_for: Vec<std::net::SocketAddr>,
+    /// The newest epoch in which those nodes could have taken writes.
+    waiting_epoch: u32,
     object_size: Option<u32>,
     formatted_at: Option<u64>,
     nodes: usize,
@@ -46,9 +73,10 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
     match cmd {
         ClusterCmd::Format {
             copies,
+            min_copies,
             object_size,
         } => {
-            ctx.client.format(copies, object_size).await?;
+            ctx.client.format(copies, min_copies, object_size).await?;
             let info = ctx.client.view().info.clone();
             let note = if info.degraded() {
                 format!(
@@ -60,7 +88,8 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
             };
             ctx.print(&info, || {
                 format!(
-                    "formatted: {copies} copies, {} objects, {} node(s){note}\n",
+                    "formatted: {copies} copies (writes need {}), {} objects, {} node(s){note}\n",
+                    info.config.map(|c| c.min_copies()).unwrap_or(0),
                     format_size(object_size),
                     info.view.nodes.len()
                 )
@@ -69,8 +98,10 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
         ClusterCmd::Info => {
             let v = ctx.client.refresh().await?;
             let info = &v.info;
+            let waiting = waiting(ctx, &v).await;
             let status = match info.config {
                 None => "unformatted",
+                Some(_) if waiting.objects > 0 || !waiting.nodes.is_empty() => "waiting",
                 Some(_) if info.degraded() => "degraded",
                 Some(_) => "ok",
             };
@@ -79,6 +110,10 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 status,
                 epoch: info.view.epoch,
                 copies: info.config.map(|c| c.copies),
+                min_copies: info.config.map(|c| c.min_copies()),
+                waiting_objects: waiting.objects,
+                waiting_for: waiting.nodes.clone(),
+                waiting_epoch: waiting.epoch,
                 object_size: info.config.map(|c| c.object_size),
                 formatted_at: info.config.map(|c| c.formatted_at),
                 nodes: info.view.nodes.len(),
@@ -86,6 +121,14 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
             };
             ctx.print(&out, || {
                 let mut s = format!("Cluster {}\nStatus: {status}", out.cluster_id);
+                if status == "waiting" {
+                    s += &format!(
+                        " ({} object(s) wait for {} (they may hold objects written at epoch {}); 'dog cluster recover --force' accepts the loss)",
+                        out.waiting_objects,
+                        list_addrs(&out.waiting_for),
+                        out.waiting_epoch
+                    );
+                }
                 if status == "degraded" {
                     s += &format!(
                         " ({} zone(s) for {} copies: objects have fewer copies than asked)",
@@ -95,8 +138,9 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 }
                 if let Some(c) = info.config {
                     s += &format!(
-                        "\nCopies: {}\nObject size: {}",
+                        "\nCopies: {} (writes need {})\nObject size: {}",
                         c.copies,
+                        c.min_copies(),
                         format_size(c.object_size as u64)
                     );
                 } else {
@@ -112,7 +156,105 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 s
             });
         }
+        ClusterCmd::Recover { force, yes } => recover(ctx, force, yes).await?,
     }
+    Ok(())
+}
+
+fn list_addrs(addrs: &[std::net::SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What the nodes up say they wait for.
+#[derive(Default)]
+struct Waiting {
+    objects: u64,
+    nodes: Vec<std::net::SocketAddr>,
+    epoch: u32,
+}
+
+async fn waiting(ctx: &Ctx, v: &ClusterView) -> Waiting {
+    let mut w = Waiting::default();
+    for (_, st) in ctx.client.node_statuses(v).await {
+        let Ok(st) = st else { continue };
+        let r = &st.recovery;
+        if r.epoch != v.epoch() {
+            continue;
+        }
+        w.objects += r.incomplete;
+        w.nodes.extend(r.waiting_for.iter().copied());
+        w.epoch = w.epoch.max(r.waiting_epoch);
+    }
+    w.nodes.sort();
+    w.nodes.dedup();
+    w
+}
+
+#[derive(Serialize)]
+struct RecoverOut {
+    epoch: u32,
+    /// Objects the nodes up hold that were waiting and may now be older than their last
+    /// write (objects only the missing nodes held are not counted: nobody up knows them).
+    objects_maybe_older: u64,
+    waited_for: Vec<std::net::SocketAddr>,
+}
+
+async fn recover(ctx: &Ctx, force: bool, yes: bool) -> anyhow::Result<()> {
+    if !force {
+        anyhow::bail!(
+            "'dog cluster recover' only accepts a loss knowingly: add --force (see --help)"
+        );
+    }
+    let v = ctx.client.refresh().await?;
+    let w = waiting(ctx, &v).await;
+    let epoch = v.epoch();
+    if !yes {
+        use std::io::{BufRead, IsTerminal, Write};
+        if !std::io::stdin().is_terminal() {
+            anyhow::bail!("refusing to force recovery without confirmation: add --yes");
+        }
+        eprint!(
+            "{} object(s) wait for {} (they may hold writes of epoch {}). Forcing recovery makes the nodes up serve what they have: those writes are lost if the nodes never come back. Type 'yes' to go on: ",
+            w.objects,
+            if w.nodes.is_empty() { "no node".to_string() } else { list_addrs(&w.nodes) },
+            w.epoch
+        );
+        std::io::stderr().flush()?;
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+        if line.trim() != "yes" {
+            anyhow::bail!("not confirmed: nothing changed");
+        }
+    }
+    let cur = ctx.client.kv_get(keys::FORCED).await?;
+    if !ctx
+        .client
+        .kv_cas(keys::FORCED, cur.as_deref(), Some(&epoch.to_string()))
+        .await?
+    {
+        anyhow::bail!("another 'dog cluster recover' ran at the same time: run it again");
+    }
+    tracing::warn!("recovery forced at epoch {epoch}");
+    let out = RecoverOut {
+        epoch,
+        objects_maybe_older: w.objects,
+        waited_for: w.nodes,
+    };
+    ctx.print(&out, || {
+        format!(
+            "recovery forced at epoch {epoch}: {} object(s) held by the nodes up may be older than their last write, and objects only {} held are lost; the nodes recover from the copies they have\n",
+            out.objects_maybe_older,
+            if out.waited_for.is_empty() {
+                "the missing nodes".to_string()
+            } else {
+                list_addrs(&out.waited_for)
+            }
+        )
+    });
     Ok(())
 }
 

@@ -219,7 +219,8 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
 #[derive(Serialize)]
 struct Holder {
     addr: std::net::SocketAddr,
-    stamp: u32,
+    version: objstore_proto::version::Version,
+    deleted: bool,
 }
 
 #[derive(Serialize)]
@@ -338,7 +339,7 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
 }
 
 /// Where object `oid` (index `index` of VDI `name`, None for its inode) should be and where it
-/// is: every node of the view is asked for its stamp.
+/// is: every node of the view is asked for its version.
 async fn object_out(
     client: &Client,
     view: &ClusterView,
@@ -360,10 +361,11 @@ async fn object_out(
     let nodes = &view.info.view.nodes;
     let stats = futures::future::join_all(nodes.iter().map(|n| client.stat_obj(n.addr, oid))).await;
     for (n, s) in nodes.iter().zip(stats) {
-        if let Some(stamp) = s? {
+        if let Some(st) = s? {
             out.holders.push(Holder {
                 addr: n.addr,
-                stamp,
+                version: st.version,
+                deleted: st.deleted,
             });
         }
     }
@@ -386,7 +388,8 @@ fn object_text(out: &ObjectOut) -> String {
                 } else {
                     " (not an owner: will be dropped after recovery)"
                 };
-                s += &format!("  {}  stamp {}{placed}\n", h.addr, h.stamp);
+                let what = if h.deleted { "deleted at" } else { "version" };
+                s += &format!("  {}  {what} {}{placed}\n", h.addr, h.version);
             }
             for p in &out.placement {
                 if !out.holders.iter().any(|h| h.addr == *p) {

@@ -12,7 +12,9 @@ use testkit::replicas;
 fn bins() -> Bins {
     Bins::fresh()
 }
-use objstore_proto::frame::{Header, Opcode, HEADER_LEN, MAX_PAYLOAD};
+use objstore_proto::frame::{
+    Header, Opcode, CLIENT_VERSION, HEADER_LEN, MAX_PAYLOAD, PEER_VERSION,
+};
 
 fn valid_header() -> [u8; HEADER_LEN] {
     Header::request(Opcode::ClusterInfo, 1, 0).encode()
@@ -52,7 +54,7 @@ fn malformed_frames_close_only_their_connection() {
     let mut bad_client_version = valid_header();
     bad_client_version[2] = 9;
     let mut bad_peer_version = Header::request(Opcode::PeerList, 1, 0).encode();
-    bad_peer_version[2] = 2;
+    bad_peer_version[2] = PEER_VERSION + 1;
     let mut too_long = valid_header();
     too_long[12..16].copy_from_slice(&(MAX_PAYLOAD + 1).to_be_bytes());
     let mut short_payload = Header::request(Opcode::KvGet, 1, 0);
@@ -81,13 +83,16 @@ fn malformed_frames_close_only_their_connection() {
             "bad client version",
             bad_client_version.to_vec(),
             false,
-            "protocol version 9 for opcode ClusterInfo, expected 1".into(),
+            format!("protocol version 9 for opcode ClusterInfo, expected {CLIENT_VERSION}"),
         ),
         (
             "bad peer version",
             bad_peer_version.to_vec(),
             false,
-            "protocol version 2 for opcode PeerList, expected 1".into(),
+            format!(
+                "protocol version {} for opcode PeerList, expected {PEER_VERSION}",
+                PEER_VERSION + 1
+            ),
         ),
         (
             "length over limit",

@@ -1,7 +1,7 @@
 //! Copies that diverge while nodes are down, and must not: an acknowledged write, a discard, a
 //! delete made while holders are away; a write into an object whose holders are all down; a
 //! recovery that fails on a full disk. Each test states the behaviour the design promises;
-//! those marked ignored fail today (issue 22) and say how.
+//! each failed before issue 22's versions, tombstones and history rule (say how in its doc).
 
 mod common;
 
@@ -17,11 +17,9 @@ use testkit::replicas::{self, assert_consistent};
 /// With every copy of an object gone (both holders down at once), a partial write to it must
 /// not make a new object of zeros around the written bytes: it waits for a holder (or fails),
 /// and once the holders are back the object holds its old data with the write on top.
+/// (Failed before issue 22's history rule: the write succeeded at once on the new owners as a
+/// fresh object of zeros at a newer stamp, and recovery then copied it over the holders' data.)
 #[test]
-#[ignore = "issue 22: a 4 KiB write into an object whose every copy is down succeeds at once \
-            on the new owners as a fresh object of zeros at a newer stamp; when the holders \
-            return, recovery replaces their data with it: the object reads zeros outside the \
-            4 KiB written"]
 fn partial_write_to_a_lost_object_keeps_its_data() {
     let mut c = Cluster::start(&bins(), 4);
     c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
@@ -32,7 +30,29 @@ fn partial_write_to_a_lost_object_keeps_its_data() {
     let (pair, lost) = lost_pair(&c, "v");
     kill_at_once(&mut c, &[pair.0, pair.1]);
     c.wait_members(2);
-    c.wait_recovered();
+    // The nodes up cannot vouch for the objects only the pair held: the cluster says it waits
+    // for the pair.
+    let t = std::time::Instant::now();
+    let info = loop {
+        let info = c.dog_json(&["cluster", "info"]);
+        if info["status"] == "waiting" {
+            break info;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the cluster does not say it waits: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let waiting: Vec<&str> = info["waiting_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for n in [pair.0, pair.1] {
+        assert!(waiting.contains(&c.addr(n).as_str()), "{info}");
+    }
 
     let (i, oid) = lost[0].clone();
     let patch = [0xab; 4096];
@@ -98,10 +118,9 @@ fn partial_write_to_a_lost_object_keeps_its_data() {
 /// its old copies, then B and C return. A alone must not serve its old copies as current (a read
 /// waits or fails), a write made meanwhile must not revive them, and once B and C are back
 /// every acknowledged write is what the VDI holds.
+/// (Failed before: A alone served the old data, took a 4 KiB write on top of it, and when B
+/// and C returned the acknowledged write was lost.)
 #[test]
-#[ignore = "issue 22: rolling failure: A alone serves data older than an acknowledged write, \
-            accepts a 4 KiB write on top of it, and when B and C return that object holds \
-            the old data (the acknowledged write lost)"]
 fn rolling_failure_keeps_acknowledged_writes() {
     let mut c = Cluster::start(&bins(), 3);
     c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
@@ -157,9 +176,9 @@ fn rolling_failure_keeps_acknowledged_writes() {
 
 /// A VDI deleted while a node is down: when the node returns with its copies, they do not come
 /// back (not on it, not copied to others); every node ends with no object at all.
+/// (Failed before durable tombstones: the node returned with 6 to 11 of the VDI's 17 objects
+/// and kept them.)
 #[test]
-#[ignore = "issue 22: a VDI deleted while a node is down: the node returns with its copies \
-            and keeps them after recovery (6 to 11 of the deleted VDI's 17 objects)"]
 fn delete_while_a_node_is_down_stays_deleted() {
     let mut c = Cluster::start(&bins(), 4);
     c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
@@ -281,11 +300,9 @@ fn failed_recovery_on_a_full_disk_keeps_copies() {
 
 /// A discard made while a node is down stays discarded when it returns: the discarded object
 /// reads as zeros, and a later write into it does not land on the returning node's old copy.
+/// (Failed before durable tombstones: the returning node kept its old copy, a 4 KiB write
+/// landed on it, and the bytes around it read as the old data.)
 #[test]
-#[ignore = "issue 22: a discard made while a node is down comes back: the returned node keeps \
-            its copy of the discarded object, and a later 4 KiB write into that object lands \
-            on it, so its copy holds the discarded bytes around the write while the others \
-            hold zeros (the replica check names that node; a read served by it returns them)"]
 fn discard_while_a_node_is_down_stays_discarded() {
     let mut c = Cluster::start(&bins(), 3);
     c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
@@ -334,4 +351,58 @@ fn discard_while_a_node_is_down_stays_discarded() {
             Err(p) => p.to_string(),
         }
     );
+}
+
+/// Both holders of some objects are gone for good: the cluster waits and says for whom;
+/// `dog cluster recover` refuses without `--force`, and without `--yes` when it cannot ask;
+/// with both it records the loss, recovery finishes, and the objects the nodes up hold are
+/// served.
+#[test]
+fn forced_recovery_accepts_losing_every_holder() {
+    let mut c = Cluster::start(&bins(), 4);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "v", "32M"]);
+    let data = pseudo_random(32 << 20, 43);
+    c.write_vdi("v", 0, &data);
+    c.wait_recovered();
+    let (pair, lost) = lost_pair(&c, "v");
+    kill_at_once(&mut c, &[pair.0, pair.1]);
+    c.wait_members(2);
+    let t = std::time::Instant::now();
+    while c.dog_json(&["cluster", "info"])["status"] != "waiting" {
+        assert!(t.elapsed() < Duration::from_secs(30), "no wait");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = String::from_utf8(c.dog_ok(&["cluster", "info"])).unwrap();
+    assert!(
+        text.contains("Status: waiting")
+            && text.contains(&c.addr(pair.0))
+            && text.contains(&c.addr(pair.1)),
+        "{text}"
+    );
+    let no_force = c.dog(&["cluster", "recover"]);
+    assert!(!no_force.status.success());
+    assert!(String::from_utf8_lossy(&no_force.stderr).contains("--force"));
+    let no_yes = c.dog_stdin(&["cluster", "recover", "--force"], b"");
+    assert!(!no_yes.status.success());
+    assert!(String::from_utf8_lossy(&no_yes.stderr).contains("--yes"));
+    let out = c.dog_json(&["cluster", "recover", "--force", "--yes"]);
+    assert!(out["objects_maybe_older"].is_u64(), "{out}");
+    let waited: Vec<&str> = out["waited_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        waited.contains(&c.addr(pair.0).as_str()) && waited.contains(&c.addr(pair.1).as_str()),
+        "{out}"
+    );
+    c.wait_recovered();
+    assert_ne!(c.dog_json(&["cluster", "info"])["status"], "waiting");
+    // An object the nodes up hold reads as written.
+    let kept = (0..32u64)
+        .find(|i| !lost.iter().any(|(l, _)| l == i))
+        .unwrap();
+    assert!(c.read_vdi("v", kept * MIB, MIB) == object(&data, kept));
 }

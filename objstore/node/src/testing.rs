@@ -120,14 +120,26 @@ impl MemCluster {
         Ok(())
     }
 
-    /// Crashes node `i`: its tasks and connections end, writes it had not flushed are lost.
+    /// Crashes node `i` as a power cut would: its tasks and connections end, writes it had not
+    /// flushed are lost.
     pub fn crash(&mut self, i: usize) {
+        self.stop(i, MemStore::crashed);
+    }
+
+    /// Kills node `i` as `kill -9` would: its tasks and connections end, its bytes stay (the
+    /// kernel's page cache), and copies written since their last flush come back suspect at
+    /// their last flushed version ([`MemStore::killed`]).
+    pub fn kill(&mut self, i: usize) {
+        self.stop(i, MemStore::killed);
+    }
+
+    fn stop(&mut self, i: usize, after: fn(&MemStore) -> MemStore) {
         let n = &mut self.nodes[i];
         if let Some((rt, running)) = n.up.take() {
             self.net.close(n.addr);
             running.halt();
             rt.shutdown_background();
-            n.store = Arc::new(n.store.crashed());
+            n.store = Arc::new(after(&n.store));
         }
     }
 

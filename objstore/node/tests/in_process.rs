@@ -36,7 +36,7 @@ fn write_read_crash_epoch_change_and_recovery() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let opts = ClientOptions::default();
     let client = Arc::new(rt.block_on(c.client(opts.clone())).expect("client"));
-    rt.block_on(client.format(3, MIB)).expect("format");
+    rt.block_on(client.format(3, None, MIB)).expect("format");
     rt.block_on(vdi::create(&client, "disk", 8 * MIB))
         .expect("create");
     let disk = rt.block_on(Vdi::open(client.clone(), "disk")).unwrap();
@@ -92,7 +92,7 @@ fn a_write_never_flushed_is_lost_only_on_the_crashed_node() {
     let mut c = MemCluster::start(2).expect("start 2 in-memory nodes");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = Arc::new(rt.block_on(c.client(ClientOptions::default())).unwrap());
-    rt.block_on(client.format(2, MIB)).unwrap();
+    rt.block_on(client.format(2, None, MIB)).unwrap();
     let oid = ObjectId::data(Vid(5), ObjIndex(0));
     rt.block_on(client.write_obj(oid, 0, Bytes::from_static(b"durable")))
         .unwrap();

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FormatRequest {
     pub copies: u32,
+    /// None: the default for `copies` ([`crate::view::default_min_copies`]).
+    #[serde(default)]
+    pub min_copies: Option<u32>,
     pub object_size: u64,
 }
 
@@ -44,6 +47,8 @@ pub enum RecoveryState {
     /// Recovered; waiting for every owner before dropping objects this node no longer owns.
     Collecting,
     Done,
+    /// Some objects may have newer copies only on nodes that are down: their I/O waits.
+    Waiting,
 }
 
 /// What `dog node recovery` shows.
@@ -55,4 +60,14 @@ pub struct RecoveryStatus {
     pub done: u64,
     pub failed: u64,
     pub removed: u64,
+    /// Objects this node must not serve yet: their newest version may be on nodes that are
+    /// down (see `waiting_for`).
+    #[serde(default)]
+    pub incomplete: u64,
+    /// Nodes that may hold newer copies than any node up, when some objects wait for them.
+    #[serde(default)]
+    pub waiting_for: Vec<SocketAddr>,
+    /// The newest epoch in which those nodes could have acknowledged writes.
+    #[serde(default)]
+    pub waiting_epoch: u32,
 }

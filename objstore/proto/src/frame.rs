@@ -21,8 +21,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::pagebuf::{PageBuf, PAGE};
 
 pub const MAGIC: u16 = 0x5348; // "SH"
-pub const CLIENT_VERSION: u8 = 1;
-pub const PEER_VERSION: u8 = 1;
+pub const CLIENT_VERSION: u8 = 2;
+pub const PEER_VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 48;
 /// Largest payload a frame may carry: a 64 MiB object plus an inode of 16M map entries.
 pub const MAX_PAYLOAD: u32 = 68 << 20;
@@ -72,6 +72,8 @@ opcodes! {
     PeerList = 0x81, Peer;
     PeerRead = 0x82, Peer;
     PeerStatus = 0x83, Peer;
+    PeerWrite = 0x84, Peer;
+    PeerPut = 0x85, Peer;
 }
 
 impl Opcode {
@@ -103,8 +105,12 @@ pub enum ResultCode {
     Conflict = 8,
     ShuttingDown = 9,
     AlreadyFormatted = 10,
-    /// The node is still working out what it must recover for this epoch; retry shortly.
+    /// The node cannot serve this object yet (recovery still planning or pulling it, a
+    /// replica not answering, fewer live owners than `min-copies`); retry shortly.
     Busy = 11,
+    /// `PeerWrite`: the replica's copy is not at the write's base version; the primary sends
+    /// the whole object instead (`PeerPut`).
+    Diverged = 12,
 }
 
 impl ResultCode {
@@ -123,6 +129,7 @@ impl ResultCode {
             9 => ShuttingDown,
             10 => AlreadyFormatted,
             11 => Busy,
+            12 => Diverged,
             _ => return None,
         })
     }
@@ -346,11 +353,20 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     header: &Header,
     payload: &[u8],
 ) -> std::io::Result<()> {
+    write_frame_parts(w, header, &[payload]).await
+}
+
+/// [`write_frame`] with the payload given in pieces, written one after the other.
+pub async fn write_frame_parts<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    header: &Header,
+    parts: &[&[u8]],
+) -> std::io::Result<()> {
     let mut h = *header;
-    h.payload_len = payload.len() as u32;
+    h.payload_len = parts.iter().map(|p| p.len()).sum::<usize>() as u32;
     w.write_all(&h.encode()).await?;
-    if !payload.is_empty() {
-        w.write_all(payload).await?;
+    for p in parts.iter().filter(|p| !p.is_empty()) {
+        w.write_all(p).await?;
     }
     Ok(())
 }

@@ -8,6 +8,8 @@
 //! | `vdi/<name>` | the VDI table: `{"vid": N}` |
 //! | `lock/<name>` | who holds the VDI's read-write attachment (JSON) |
 //! | `vdi-gen/<name>` | the VDI's attachment generation (decimal, absent = 0) |
+//! | `recovered/<epoch>` | ids of the nodes that finished recovery of that epoch (JSON list) |
+//! | `recovery-forced` | the epoch in which an operator accepted possible loss (`dog cluster recover --force`) |
 
 /// The cluster format.
 pub const CONFIG: &str = "cluster";
@@ -19,6 +21,16 @@ pub const VDI_PREFIX: &str = "vdi/";
 pub const LOCK_PREFIX: &str = "lock/";
 /// Prefix of the attachment generations.
 pub const GEN_PREFIX: &str = "vdi-gen/";
+
+/// Prefix of the recovery records.
+pub const RECOVERED_PREFIX: &str = "recovered/";
+/// The epoch of the last `dog cluster recover --force`.
+pub const FORCED: &str = "recovery-forced";
+
+/// The record of which nodes finished recovering `epoch` (zero-padded, so keys sort by epoch).
+pub fn recovered(epoch: u32) -> String {
+    format!("{RECOVERED_PREFIX}{epoch:010}")
+}
 
 /// The VDI table entry of `name`.
 pub fn vdi(name: &str) -> String {
@@ -44,5 +56,6 @@ mod tests {
         assert_eq!(vdi("a"), "vdi/a");
         assert_eq!(lock("a"), "lock/a");
         assert_eq!(gen("a"), "vdi-gen/a");
+        assert_eq!(recovered(42), "recovered/0000000042");
     }
 }

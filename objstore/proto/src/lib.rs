@@ -7,6 +7,7 @@
 //! - [`placement`]: which nodes hold an object, a pure function.
 //! - [`frame`]: frames and opcodes of the wire protocol; [`api`]: its JSON bodies;
 //!   [`pagebuf`]: the page-aligned buffers large payloads are received into.
+//! - [`version`]: object versions, which decide which copy of an object is current.
 
 pub mod api;
 pub mod extent;
@@ -17,6 +18,7 @@ pub mod oid;
 pub mod pagebuf;
 pub mod placement;
 pub mod size;
+pub mod version;
 pub mod view;
 
 pub use oid::{ObjIndex, ObjectId, Vid};

@@ -44,6 +44,9 @@ impl View {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterConfig {
     pub copies: u32,
+    /// Live owners a write needs (0 in a format written before it existed: the default).
+    #[serde(default)]
+    pub min_copies: u32,
     pub object_size: u32,
     /// Unix seconds.
     pub formatted_at: u64,
@@ -54,11 +57,31 @@ pub const MIN_OBJECT_SIZE: u32 = 1 << 20;
 pub const MAX_OBJECT_SIZE: u32 = 64 << 20;
 pub const MAX_COPIES: u32 = 31;
 
+/// The default minimum of live owners for writes, as Ceph's `min_size`: a majority of the
+/// copies (2 of 3, 1 of 2, 1 of 1).
+pub fn default_min_copies(copies: u32) -> u32 {
+    copies - copies / 2
+}
+
 impl ClusterConfig {
+    /// Live owners of an object a write needs; below it writes wait.
+    pub fn min_copies(&self) -> u32 {
+        if self.min_copies == 0 {
+            default_min_copies(self.copies)
+        } else {
+            self.min_copies
+        }
+    }
+
     /// Checks a requested format; the error names what is wrong.
-    pub fn validate(copies: u32, object_size: u64) -> Result<(), String> {
+    pub fn validate(copies: u32, min_copies: u32, object_size: u64) -> Result<(), String> {
         if copies == 0 || copies > MAX_COPIES {
             return Err(format!("copies must be 1 to {MAX_COPIES}, not {copies}"));
+        }
+        if min_copies == 0 || min_copies > copies {
+            return Err(format!(
+                "min-copies must be 1 to the number of copies ({copies}), not {min_copies}"
+            ));
         }
         if !object_size.is_power_of_two()
             || object_size < MIN_OBJECT_SIZE as u64

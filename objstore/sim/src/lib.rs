@@ -48,6 +48,8 @@ pub enum SimError {
 pub struct Config {
     pub nodes: usize,
     pub copies: u32,
+    /// Live owners a write needs (`dog cluster format --min-copies`); None: the default.
+    pub min_copies: Option<u32>,
     /// Points of each node on the placement ring (fewer than production's 128: building rings
     /// is most of a debug build's work, and placement is not what the simulator tests).
     pub vnodes: u32,
@@ -78,6 +80,7 @@ impl Default for Config {
         Config {
             nodes: 5,
             copies: 3,
+            min_copies: None,
             vnodes: 16,
             clients: 3,
             objects: 6,

@@ -190,9 +190,7 @@ pub async fn run(
             }
             64..=69 if f.fsync_errors => {
                 let i = rng.gen_range(0..n);
-                cluster.nodes[i]
-                    .store
-                    .fail(StoreOp::Flush, Fault::IoLosingDirty);
+                cluster.nodes[i].store.fail(StoreOp::Flush, Fault::Io);
                 shared.event(format!("node {i} fdatasync fails"));
                 undo.push((later(&mut rng, 10, 1000), Undo::ClearStore(i)));
             }

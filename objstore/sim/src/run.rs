@@ -137,7 +137,9 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
         options(cfg),
     )
     .await?;
-    admin.format(cfg.copies, OBJECT_SIZE as u64).await?;
+    admin
+        .format(cfg.copies, cfg.min_copies, OBJECT_SIZE as u64)
+        .await?;
     if !wait_for(Duration::from_secs(30), || cluster.settled()).await {
         return Err(SimError::NoCluster(Duration::from_secs(30)));
     }

@@ -508,7 +508,7 @@ impl Cluster {
     }
 
     /// Where object `index` of VDI `name` should be (placement) and who holds it at which
-    /// stamp.
+    /// version.
     pub fn holders(&self, name: &str, index: u64) -> crate::replicas::ObjectReplicas {
         crate::replicas::object(self, name, index).unwrap_or_else(|e| panic!("{e}"))
     }

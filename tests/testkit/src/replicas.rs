@@ -2,11 +2,11 @@
 //! node's disk and compared, so a test can say "all replicas agree" and mean it.
 //!
 //! [`check`] asks `dog vdi objects NAME --json` where each object (the inode and every allocated
-//! data object) should be (`placement`) and who holds it at which `stamp`, then reads each
-//! holder's copy straight from `<node_dir>/obj/<oid>.<stamp>`. It returns a [`Report`] when
+//! data object) should be (`placement`) and who holds it at which `version`, then reads each
+//! holder's copy straight from its file `<node_dir>/obj/<oid>.<version on disk>`. It returns a [`Report`] when
 //! every object has exactly the expected number of copies (the VDI's copies, or every node when
 //! there are fewer), on exactly its placement, in as many distinct zones as the nodes allow, all
-//! at one stamp and with identical bytes; otherwise [`Problems`], naming each disagreeing object and
+//! at one version and with identical bytes; otherwise [`Problems`], naming each disagreeing object and
 //! node. The judgement itself ([`judge`]) is a pure function, unit-tested below with bad inputs.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,7 +21,10 @@ use crate::cluster::Cluster;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     pub addr: String,
-    pub stamp: u32,
+    /// The object's version on that node (see objstore_proto::version).
+    pub version: u64,
+    /// The copy is a tombstone (a deleted object).
+    pub deleted: bool,
 }
 
 /// Where one object should be and where it is (one entry of `dog vdi object(s) --json`).
@@ -34,7 +37,7 @@ pub struct ObjectReplicas {
     /// The nodes that should hold it in the current epoch, in ring order: reads go to the
     /// first one first.
     pub placement: Vec<String>,
-    /// The nodes that hold it, with their stamps, sorted by address.
+    /// The nodes that hold it, with their versions, sorted by address.
     pub holders: Vec<Holder>,
 }
 
@@ -59,10 +62,10 @@ impl ObjectReplicas {
             .map(|h| {
                 Ok(Holder {
                     addr: addr(&h["addr"])?,
-                    stamp: h["stamp"]
+                    version: h["version"]
                         .as_u64()
-                        .and_then(|s| u32::try_from(s).ok())
-                        .ok_or_else(|| format!("bad stamp in {h}"))?,
+                        .ok_or_else(|| format!("bad version in {h}"))?,
+                    deleted: h["deleted"].as_bool().unwrap_or(false),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -87,9 +90,9 @@ impl ObjectReplicas {
         p
     }
 
-    /// The distinct stamps of the copies, sorted.
-    pub fn stamps(&self) -> Vec<u32> {
-        let mut s: Vec<u32> = self.holders.iter().map(|h| h.stamp).collect();
+    /// The distinct versions of the copies, sorted.
+    pub fn versions(&self) -> Vec<u64> {
+        let mut s: Vec<u64> = self.holders.iter().map(|h| h.version).collect();
         s.sort_unstable();
         s.dedup();
         s
@@ -236,8 +239,8 @@ pub fn judge(
                 say(
                     Some(&h.addr),
                     format!(
-                        "holds a copy (stamp {}) but is not in its placement",
-                        h.stamp
+                        "holds a copy (version {}) but is not in its placement",
+                        h.version
                     ),
                 );
             }
@@ -264,15 +267,15 @@ pub fn judge(
                 ),
             );
         }
-        let newest = o.holders.iter().map(|h| h.stamp).max();
-        if o.stamps().len() > 1 {
+        let newest = o.holders.iter().map(|h| h.version).max();
+        if o.versions().len() > 1 {
             for h in &o.holders {
-                if Some(h.stamp) != newest {
+                if Some(h.version) != newest {
                     say(
                         Some(&h.addr),
                         format!(
-                            "stale stamp {} (newest {})",
-                            h.stamp,
+                            "stale version {} (newest {})",
+                            h.version,
                             newest.unwrap_or_default()
                         ),
                     );
@@ -379,10 +382,19 @@ pub fn objects(c: &Cluster, name: &str) -> Result<Vec<ObjectReplicas>, String> {
         .collect()
 }
 
-/// The file holding `addr`'s copy of `oid` at `stamp`, if `addr` is one of the cluster's nodes.
-pub fn copy_path(c: &Cluster, addr: &str, oid: &str, stamp: u32) -> Option<PathBuf> {
+/// The file holding `addr`'s copy of `oid`, if `addr` is one of the cluster's nodes and holds
+/// data for it. Its name carries the version last flushed, which may be older than the
+/// version the node reports, so the file is found by the object id.
+pub fn copy_path(c: &Cluster, addr: &str, oid: &str) -> Option<PathBuf> {
     let i = (0..c.ports.len()).find(|&i| c.addr(i) == addr)?;
-    Some(c.node_dir(i).join("obj").join(format!("{oid}.{stamp}")))
+    let dir = c.node_dir(i).join("obj");
+    let prefix = format!("{oid}.");
+    std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with(&prefix) && !n.ends_with(".del"))
+        .map(|n| dir.join(n))
 }
 
 /// Checks every replica of every object of VDI `name` (see the module doc). Call it when the
@@ -414,8 +426,11 @@ pub fn check(c: &Cluster, name: &str) -> Result<Report, Problems> {
     }
     judge(name, &objs, copies, &zones, |o, h| {
         let oid = o.oid.as_deref().unwrap_or_default();
-        let path = copy_path(c, &h.addr, oid, h.stamp)
-            .ok_or_else(|| format!("{} is not a node of this cluster", h.addr))?;
+        if h.deleted {
+            return Ok(Vec::new());
+        }
+        let path = copy_path(c, &h.addr, oid)
+            .ok_or_else(|| format!("{} holds no file for {oid}", h.addr))?;
         std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
     })
 }
@@ -468,7 +483,7 @@ fn node_log(c: &Cluster, i: usize) -> PathBuf {
 mod tests {
     use super::*;
 
-    fn obj(index: u64, placement: &[&str], holders: &[(&str, u32)]) -> ObjectReplicas {
+    fn obj(index: u64, placement: &[&str], holders: &[(&str, u64)]) -> ObjectReplicas {
         ObjectReplicas {
             index: Some(index),
             oid: Some(format!("{:016x}", 0x0a_0000_0000u64 | index)),
@@ -477,7 +492,8 @@ mod tests {
                 .iter()
                 .map(|(a, s)| Holder {
                     addr: a.to_string(),
-                    stamp: *s,
+                    version: *s,
+                    deleted: false,
                 })
                 .collect(),
         }
@@ -521,7 +537,7 @@ mod tests {
     #[test]
     fn each_kind_of_disagreement_is_named() {
         let o = [
-            // Stale stamp on b.
+            // Stale version on b.
             obj(0, &["a", "b"], &[("a", 4), ("b", 3)]),
             // One copy missing: c is placed but holds nothing.
             obj(1, &["a", "c"], &[("a", 3)]),
@@ -546,7 +562,7 @@ mod tests {
                     && p.what.contains(what)
             })
         };
-        assert!(has(0, Some("b"), "stale stamp 3 (newest 4)"), "{text}");
+        assert!(has(0, Some("b"), "stale version 3 (newest 4)"), "{text}");
         assert!(has(1, Some("c"), "placed here but holds no copy"), "{text}");
         assert!(has(1, None, "1 cop(ies)"), "{text}");
         assert!(has(2, Some("c"), "not in its placement"), "{text}");

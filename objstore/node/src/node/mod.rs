@@ -11,7 +11,9 @@
 //! and driver calls run on the calling task ([`Node::blocking`]), so a whole cluster runs in one
 //! current-thread runtime under a paused clock (the fault simulator, `objstore/sim`).
 
+mod history;
 mod recovery;
+mod replicate;
 mod server;
 
 use std::fs::{self, File, OpenOptions};
@@ -111,6 +113,18 @@ pub struct Node {
     config: OnceLock<ClusterConfig>,
     peers: Pool,
     recovery: recovery::Recovery,
+    /// Orders changes of one object as its primary (sharded), held while the replicas apply.
+    obj_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Orders what a replica applies to one object (sharded): held only around local store
+    /// calls, never while waiting for another node, so primaries waiting for replicas can
+    /// never wait for each other.
+    replica_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Versions given to changes that failed somewhere; the next change goes above them.
+    issued: std::sync::Mutex<
+        std::collections::HashMap<objstore_proto::oid::ObjectId, objstore_proto::version::Version>,
+    >,
+    /// Changes in progress, by the epoch they were checked against (see [`Node::enter`]).
+    inflight: replicate::Inflight,
     stop: AtomicBool,
     pull_delay: std::time::Duration,
     /// Store and driver calls run inline instead of on the blocking pool (see [`NodeParts`]).
@@ -297,6 +311,14 @@ impl Node {
             config: OnceLock::new(),
             peers: Pool::new(parts.transport),
             recovery: recovery::Recovery::default(),
+            obj_locks: (0..replicate::LOCK_SHARDS)
+                .map(|_| Default::default())
+                .collect(),
+            replica_locks: (0..replicate::LOCK_SHARDS)
+                .map(|_| Default::default())
+                .collect(),
+            issued: Default::default(),
+            inflight: Default::default(),
             stop: AtomicBool::new(false),
             pull_delay: opts.pull_delay,
             inline,

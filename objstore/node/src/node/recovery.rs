@@ -1,37 +1,43 @@
 //! Recovery: after every new epoch, bring this node's objects up to what the epoch makes it
 //! responsible for, then drop what it no longer owns once every owner holds its copies.
 //!
-//! 1. **Plan.** List `(oid, stamp)` from every reachable node of this epoch and the previous one.
-//!    For each object this node owns now, if some node has a higher stamp than the local copy (or
-//!    there is no local copy), it goes to `pending` with the nodes holding the newest stamp.
-//!    Object I/O waits until the plan exists, so no request touches a copy not yet judged.
-//! 2. **Pull.** Pending objects are copied whole from a newest holder and installed only if still
-//!    newer than the local copy. A request for a pending object pulls it first. A pull that
-//!    fails (sources unreachable, the local disk full) leaves the object pending: requests for
-//!    it get `Busy` at once (never the stale or missing local copy, and no pull of their own),
-//!    and the round retries it with backoff; the epoch is recovered here only when nothing is
-//!    pending.
-//! 3. **Collect.** When every node of the epoch reports it has recovered this epoch, objects this
-//!    node does not own are removed. Any new epoch abandons the current round and starts over.
-//!
-//! A node that comes back with old copies lists lower stamps than the survivors that took the
-//! writes it missed, so it pulls before it serves: no read returns data older than the newest
-//! acknowledged write.
+//! 1. **Plan.** List `(oid, version)` (tombstones included) from every reachable node of this
+//!    epoch and the previous one, and judge from the cluster's history which objects those
+//!    listings can vouch for ([`super::history`]). For each object this node owns now: if its
+//!    newest version may be only on nodes that are down, it *waits* (its I/O gets `Busy`, and
+//!    the node says for whom); otherwise, if some node has a higher version than the local copy
+//!    (or there is no local copy), it goes to `pending` with the nodes holding the newest
+//!    version. Object I/O waits until the plan exists, so no request touches a copy not yet
+//!    judged.
+//! 2. **Pull.** Pending objects (or tombstones) are copied whole from a newest holder and
+//!    installed only if still newer than the local copy. A request for a pending object pulls
+//!    it first. A pull that fails (sources unreachable, the local disk full) leaves the object
+//!    pending: requests for it get `Busy` (or `NoSpace`) at once, never the stale or missing
+//!    local copy, and the round retries it with backoff. While objects wait for nodes that are
+//!    down, the round plans again every few seconds (a forced recovery is seen that way).
+//! 3. **Record.** Only when nothing is pending or waiting is the epoch recovered here; the node
+//!    records that in the cluster store (`recovered/<epoch>`), which makes an epoch clean once
+//!    all its members did.
+//! 4. **Collect.** When every node of the epoch reports it has recovered this epoch, copies this
+//!    node does not own are dropped, each only once every owner shows it holds that version or a
+//!    newer one. Any new epoch abandons the current round and starts over.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{Notify, OnceCell};
 
+use super::history::{self, Safety};
 use super::{Epoch, Node};
-use crate::store::StoreError;
+use crate::store::{ObjState, StoreError};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
+use objstore_proto::version::decode_list;
 
 const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 const PULL_PARALLEL: usize = 4;
@@ -39,20 +45,25 @@ const PLAN_WAIT: Duration = Duration::from_secs(10);
 /// The first wait before failed pulls are tried again, doubling up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long a listing is retried while its node has not reached the epoch yet.
+const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
 
 struct Pull {
-    stamp: u32,
+    want: ObjState,
     sources: Vec<SocketAddr>,
     result: OnceCell<Result<(), PullFailed>>,
 }
 
-/// Why a pending object could not be pulled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a pending object cannot be used yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum PullFailed {
     /// The local disk has no room for it.
     NoSpace,
     /// No source gave it (unreachable, or it failed to store for another reason).
     Unavailable,
+    /// Its newest version may be only on these nodes, which are down; they could have taken
+    /// writes up to `epoch`.
+    Waiting { nodes: Vec<SocketAddr>, epoch: u32 },
 }
 
 pub(super) struct Recovery {
@@ -63,7 +74,7 @@ pub(super) struct Recovery {
     planned_set: Notify,
     recovered: AtomicU32,
     pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
-    tombstones: Mutex<HashSet<ObjectId>>,
+    safety: RwLock<Arc<Safety>>,
     status: Mutex<RecoveryStatus>,
 }
 
@@ -74,10 +85,24 @@ impl Default for Recovery {
             planned_set: Notify::new(),
             recovered: AtomicU32::new(0),
             pending: Mutex::default(),
-            tombstones: Mutex::default(),
+            safety: RwLock::new(Arc::new(Safety::all())),
             status: Mutex::default(),
         }
     }
+}
+
+/// What planning gave.
+enum Plan {
+    /// The epoch changed meanwhile.
+    Changed,
+    /// The cluster store could not be read; try again.
+    Retry,
+    Ready {
+        pending: HashMap<ObjectId, Arc<Pull>>,
+        safety: Safety,
+        /// Objects held or listed that wait for nodes that are down.
+        waiting: u64,
+    },
 }
 
 impl Recovery {
@@ -118,14 +143,9 @@ impl Recovery {
         self.planned_set.notify_waiters();
     }
 
-    /// A removed object must not come back through recovery from a stale holder.
-    pub(super) fn removed(&self, oid: ObjectId) {
-        self.tombstones.lock().unwrap().insert(oid);
+    /// `oid` was installed whole at a version at least as new as any pull would bring.
+    pub(super) fn settled(&self, oid: ObjectId) {
         self.pending.lock().unwrap().remove(&oid);
-    }
-
-    pub(super) fn written(&self, oid: ObjectId) {
-        self.tombstones.lock().unwrap().remove(&oid);
     }
 
     /// Makes failed pulls of `oids` pullable again (the next `Node::ensure_recovered` pulls);
@@ -137,7 +157,7 @@ impl Recovery {
                 Some(p) => {
                     if p.result.get().is_some_and(Result::is_err) {
                         *p = Arc::new(Pull {
-                            stamp: p.stamp,
+                            want: p.want,
                             sources: p.sources.clone(),
                             result: OnceCell::new(),
                         });
@@ -155,16 +175,25 @@ impl Recovery {
 }
 
 impl Node {
-    /// Pulls `oid` now if it is still pending; waits if another task is pulling it. Ok when
-    /// the local copy may be used: nothing to pull, or the pull succeeded. A failed pull leaves
-    /// the object pending with its failure, which later requests get at once (no pull each:
-    /// its local copy, stale or missing, must be neither served nor written into); only the
-    /// recovery round tries it again (`Recovery::retry`), with backoff.
+    /// Ok when the local copy of `oid` may be used: it is not waiting for nodes that are down,
+    /// and nothing is to be pulled, or the pull succeeded (waiting if another task is pulling).
+    /// A failed pull leaves the object pending with its failure, which later requests get at
+    /// once (its local copy, stale or missing, must be neither served nor written into); only
+    /// the recovery round tries it again (`Recovery::retry`), with backoff.
     pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
+        let safety = self.recovery.safety.read().unwrap().clone();
+        if !safety.safe(oid) {
+            let (nodes, epoch) = safety.waiting_for(Some(oid));
+            return Err(PullFailed::Waiting { nodes, epoch });
+        }
         let Some(pull) = self.recovery.pending.lock().unwrap().get(&oid).cloned() else {
             return Ok(());
         };
-        let res = *pull.result.get_or_init(|| self.pull(oid, &pull)).await;
+        let res = pull
+            .result
+            .get_or_init(|| self.pull(oid, &pull))
+            .await
+            .clone();
         if res.is_ok() {
             let mut pending = self.recovery.pending.lock().unwrap();
             if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
@@ -172,6 +201,37 @@ impl Node {
             }
         }
         res
+    }
+
+    /// Restores copies whose data a failed flush may have lost: each is dropped here and pulled
+    /// again from the object's other owners. Err names the first that could not be restored.
+    pub(super) async fn restore_lost(&self, oids: &[ObjectId]) -> Result<(), ObjectId> {
+        let ep = self.epoch();
+        let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
+        for &oid in oids {
+            let sources: Vec<SocketAddr> = ep
+                .ring
+                .replicas(oid, copies)
+                .iter()
+                .filter(|n| n.id != self.me.id)
+                .map(|n| n.addr)
+                .collect();
+            self.recovery.pending.lock().unwrap().insert(
+                oid,
+                Arc::new(Pull {
+                    want: ObjState::default(),
+                    sources,
+                    result: OnceCell::new(),
+                }),
+            );
+            let store = self.store.clone();
+            let forgot = self.blocking(move || store.forget(oid)).await;
+            if !matches!(forgot, Ok(Ok(()))) || self.ensure_recovered(oid).await.is_err() {
+                return Err(oid);
+            }
+            tracing::info!("object {oid} restored from another replica after a failed flush");
+        }
+        Ok(())
     }
 
     async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
@@ -202,10 +262,12 @@ impl Node {
                     continue;
                 }
             };
-            let stamp = frame.header.aux;
+            let state = ObjState::from_wire(frame.header.offset, frame.header.aux);
             let store = self.store.clone();
+            // A replica's write to this object waits while a pull installs it.
+            let _ordered = self.replica_lock(oid).lock().await;
             let put = self
-                .blocking(move || store.put_if_newer(oid, &frame.payload, stamp))
+                .blocking(move || store.put_if_newer(oid, &frame.payload, state))
                 .await
                 .expect("store task");
             match put {
@@ -220,8 +282,8 @@ impl Node {
             }
         }
         tracing::warn!(
-            "could not recover object {oid} (stamp {}) from any of {:?}; it stays pending",
-            pull.stamp,
+            "could not recover object {oid} ({:?}) from any of {:?}; it stays pending",
+            pull.want,
             pull.sources
         );
         Err(if no_space {
@@ -231,32 +293,36 @@ impl Node {
         })
     }
 
-    /// Lists `(oid, stamp)` from a peer.
-    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, u32)>> {
-        let h = Header::request(Opcode::PeerList, 0, epoch);
-        let conn = self.peers.get(addr, PEER_TIMEOUT).await.ok()?;
-        let f = match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
-            Ok(f) if f.header.result_code() == ResultCode::Ok => f,
-            _ => {
-                self.peers.drop_conn(addr).await;
-                return None;
+    /// Lists `(oid, state)` from a peer, waiting a little for a peer not yet at `epoch`.
+    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, ObjState)>> {
+        let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
+        loop {
+            let h = Header::request(Opcode::PeerList, 0, epoch);
+            let conn = self.peers.get(addr, PEER_TIMEOUT).await.ok()?;
+            match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
+                Ok(f) if f.header.result_code() == ResultCode::Ok => {
+                    return decode_list(&f.payload);
+                }
+                Ok(f)
+                    if matches!(
+                        f.header.result_code(),
+                        ResultCode::NodeBehind | ResultCode::Busy
+                    ) && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(_) => return None,
+                Err(_) => {
+                    self.peers.drop_conn(addr).await;
+                    return None;
+                }
             }
-        };
-        Some(
-            f.payload
-                .chunks_exact(12)
-                .map(|c| {
-                    (
-                        ObjectId(u64::from_be_bytes(c[..8].try_into().unwrap())),
-                        u32::from_be_bytes(c[8..].try_into().unwrap()),
-                    )
-                })
-                .collect(),
-        )
+        }
     }
 
-    /// Whether every owner of `oid` in `ep` holds it at `stamp` or newer (asked of each).
-    async fn owners_hold(&self, ep: &Epoch, oid: ObjectId, stamp: u32, copies: usize) -> bool {
+    /// Whether every owner of `oid` in `ep` holds it at `state`'s version or newer (asked of
+    /// each).
+    async fn owners_hold(&self, ep: &Epoch, oid: ObjectId, state: ObjState, copies: usize) -> bool {
         let owners: Vec<SocketAddr> = ep
             .ring
             .replicas(oid, copies)
@@ -268,7 +334,9 @@ impl Node {
             h.oid = oid.0;
             let conn = self.peers.get(a, PEER_TIMEOUT).await.ok()?;
             match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => Some(f.header.aux),
+                Ok(f) if f.header.result_code() == ResultCode::Ok => {
+                    Some(ObjState::from_wire(f.header.offset, f.header.aux))
+                }
                 Ok(_) => None,
                 Err(_) => {
                     self.peers.drop_conn(a).await;
@@ -277,7 +345,10 @@ impl Node {
             }
         }))
         .await;
-        !owners.is_empty() && stats.iter().all(|s| s.is_some_and(|s| s >= stamp))
+        !owners.is_empty()
+            && stats
+                .iter()
+                .all(|s| s.is_some_and(|s| s.version >= state.version))
     }
 
     async fn peer_recovered(&self, addr: SocketAddr, epoch: u32) -> u32 {
@@ -291,54 +362,107 @@ impl Node {
         }
     }
 
-    /// Builds the pending set for `ep`. None if the epoch changed meanwhile.
-    async fn plan(&self, ep: &Epoch, copies: usize) -> Option<HashMap<ObjectId, Arc<Pull>>> {
+    /// Builds the pending set for `ep` and judges which objects must wait.
+    async fn plan(&self, ep: &Epoch, copies: usize, min_copies: usize) -> Plan {
         let e = ep.view.epoch;
-        let mut sources: Vec<SocketAddr> = ep.view.nodes.iter().map(|n| n.addr).collect();
         let d = self.driver.clone();
-        if let Ok(Ok(Some(prev))) = self.blocking(move || d.view_at(e - 1)).await {
-            sources.extend(prev.nodes.iter().map(|n| n.addr));
+        let prev = self
+            .blocking(move || d.view_at(e - 1))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        let mut ids: HashMap<SocketAddr, u64> = HashMap::new();
+        for n in ep
+            .view
+            .nodes
+            .iter()
+            .chain(prev.iter().flat_map(|p| &p.nodes))
+        {
+            ids.insert(n.addr, n.id);
         }
+        ids.remove(&self.me.addr);
+        let mut sources: Vec<SocketAddr> = ids.keys().copied().collect();
         sources.sort();
-        sources.dedup();
-        sources.retain(|a| *a != self.me.addr);
         let listings =
             futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e))).await;
-        // oid -> (newest stamp, holders of it)
-        let mut best: HashMap<ObjectId, (u32, Vec<SocketAddr>)> = HashMap::new();
-        for (addr, list) in sources.iter().zip(listings) {
-            for (oid, stamp) in list.into_iter().flatten() {
-                let b = best.entry(oid).or_insert((stamp, Vec::new()));
-                if stamp > b.0 {
-                    *b = (stamp, Vec::new());
-                }
-                if stamp == b.0 {
-                    b.1.push(*addr);
-                }
+        let d = self.driver.clone();
+        let hist = match self.blocking(move || history::load(&*d, e)).await {
+            Ok(Ok(h)) => h,
+            Ok(Err(err)) => {
+                tracing::warn!("epoch {e}: cannot read the cluster's history: {err}");
+                return Plan::Retry;
             }
-        }
+            Err(err) => {
+                tracing::warn!("epoch {e}: cannot read the cluster's history: {err}");
+                return Plan::Retry;
+            }
+        };
         if self.epoch().view.epoch != e {
-            return None;
+            return Plan::Changed;
         }
-        let tombstones = self.recovery.tombstones.lock().unwrap().clone();
+        let mut present: HashSet<u64> = HashSet::from([self.me.id]);
+        // oid -> the holders of its newest version, with their states
+        let mut best: HashMap<ObjectId, Vec<(SocketAddr, ObjState)>> = HashMap::new();
+        for (addr, list) in sources.iter().zip(listings) {
+            let Some(list) = list else { continue };
+            present.insert(ids[addr]);
+            for (oid, st) in list {
+                let b = best.entry(oid).or_default();
+                match b.first().map(|(_, s)| s.version) {
+                    Some(v) if v > st.version => continue,
+                    Some(v) if v < st.version => b.clear(),
+                    _ => {}
+                }
+                b.push((*addr, st));
+            }
+        }
+        let safety = Safety::judge(&hist, e, &present, copies, min_copies);
+        let local: HashMap<ObjectId, ObjState> = self.store.list().into_iter().collect();
+        let mut oids: Vec<ObjectId> = best.keys().chain(local.keys()).copied().collect();
+        oids.sort_unstable();
+        oids.dedup();
         let mut pending = HashMap::new();
-        for (oid, (stamp, holders)) in best {
-            if tombstones.contains(&oid) || !ep.ring.holds(self.me.id, oid, copies) {
+        let mut waiting = 0;
+        for oid in oids {
+            if !ep.ring.holds(self.me.id, oid, copies) {
                 continue;
             }
-            if self.store.meta(oid).is_some_and(|m| m.stamp >= stamp) {
+            if !safety.safe(oid) {
+                waiting += 1;
                 continue;
             }
-            pending.insert(
-                oid,
-                Arc::new(Pull {
-                    stamp,
-                    sources: holders,
-                    result: OnceCell::new(),
-                }),
-            );
+            let holders = best.remove(&oid).unwrap_or_default();
+            let mine = local.get(&oid).copied();
+            match reference(self.me.id, &ids, mine, &holders) {
+                Reference::Mine => {
+                    if mine.is_some_and(|m| m.suspect) {
+                        // Every copy of the newest version was being written when its node
+                        // stopped: this one is the reference the others copy.
+                        let store = self.store.clone();
+                        let settled = self.blocking(move || store.settle(oid)).await;
+                        if !matches!(settled, Ok(Ok(()))) {
+                            tracing::warn!("epoch {e}: could not settle suspect object {oid}");
+                        }
+                    }
+                }
+                Reference::Pull(want, sources) => {
+                    pending.insert(
+                        oid,
+                        Arc::new(Pull {
+                            want,
+                            sources,
+                            result: OnceCell::new(),
+                        }),
+                    );
+                }
+            }
         }
-        Some(pending)
+        Plan::Ready {
+            pending,
+            safety,
+            waiting,
+        }
     }
 
     /// One round of recovery for `ep`; returns early when the epoch changes.
@@ -353,43 +477,94 @@ impl Node {
         });
         let Some(cfg) = self.config() else {
             // Nothing can be stored before the format.
+            *self.recovery.safety.write().unwrap() = Arc::new(Safety::all());
             self.recovery.set_planned(e);
+            self.record_recovered(e).await;
             self.recovery.recovered.store(e, Ordering::SeqCst);
             self.recovery.update(|s| s.state = RecoveryState::Done);
             return;
         };
         let copies = cfg.copies as usize;
-        let Some(pending) = self.plan(&ep, copies).await else {
-            return;
-        };
-        let total = pending.len() as u64;
-        if total > 0 {
-            tracing::info!("epoch {e}: recovering {total} object(s)");
+        let mut wait = RETRY_FIRST;
+        loop {
+            let (pending, safety, waiting) =
+                match self.plan(&ep, copies, cfg.min_copies() as usize).await {
+                    Plan::Changed => return,
+                    Plan::Retry => {
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RETRY_MAX);
+                        if changed() {
+                            return;
+                        }
+                        continue;
+                    }
+                    Plan::Ready {
+                        pending,
+                        safety,
+                        waiting,
+                    } => (pending, safety, waiting),
+                };
+            let total = pending.len() as u64;
+            if total > 0 {
+                tracing::info!("epoch {e}: recovering {total} object(s)");
+            }
+            let complete = safety.is_complete();
+            let (waiting_for, waiting_epoch) = safety.waiting_for(None);
+            let mut oids: Vec<ObjectId> = pending.keys().copied().collect();
+            oids.sort_unstable();
+            *self.recovery.pending.lock().unwrap() = pending;
+            *self.recovery.safety.write().unwrap() = Arc::new(safety);
+            self.recovery.update(|s| {
+                s.total = total;
+                s.done = 0;
+                s.incomplete = waiting;
+                s.waiting_for = waiting_for.clone();
+                s.waiting_epoch = waiting_epoch;
+                s.state = RecoveryState::Recovering;
+            });
+            self.recovery.set_planned(e);
+            if !self.pull_all(e, oids).await {
+                return;
+            }
+            if complete {
+                break;
+            }
+            tracing::warn!(
+                "epoch {e}: {waiting} object(s) here may have newer copies only on {} (down; they may hold objects written at epoch {waiting_epoch}): their I/O waits; 'dog cluster recover --force' accepts the loss",
+                waiting_for
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            self.recovery.update(|s| s.state = RecoveryState::Waiting);
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(RETRY_MAX);
+            if changed() {
+                return;
+            }
         }
-        // Sorted: the order of pulls must not depend on the map's random seed (the simulator
-        // replays a seed exactly).
-        let mut oids: Vec<ObjectId> = pending.keys().copied().collect();
-        oids.sort();
-        *self.recovery.pending.lock().unwrap() = pending;
-        self.recovery.update(|s| {
-            s.total = total;
-            s.state = RecoveryState::Recovering;
-        });
-        self.recovery.set_planned(e);
+        self.record_recovered(e).await;
+        self.recovery.recovered.store(e, Ordering::SeqCst);
+        self.recovery
+            .update(|s| s.state = RecoveryState::Collecting);
+        self.collect(&ep, copies).await;
+    }
 
-        // Pull everything; what failed is retried with backoff until it succeeds or the epoch
-        // changes. The epoch counts as recovered here only once nothing is left, so no other
-        // node drops a copy this node has not got yet.
+    /// Pulls `oids`; what failed is retried with backoff until it succeeds or the epoch
+    /// changes (false then).
+    async fn pull_all(&self, e: u32, mut oids: Vec<ObjectId>) -> bool {
         use futures::StreamExt;
+        let changed = || self.epoch().view.epoch != e;
         let mut backoff = RETRY_FIRST;
         loop {
             let mut failed = Vec::new();
             let mut work = futures::stream::iter(oids)
                 .map(|oid| async move { (oid, self.ensure_recovered(oid).await.is_ok()) })
-                .buffer_unordered(PULL_PARALLEL);
+                .buffered(PULL_PARALLEL);
             while let Some((oid, ok)) = work.next().await {
                 if changed() {
-                    return;
+                    return false;
                 }
                 if !ok {
                     failed.push(oid);
@@ -398,7 +573,7 @@ impl Node {
             drop(work);
             self.recovery.update(|s| s.failed = failed.len() as u64);
             if failed.is_empty() {
-                break;
+                return true;
             }
             tracing::warn!(
                 "epoch {e}: {} object(s) could not be recovered; retrying in {backoff:?}",
@@ -406,19 +581,35 @@ impl Node {
             );
             tokio::time::sleep(backoff).await;
             if changed() {
-                return;
+                return false;
             }
             backoff = (backoff * 2).min(RETRY_MAX);
             oids = self.recovery.retry(failed);
         }
-        self.recovery.recovered.store(e, Ordering::SeqCst);
-        self.recovery
-            .update(|s| s.state = RecoveryState::Collecting);
-        if total > 0 {
-            tracing::info!("epoch {e}: recovery done");
-        }
+    }
 
-        // Collect: wait until every owner has recovered this epoch.
+    /// Writes this node into the epoch's recovery record, retrying while the store fails.
+    async fn record_recovered(&self, e: u32) {
+        for attempt in 0..10 {
+            let d = self.driver.clone();
+            let id = self.me.id;
+            match self
+                .blocking(move || history::record_recovered(&*d, e, id))
+                .await
+            {
+                Ok(Ok(())) => return,
+                Ok(Err(err)) => tracing::warn!("epoch {e}: recording recovery failed: {err}"),
+                Err(err) => tracing::warn!("epoch {e}: recording recovery failed: {err}"),
+            }
+            tokio::time::sleep(RETRY_FIRST * (attempt + 1)).await;
+        }
+    }
+
+    /// Drops copies this node does not own once every owner holds them.
+    async fn collect(&self, ep: &Epoch, copies: usize) {
+        let e = ep.view.epoch;
+        let changed = || self.epoch().view.epoch != e;
+        // Wait until every owner has recovered this epoch.
         loop {
             if changed() {
                 return;
@@ -439,7 +630,7 @@ impl Node {
         }
         let mut removed = 0;
         let mut kept = 0;
-        for (oid, stamp) in self.store.list() {
+        for (oid, state) in self.store.list() {
             if changed() {
                 return;
             }
@@ -448,12 +639,12 @@ impl Node {
             }
             // Every owner said it recovered the epoch; still, this copy goes only once each
             // owner shows it holds this version or a newer one.
-            if !self.owners_hold(&ep, oid, stamp, copies).await {
+            if !self.owners_hold(ep, oid, state, copies).await {
                 kept += 1;
                 continue;
             }
             let store = self.store.clone();
-            if let Ok(Ok(())) = self.blocking(move || store.remove(oid)).await {
+            if let Ok(Ok(())) = self.blocking(move || store.forget(oid)).await {
                 removed += 1;
             }
         }
@@ -472,6 +663,67 @@ impl Node {
     }
 }
 
+/// Where this node's copy of an object must come from.
+#[derive(Debug, PartialEq, Eq)]
+enum Reference {
+    /// The local copy is current (or the reference the others take).
+    Mine,
+    /// Pull this state from these nodes.
+    Pull(ObjState, Vec<SocketAddr>),
+}
+
+/// Chooses the copy of one object this node must hold, from its own state (`mine`) and the
+/// holders of the newest version elsewhere (`holders`, all at one version): the newest version
+/// wins; among copies of the newest version, one that is not suspect wins over suspect ones
+/// (whose bytes may hold an unacknowledged write); when every copy of the newest version is
+/// suspect, the one on the node with the lowest id is the reference, so every replica ends with
+/// the same bytes.
+fn reference(
+    me: u64,
+    ids: &HashMap<SocketAddr, u64>,
+    mine: Option<ObjState>,
+    holders: &[(SocketAddr, ObjState)],
+) -> Reference {
+    let Some((_, newest)) = holders.first().copied() else {
+        return Reference::Mine;
+    };
+    let mine_v = mine.map(|m| m.version).unwrap_or_default();
+    if mine.is_some() && mine_v > newest.version {
+        return Reference::Mine;
+    }
+    let clean: Vec<SocketAddr> = holders
+        .iter()
+        .filter(|(_, s)| !s.suspect)
+        .map(|(a, _)| *a)
+        .collect();
+    if mine.is_some() && mine_v == newest.version {
+        let m = mine.unwrap_or_default();
+        if !m.suspect {
+            return Reference::Mine;
+        }
+        if !clean.is_empty() {
+            return Reference::Pull(ObjState::live(newest.version), clean);
+        }
+    } else if !clean.is_empty() {
+        let want = holders
+            .iter()
+            .find(|(_, s)| !s.suspect)
+            .map(|(_, s)| *s)
+            .unwrap_or(newest);
+        return Reference::Pull(want, clean);
+    }
+    // Every copy of the newest version is suspect (mine too, if I have one).
+    let lowest = holders
+        .iter()
+        .map(|(a, _)| (ids.get(a).copied().unwrap_or(u64::MAX), *a))
+        .min();
+    match lowest {
+        Some((id, _)) if mine_v == newest.version && me < id => Reference::Mine,
+        Some((_, addr)) => Reference::Pull(newest, vec![addr]),
+        None => Reference::Mine,
+    }
+}
+
 /// The recovery task: one round per epoch, restarted whenever the epoch changes.
 pub(super) async fn run(node: Arc<Node>) {
     let mut rx = node.subscribe();
@@ -480,16 +732,87 @@ pub(super) async fn run(node: Arc<Node>) {
         let round = node.recover_epoch(ep);
         tokio::select! {
             biased;
-            _ = round => {
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
             r = rx.changed() => {
                 if r.is_err() {
                     return;
                 }
             }
+            _ = round => {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use objstore_proto::version::Version;
+
+    fn addr(i: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 7000 + i))
+    }
+
+    fn st(v: u64, suspect: bool) -> ObjState {
+        ObjState {
+            suspect,
+            ..ObjState::live(Version(v))
+        }
+    }
+
+    #[test]
+    fn the_reference_copy() {
+        let ids: HashMap<SocketAddr, u64> = (1..=3).map(|i| (addr(i), i as u64)).collect();
+        let me = 2;
+        // Nothing elsewhere, or older: mine.
+        assert_eq!(reference(me, &ids, Some(st(5, true)), &[]), Reference::Mine);
+        assert_eq!(
+            reference(me, &ids, Some(st(5, false)), &[(addr(1), st(4, false))]),
+            Reference::Mine
+        );
+        // Newer elsewhere: pull it, clean holders first.
+        assert_eq!(
+            reference(
+                me,
+                &ids,
+                Some(st(4, false)),
+                &[(addr(1), st(5, true)), (addr(3), st(5, false))]
+            ),
+            Reference::Pull(st(5, false), vec![addr(3)])
+        );
+        // Same version: a clean copy of mine stays; a suspect one takes a clean one.
+        assert_eq!(
+            reference(me, &ids, Some(st(5, false)), &[(addr(1), st(5, true))]),
+            Reference::Mine
+        );
+        assert_eq!(
+            reference(me, &ids, Some(st(5, true)), &[(addr(3), st(5, false))]),
+            Reference::Pull(st(5, false), vec![addr(3)])
+        );
+        // Every copy suspect: the lowest node id is the reference.
+        assert_eq!(
+            reference(me, &ids, Some(st(5, true)), &[(addr(3), st(5, true))]),
+            Reference::Mine
+        );
+        assert_eq!(
+            reference(
+                me,
+                &ids,
+                Some(st(5, true)),
+                &[(addr(1), st(5, true)), (addr(3), st(5, true))]
+            ),
+            Reference::Pull(st(5, true), vec![addr(1)])
+        );
+        assert_eq!(
+            reference(
+                me,
+                &ids,
+                None,
+                &[(addr(3), st(5, true)), (addr(1), st(5, true))]
+            ),
+            Reference::Pull(st(5, true), vec![addr(1)])
+        );
     }
 }

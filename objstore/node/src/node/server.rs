@@ -6,18 +6,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 
 use objstore_client::transport::{Listener, Reader, Writer};
 
 use super::recovery::PullFailed;
+use super::replicate::{split_peer_write, Change};
 use super::{Epoch, Node};
-use crate::store::StoreError;
+use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
+use objstore_proto::version::encode_list;
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 /// Reads up to this size run on the request's task instead of the blocking pool.
@@ -68,23 +70,26 @@ async fn connection(node: Arc<Node>, rd: Reader, wr: Writer, peer: SocketAddr) {
     }
 }
 
-/// A failed request: result code, message for the payload, and `aux`.
-struct Failure {
-    code: ResultCode,
-    message: String,
+/// A failed request: result code, message for the payload, `aux`, and a version for the
+/// response's `offset` field.
+pub(super) struct Failure {
+    pub code: ResultCode,
+    pub message: String,
     aux: u32,
+    version: Option<Version>,
 }
 
 impl Failure {
-    fn new(code: ResultCode, message: impl Into<String>) -> Failure {
+    pub(super) fn new(code: ResultCode, message: impl Into<String>) -> Failure {
         Failure {
             code,
             message: message.into(),
             aux: 0,
+            version: None,
         }
     }
 
-    fn invalid(message: impl Into<String>) -> Failure {
+    pub(super) fn invalid(message: impl Into<String>) -> Failure {
         Failure::new(ResultCode::InvalidRequest, message)
     }
 }
@@ -95,6 +100,10 @@ impl From<StoreError> for Failure {
             StoreError::NotFound(_) => ResultCode::NotFound,
             StoreError::NoSpace => ResultCode::NoSpace,
             _ => ResultCode::Io,
+        };
+        let code = match e {
+            StoreError::SyncFailed { .. } => ResultCode::Io,
+            _ => code,
         };
         let mut message = e.to_string();
         let mut src = std::error::Error::source(&e);
@@ -110,6 +119,8 @@ impl From<StoreError> for Failure {
 struct Reply {
     payload: Bytes,
     aux: u32,
+    /// Sent in the response's `offset` field (StatObj, PeerRead).
+    version: Option<Version>,
 }
 
 impl Reply {
@@ -117,7 +128,19 @@ impl Reply {
         Reply::bytes(Bytes::new())
     }
     fn bytes(payload: Bytes) -> Reply {
-        Reply { payload, aux: 0 }
+        Reply {
+            payload,
+            aux: 0,
+            version: None,
+        }
+    }
+    /// An object's bytes (none for a tombstone) with its state in `offset` and `aux`.
+    fn state(payload: Bytes, state: ObjState) -> Reply {
+        Reply {
+            payload,
+            aux: state.flags(),
+            version: Some(state.version),
+        }
     }
     fn json<T: serde::Serialize>(v: &T) -> Reply {
         Reply::bytes(Bytes::from(serde_json::to_vec(v).expect("serializable")))
@@ -138,6 +161,9 @@ async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
         Ok(r) => {
             let mut rh = h.response(ResultCode::Ok, epoch);
             rh.aux = r.aux;
+            if let Some(v) = r.version {
+                rh.offset = v.0;
+            }
             (rh, r.payload)
         }
         Err(f) => {
@@ -146,12 +172,15 @@ async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
             }
             let mut rh = h.response(f.code, epoch);
             rh.aux = f.aux;
+            if let Some(v) = f.version {
+                rh.offset = v.0;
+            }
             (rh, Bytes::from(f.message))
         }
     }
 }
 
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     node: &Node,
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, Failure> {
@@ -172,11 +201,22 @@ fn json<'a, T: serde::Deserialize<'a>>(payload: &'a [u8]) -> Result<T, Failure> 
     serde_json::from_slice(payload).map_err(|e| Failure::invalid(format!("bad request body: {e}")))
 }
 
-/// A request for an object whose pull failed: its local copy is stale or missing, so neither
-/// served nor written into. The client retries (another replica, or later) unless this node's
-/// disk has no room for the object.
+/// A request for an object whose pull failed or which must wait for nodes that are down: its
+/// local copy may be stale or missing, so neither served nor written into. The client retries
+/// (another replica, or later) unless this node's disk has no room for the object.
 fn not_recovered(oid: ObjectId, why: PullFailed) -> Failure {
     match why {
+        PullFailed::Waiting { nodes, epoch } => Failure::new(
+            ResultCode::Busy,
+            format!(
+                "object {oid} may have a newer copy only on nodes that are down: waiting for {} (they may hold objects written at epoch {epoch}; 'dog cluster recover --force' accepts the loss)",
+                nodes
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
         PullFailed::NoSpace => Failure::new(
             ResultCode::NoSpace,
             format!("object {oid} is not recovered here: no space left on the node's disk"),
@@ -213,6 +253,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             Ok(Reply::bytes(Bytes::from(data)))
         }
         Opcode::WriteObj => {
+            let _change = node.enter(h.epoch);
             let (ep, cfg) = io_epoch(node, h).await?;
             if payload.len() != h.length as usize {
                 return Err(Failure::invalid(format!(
@@ -222,58 +263,125 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 )));
             }
             check_range(oid, h.offset, h.length, &cfg)?;
+            let others = node.primary_of(&ep, &cfg, oid)?;
             node.ensure_recovered(oid)
                 .await
                 .map_err(|why| not_recovered(oid, why))?;
-            node.recovery.written(oid);
-            let store = node.store.clone();
-            let (off, e) = (h.offset, ep.view.epoch);
-            blocking(node, move || store.write(oid, off, &payload, e)).await?;
+            let change = Change::Write {
+                offset: h.offset,
+                data: payload,
+            };
+            node.change(&ep, oid, &others, change).await?;
             Ok(Reply::empty())
         }
         Opcode::RemoveObj => {
-            io_epoch(node, h).await?;
-            node.recovery.removed(oid);
-            let store = node.store.clone();
-            blocking(node, move || store.remove(oid)).await?;
+            let _change = node.enter(h.epoch);
+            let (ep, cfg) = io_epoch(node, h).await?;
+            let others = node.primary_of(&ep, &cfg, oid)?;
+            node.ensure_recovered(oid)
+                .await
+                .map_err(|why| not_recovered(oid, why))?;
+            node.change(&ep, oid, &others, Change::Remove).await?;
             Ok(Reply::empty())
         }
         Opcode::Flush => {
             let store = node.store.clone();
-            blocking(node, move || store.flush()).await?;
-            Ok(Reply::empty())
+            match node.blocking(move || store.flush()).await {
+                Ok(Ok(())) => Ok(Reply::empty()),
+                Ok(Err(StoreError::SyncFailed { oids, source })) => {
+                    // The data of these copies may be gone: never acknowledge them; restore
+                    // them from the other owners (installed durably) or fail.
+                    tracing::error!(
+                        "flush could not make {} object(s) durable ({source}); restoring them from other replicas",
+                        oids.len()
+                    );
+                    node.restore_lost(&oids).await.map_err(|oid| {
+                        Failure::new(
+                            ResultCode::Io,
+                            format!("object {oid} could not be made durable here and no replica could restore it"),
+                        )
+                    })?;
+                    Ok(Reply::empty())
+                }
+                Ok(Err(e)) => Err(e.into()),
+                Err(e) => Err(Failure::new(
+                    ResultCode::Io,
+                    format!("store task failed: {e}"),
+                )),
+            }
         }
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
             ResultCode::NotFound,
             format!("object {oid} is not recovered here yet"),
         )),
         Opcode::StatObj => match node.store.meta(oid) {
-            Some(m) => Ok(Reply {
-                payload: Bytes::new(),
-                aux: m.stamp,
-            }),
+            Some(st) => Ok(Reply::state(Bytes::new(), st)),
             None => Err(StoreError::NotFound(oid).into()),
         },
         Opcode::PeerRead => {
             let store = node.store.clone();
-            let (data, stamp) = blocking(node, move || store.read_whole(oid)).await?;
-            Ok(Reply {
-                payload: Bytes::from(data),
-                aux: stamp,
-            })
+            let (data, st) = blocking(node, move || store.read_whole(oid)).await?;
+            Ok(Reply::state(Bytes::from(data), st))
         }
         Opcode::PeerList => {
-            let list = node.store.list();
-            let mut b = BytesMut::with_capacity(list.len() * 12);
-            for (oid, stamp) in list {
-                b.put_u64(oid.0);
-                b.put_u32(stamp);
+            let cur = node.epoch().view.epoch;
+            if h.epoch > cur {
+                return Err(Failure {
+                    code: ResultCode::NodeBehind,
+                    message: format!("node is at epoch {cur}, listing asked for {}", h.epoch),
+                    aux: cur,
+                    version: None,
+                });
             }
-            Ok(Reply::bytes(b.freeze()))
+            if !node.drain_before(cur).await {
+                return Err(Failure::new(
+                    ResultCode::Busy,
+                    format!("changes of epochs before {cur} are still in progress"),
+                ));
+            }
+            Ok(Reply::bytes(encode_list(&node.store.list())))
+        }
+        Opcode::PeerWrite => {
+            let _change = node.enter(h.epoch);
+            let (_, cfg) = io_epoch(node, h).await?;
+            let Some((base, new, data)) = split_peer_write(&payload) else {
+                return Err(Failure::invalid(
+                    "PeerWrite payload shorter than its versions",
+                ));
+            };
+            if data.len() != h.length as usize {
+                return Err(Failure::invalid(format!(
+                    "write length {} but {} bytes of data",
+                    h.length,
+                    data.len()
+                )));
+            }
+            check_range(oid, h.offset, h.length, &cfg)?;
+            node.ensure_recovered(oid)
+                .await
+                .map_err(|why| not_recovered(oid, why))?;
+            node.apply_forwarded(oid, h.offset, data, base, new).await?;
+            Ok(Reply::empty())
+        }
+        Opcode::PeerPut => {
+            let _change = node.enter(h.epoch);
+            let (_, cfg) = io_epoch(node, h).await?;
+            let state = ObjState::from_wire(h.offset, h.aux);
+            if !state.deleted {
+                check_range(oid, 0, payload.len() as u32, &cfg)?;
+            }
+            match node.apply_put(oid, payload, state).await {
+                Ok(()) => Ok(Reply::empty()),
+                Err((mut f, local)) => {
+                    f.version = Some(local);
+                    Err(f)
+                }
+            }
         }
         Opcode::PeerStatus => Ok(Reply {
             payload: Bytes::new(),
             aux: node.recovery.recovered_epoch(),
+            version: None,
         }),
         Opcode::ClusterInfo => Ok(Reply::json::<ClusterInfo>(&node.cluster_info())),
         Opcode::NodeStatus => {
@@ -361,6 +469,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
             code: ResultCode::StaleEpoch,
             message: format!("request epoch {} is older than the node's {cur}", h.epoch),
             aux: cur,
+            version: None,
         });
     }
     if h.epoch > cur {
@@ -368,6 +477,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
             code: ResultCode::NodeBehind,
             message: format!("node is at epoch {cur}, request at {}", h.epoch),
             aux: cur,
+            version: None,
         });
     }
     if !node.recovery.wait_planned(cur).await {
@@ -399,9 +509,13 @@ fn check_range(
 }
 
 async fn format(node: &Node, req: FormatRequest) -> Handled {
-    ClusterConfig::validate(req.copies, req.object_size).map_err(Failure::invalid)?;
+    let min_copies = req
+        .min_copies
+        .unwrap_or_else(|| objstore_proto::view::default_min_copies(req.copies));
+    ClusterConfig::validate(req.copies, min_copies, req.object_size).map_err(Failure::invalid)?;
     let cfg = ClusterConfig {
         copies: req.copies,
+        min_copies,
         object_size: req.object_size as u32,
         formatted_at: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -430,8 +544,9 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
         ));
     }
     tracing::info!(
-        "cluster formatted: {} copies, {} byte objects",
+        "cluster formatted: {} copies (writes need {}), {} byte objects",
         cfg.copies,
+        cfg.min_copies,
         cfg.object_size
     );
     Ok(Reply::empty())

@@ -1,15 +1,27 @@
-//! The file backend: one file per object under `DIR/obj/`, named `<oid>.<stamp>`.
+//! The file backend: one file per object under `DIR/obj/`, named `<oid>.<version>` (both in
+//! hex), and a tombstone as an empty file `<oid>.<version>.del`.
 //!
-//! The stamp is the last epoch in which the object was written. Every write at epoch `E` reaches
-//! every holder of `E`, so among copies the highest stamp is the newest data; recovery compares
-//! stamps to decide who must pull (see `node::recovery`).
+//! The version in a name is the version of the bytes the file is known to hold durably: a write
+//! changes the version in memory only, and `flush` renames the file to the version it synced.
+//! The first write after a flush first renames the file to `<oid>.<version>.w` ("being
+//! written"), and the flush that syncs it renames it back. So a crash may leave a file holding
+//! bytes newer than its name says (a kill leaves the page cache to the kernel), never older, and
+//! such a file is marked: reopened, it is *suspect* ([`ObjState::suspect`]), and recovery makes
+//! every replica take one reference copy before any serves it (replicas killed together may
+//! each hold a different subset of the writes in flight). A node that comes back lists the
+//! older version and pulls the object again if another node has a newer one. Version
+//! bookkeeping costs a rename per object per flush interval, not a disk write per request.
+//! (After a power cut the marker is as safe as the journal's order: ext4 commits renames
+//! within seconds and writes dirty data back after 30 s.)
 //!
-//! Crash safety: a new object is built in `obj/.tmp/`, `sync_all`ed, renamed into place and the
-//! directory fsynced, so a crash never leaves a zero-length or half-created object that is later
-//! served. Later writes go in place (`pwrite`); like a disk's sectors, each 4 KiB page of a write
-//! lands whole or not at all, and `flush` makes every earlier write durable (`fdatasync` of each
-//! file written since the last flush, then the directory). The store is synchronous: callers run
-//! it on a blocking pool.
+//! Crash safety: a new object (and a tombstone) is built in `obj/.tmp/`, `sync_all`ed, renamed
+//! into place and the directory fsynced, so a crash never leaves a zero-length or half-created
+//! object that is later served. Later writes go in place (`pwrite`); like a disk's sectors, each
+//! 4 KiB page of a write lands whole or not at all, and `flush` makes every earlier write durable
+//! (`fdatasync` of each file written since the last flush, its rename, then the directory). An
+//! `fdatasync` that fails is reported for that object and the object is not retried: the node
+//! restores it from another replica. The store is synchronous: callers run it on a blocking
+//! pool.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -20,15 +32,28 @@ use std::sync::{Mutex, RwLock};
 
 use objstore_proto::oid::ObjectId;
 
-use super::{ObjMeta, ObjectBackend, StoreError};
+use super::{ObjState, ObjectBackend, StoreError, Version};
 
 const LOCK_SHARDS: usize = 256;
+const TOMBSTONE: &str = "del";
+const WRITTEN: &str = "w";
+
+/// What the store knows of one object.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// The current state (the version of the last write, durable or not).
+    state: ObjState,
+    /// The version in the file's name.
+    disk: Version,
+    /// The file's name carries the "being written" marker.
+    marked: bool,
+}
 
 /// Objects as files in a directory (see the module documentation).
 pub struct FileStore {
     dir: PathBuf,
     tmp: PathBuf,
-    index: Mutex<HashMap<ObjectId, ObjMeta>>,
+    index: Mutex<HashMap<ObjectId, Entry>>,
     dirty: Mutex<HashSet<ObjectId>>,
     locks: Vec<RwLock<()>>,
     /// Held for the whole of a flush: a flush that finds nothing dirty because an earlier one
@@ -47,15 +72,41 @@ impl Drop for DeleteOnDrop {
     }
 }
 
-fn parse_name(name: &str) -> Option<(ObjectId, u32)> {
-    let (oid, stamp) = name.split_once('.')?;
-    if oid.len() != 16 {
+/// `<oid>.<version>[.del|.w]`; a `.w` file was being written when the store stopped (its state
+/// is suspect). Versions written by older releases (decimal epoch stamps) read as hex, which
+/// keeps their order and sorts them below every version made now.
+fn parse_name(name: &str) -> Option<(ObjectId, ObjState)> {
+    let mut parts = name.split('.');
+    let oid = parts.next()?;
+    let version = parts.next()?;
+    let (deleted, suspect) = match parts.next() {
+        None => (false, false),
+        Some(TOMBSTONE) => (true, false),
+        Some(WRITTEN) => (false, true),
+        Some(_) => return None,
+    };
+    if oid.len() != 16 || parts.next().is_some() {
         return None;
     }
     Some((
         ObjectId(u64::from_str_radix(oid, 16).ok()?),
-        stamp.parse().ok()?,
+        ObjState {
+            version: Version(u64::from_str_radix(version, 16).ok()?),
+            deleted,
+            suspect,
+        },
     ))
+}
+
+/// The name of an object's file at `version` (a tombstone, marked as being written, or plain).
+fn file_name(oid: ObjectId, version: Version, deleted: bool, marked: bool) -> String {
+    if deleted {
+        format!("{oid}.{:x}.{TOMBSTONE}", version.0)
+    } else if marked {
+        format!("{oid}.{:x}.{WRITTEN}", version.0)
+    } else {
+        format!("{oid}.{:x}", version.0)
+    }
 }
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
@@ -71,7 +122,7 @@ impl FileStore {
         for e in fs::read_dir(&tmp)? {
             let _ = fs::remove_file(e?.path());
         }
-        let mut index: HashMap<ObjectId, ObjMeta> = HashMap::new();
+        let mut index: HashMap<ObjectId, Entry> = HashMap::new();
         for e in fs::read_dir(dir)? {
             let e = e?;
             let name = e.file_name();
@@ -79,21 +130,32 @@ impl FileStore {
             if name == ".tmp" {
                 continue;
             }
-            let Some((oid, stamp)) = parse_name(name) else {
+            let Some((oid, state)) = parse_name(name) else {
                 tracing::warn!("ignoring unexpected file {:?} in object store", e.path());
                 continue;
             };
-            // A crash between installing a new copy and unlinking the old leaves two names.
+            // A crash between installing a new copy and unlinking the old leaves two names:
+            // the newer wins (a tombstone over data of the same version).
+            let entry = Entry {
+                state,
+                disk: state.version,
+                marked: state.suspect,
+            };
             match index.get(&oid) {
-                Some(m) if m.stamp >= stamp => {
+                Some(m) if (m.state.version, m.state.deleted) >= (state.version, state.deleted) => {
                     let _ = fs::remove_file(e.path());
                 }
                 Some(m) => {
-                    let _ = fs::remove_file(dir.join(format!("{oid}.{}", m.stamp)));
-                    index.insert(oid, ObjMeta { stamp });
+                    let _ = fs::remove_file(dir.join(file_name(
+                        oid,
+                        m.disk,
+                        m.state.deleted,
+                        m.marked,
+                    )));
+                    index.insert(oid, entry);
                 }
                 None => {
-                    index.insert(oid, ObjMeta { stamp });
+                    index.insert(oid, entry);
                 }
             }
         }
@@ -111,64 +173,87 @@ impl FileStore {
         &self.locks[(oid.0 ^ (oid.0 >> 32)) as usize % LOCK_SHARDS]
     }
 
-    fn path(&self, oid: ObjectId, stamp: u32) -> PathBuf {
-        self.dir.join(format!("{oid}.{stamp}"))
+    fn entry(&self, oid: ObjectId) -> Option<Entry> {
+        self.index.lock().unwrap().get(&oid).copied()
+    }
+
+    /// The file an entry's bytes (or tombstone) are in now.
+    fn path(&self, oid: ObjectId, e: &Entry) -> PathBuf {
+        self.dir
+            .join(file_name(oid, e.disk, e.state.deleted, e.marked))
     }
 
     /// The crash-safe recipe: tmp file, sync_all, rename, fsync the directory, then drop the
-    /// replaced copy. Caller holds the object's write lock.
+    /// replaced file. `data` lands at `offset` (a tombstone has none). Caller holds the
+    /// object's write lock.
     fn install(
         &self,
         oid: ObjectId,
         offset: u64,
         data: &[u8],
-        stamp: u32,
-        old_stamp: Option<u32>,
+        state: ObjState,
+        old: Option<Entry>,
     ) -> Result<(), StoreError> {
-        let tmp_path = self
-            .tmp
-            .join(format!("{oid}.{stamp}.{}", rand::random::<u32>()));
+        let state = ObjState {
+            suspect: false,
+            ..state
+        };
+        let name = file_name(oid, state.version, state.deleted, false);
+        let tmp_path = self.tmp.join(format!("{name}.{}", rand::random::<u32>()));
         let mut guard = DeleteOnDrop(Some(tmp_path.clone()));
         let f = File::create(&tmp_path).map_err(|e| StoreError::io(oid, "create", e))?;
-        f.write_all_at(data, offset)
-            .map_err(|e| StoreError::io(oid, "write", e))?;
+        if !state.deleted {
+            f.write_all_at(data, offset)
+                .map_err(|e| StoreError::io(oid, "write", e))?;
+        }
         f.sync_all().map_err(|e| StoreError::io(oid, "sync", e))?;
-        let final_path = self.path(oid, stamp);
+        let final_path = self.dir.join(&name);
         fs::rename(&tmp_path, &final_path).map_err(|e| StoreError::io(oid, "rename", e))?;
         guard.0 = None;
         fsync_dir(&self.dir).map_err(|e| StoreError::io(oid, "sync dir", e))?;
-        if let Some(old) = old_stamp.filter(|&s| s != stamp) {
-            let _ = fs::remove_file(self.path(oid, old));
+        if let Some(old) = old {
+            let old_path = self.path(oid, &old);
+            if old_path != final_path {
+                let _ = fs::remove_file(old_path);
+            }
         }
-        self.index.lock().unwrap().insert(oid, ObjMeta { stamp });
+        self.index.lock().unwrap().insert(
+            oid,
+            Entry {
+                state,
+                disk: state.version,
+                marked: false,
+            },
+        );
         self.dirty.lock().unwrap().remove(&oid);
         Ok(())
     }
 }
 
 impl ObjectBackend for FileStore {
-    fn meta(&self, oid: ObjectId) -> Option<ObjMeta> {
-        self.index.lock().unwrap().get(&oid).copied()
+    fn meta(&self, oid: ObjectId) -> Option<ObjState> {
+        self.entry(oid).map(|e| e.state)
     }
 
-    /// Every object held here with its stamp.
-    fn list(&self) -> Vec<(ObjectId, u32)> {
+    fn list(&self) -> Vec<(ObjectId, ObjState)> {
         let idx = self.index.lock().unwrap();
-        let mut v: Vec<_> = idx.iter().map(|(o, m)| (*o, m.stamp)).collect();
-        v.sort_unstable();
+        let mut v: Vec<_> = idx.iter().map(|(o, e)| (*o, e.state)).collect();
+        v.sort_unstable_by_key(|(o, _)| *o);
         v
     }
 
     fn len(&self) -> usize {
-        self.index.lock().unwrap().len()
+        let idx = self.index.lock().unwrap();
+        idx.values().filter(|e| !e.state.deleted).count()
     }
 
-    /// Reads `len` bytes at `offset`; bytes past the end of the file read as zeros.
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let _g = self.lock(oid).read().unwrap();
-        let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
-        let mut f =
-            File::open(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "open", e))?;
+        let e = self
+            .entry(oid)
+            .filter(|e| !e.state.deleted)
+            .ok_or(StoreError::NotFound(oid))?;
+        let mut f = File::open(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "open", e))?;
         // read_to_end fills uninitialised capacity; bytes past the end of the file are zeros.
         let mut buf = Vec::with_capacity(len);
         f.seek(SeekFrom::Start(offset))
@@ -178,87 +263,160 @@ impl ObjectBackend for FileStore {
         Ok(buf)
     }
 
-    /// Reads a whole object and its stamp (for recovery).
-    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, u32), StoreError> {
+    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
         let _g = self.lock(oid).read().unwrap();
-        let meta = self.meta(oid).ok_or(StoreError::NotFound(oid))?;
-        let data =
-            fs::read(self.path(oid, meta.stamp)).map_err(|e| StoreError::io(oid, "read", e))?;
-        Ok((data, meta.stamp))
+        let e = self.entry(oid).ok_or(StoreError::NotFound(oid))?;
+        if e.state.deleted {
+            return Ok((Vec::new(), e.state));
+        }
+        let data = fs::read(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "read", e))?;
+        Ok((data, e.state))
     }
 
-    /// Writes `data` at `offset`, creating the object if needed, and stamps it with `epoch`.
-    fn write(&self, oid: ObjectId, offset: u64, data: &[u8], epoch: u32) -> Result<(), StoreError> {
+    fn write(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: &[u8],
+        version: Version,
+    ) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
-        match self.meta(oid) {
-            None => self.install(oid, offset, data, epoch, None),
-            Some(m) => {
-                let path = self.path(oid, m.stamp);
+        match self.entry(oid) {
+            Some(mut e) if !e.state.deleted => {
+                if !e.marked {
+                    // Marked before the bytes change: a crash from here on leaves the mark.
+                    let marked = Entry { marked: true, ..e };
+                    fs::rename(self.path(oid, &e), self.path(oid, &marked))
+                        .map_err(|err| StoreError::io(oid, "rename", err))?;
+                    e = marked;
+                    if let Some(x) = self.index.lock().unwrap().get_mut(&oid) {
+                        x.marked = true;
+                    }
+                }
                 let f = OpenOptions::new()
                     .write(true)
-                    .open(&path)
+                    .open(self.path(oid, &e))
                     .map_err(|e| StoreError::io(oid, "open", e))?;
                 f.write_all_at(data, offset)
                     .map_err(|e| StoreError::io(oid, "write", e))?;
-                if m.stamp < epoch {
-                    fs::rename(&path, self.path(oid, epoch))
-                        .map_err(|e| StoreError::io(oid, "rename", e))?;
-                    self.index
-                        .lock()
-                        .unwrap()
-                        .insert(oid, ObjMeta { stamp: epoch });
+                if let Some(e) = self.index.lock().unwrap().get_mut(&oid) {
+                    e.state.version = version;
                 }
                 self.dirty.lock().unwrap().insert(oid);
                 Ok(())
             }
+            old => self.install(oid, offset, data, ObjState::live(version), old),
         }
     }
 
-    /// Replaces the whole object with `data` at `stamp`, crash-safely, unless the copy here is
-    /// already at least that new (recovery must never overwrite a later write). Returns whether
-    /// it installed.
-    fn put_if_newer(&self, oid: ObjectId, data: &[u8], stamp: u32) -> Result<bool, StoreError> {
+    fn put_if_newer(
+        &self,
+        oid: ObjectId,
+        data: &[u8],
+        state: ObjState,
+    ) -> Result<bool, StoreError> {
         let _g = self.lock(oid).write().unwrap();
-        let old = self.meta(oid).map(|m| m.stamp);
-        if old.is_some_and(|s| s >= stamp) {
+        let old = self.entry(oid);
+        if old.is_some_and(|e| !e.state.replaced_by(state)) {
             return Ok(false);
         }
-        self.install(oid, 0, data, stamp, old)?;
+        self.install(oid, 0, data, state, old)?;
         Ok(true)
     }
 
-    /// Removes an object; removing a missing object is not an error.
-    fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
+    fn settle(&self, oid: ObjectId) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
-        let Some(m) = self.index.lock().unwrap().remove(&oid) else {
+        let Some(e) = self.entry(oid).filter(|e| e.state.suspect) else {
             return Ok(());
         };
-        self.dirty.lock().unwrap().remove(&oid);
-        match fs::remove_file(self.path(oid, m.stamp)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(StoreError::io(oid, "remove", e)),
+        let dirty = self.dirty.lock().unwrap().contains(&oid);
+        let after = Entry {
+            state: ObjState {
+                suspect: false,
+                ..e.state
+            },
+            marked: dirty || e.state.version != e.disk,
+            ..e
+        };
+        let (from, to) = (self.path(oid, &e), self.path(oid, &after));
+        if from != to {
+            fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
         }
+        self.index.lock().unwrap().insert(oid, after);
+        Ok(())
     }
 
-    /// Makes every write before this call durable.
+    fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let _g = self.lock(oid).write().unwrap();
+        let Some(e) = self.entry(oid) else {
+            return Ok(());
+        };
+        match fs::remove_file(self.path(oid, &e)) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(StoreError::io(oid, "remove", err)),
+        }
+        self.index.lock().unwrap().remove(&oid);
+        self.dirty.lock().unwrap().remove(&oid);
+        fsync_dir(&self.dir).map_err(|e| StoreError::io(oid, "sync dir", e))
+    }
+
     fn flush(&self) -> Result<(), StoreError> {
         // Flushes one at a time: every write before this call is either still dirty (synced
         // here) or was taken by an earlier flush, which has finished once this lock is ours.
         let _one_at_a_time = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
-        let dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
-        for (i, &oid) in dirty.iter().enumerate() {
-            let _g = self.lock(oid).read().unwrap();
-            let Some(m) = self.meta(oid) else { continue };
-            let res = File::open(self.path(oid, m.stamp)).and_then(|f| f.sync_data());
-            if let Err(e) = res {
-                // Keep what is not yet durable dirty so the next flush tries again.
-                self.dirty
-                    .lock()
-                    .unwrap()
-                    .extend(dirty[i..].iter().copied());
-                return Err(StoreError::io(oid, "sync", e));
+        let mut dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
+        dirty.sort_unstable();
+        let mut failed = Vec::new();
+        let mut first_err = None;
+        for oid in dirty {
+            // Sync under the read lock (writes wait, so the bytes synced are those of
+            // `synced`), then name the file after that version.
+            let synced = {
+                let _g = self.lock(oid).read().unwrap();
+                let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+                    continue;
+                };
+                if let Err(err) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
+                    // Not retried: after a failed fdatasync the kernel may have dropped the
+                    // dirty pages, so a later sync would succeed without the data.
+                    tracing::error!("fdatasync of object {oid} failed: {err}");
+                    failed.push(oid);
+                    first_err.get_or_insert(err);
+                    continue;
+                }
+                e.state.version
+            };
+            let _g = self.lock(oid).write().unwrap();
+            let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+                continue;
+            };
+            // The mark stays while the file holds writes newer than its name (written again
+            // since the sync) or while the copy is suspect.
+            let after = Entry {
+                disk: synced,
+                marked: e.state.version != synced || e.state.suspect,
+                ..e
+            };
+            let (from, to) = (self.path(oid, &e), self.path(oid, &after));
+            if from == to {
+                continue;
             }
+            if let Err(err) = fs::rename(&from, &to) {
+                failed.push(oid);
+                first_err.get_or_insert(err);
+                continue;
+            }
+            if let Some(x) = self.index.lock().unwrap().get_mut(&oid) {
+                x.disk = after.disk;
+                x.marked = after.marked;
+            }
+        }
+        if let Some(source) = first_err {
+            return Err(StoreError::SyncFailed {
+                oids: failed,
+                source,
+            });
         }
         fsync_dir(&self.dir).map_err(|e| StoreError::io(ObjectId(0), "sync dir", e))
     }
@@ -283,25 +441,85 @@ mod tests {
     use super::*;
     use objstore_proto::oid::{ObjIndex, Vid};
 
+    fn v(n: u64) -> Version {
+        Version(n)
+    }
+
     #[test]
-    fn write_read_stamp_remove() {
+    fn write_read_version_tombstone() {
         let d = tempfile::tempdir().unwrap();
         let s = FileStore::open(d.path()).unwrap();
         let oid = ObjectId::data(Vid(1), ObjIndex(2));
         assert!(matches!(s.read(oid, 0, 4), Err(StoreError::NotFound(_))));
-        s.write(oid, 4096, b"hello", 3).unwrap();
+        s.write(oid, 4096, b"hello", v(3)).unwrap();
         assert_eq!(s.read(oid, 4094, 9).unwrap(), b"\0\0hello\0\0");
-        assert_eq!(s.meta(oid).unwrap().stamp, 3);
-        s.write(oid, 0, b"x", 5).unwrap();
-        assert_eq!(s.meta(oid).unwrap().stamp, 5);
+        assert_eq!(s.meta(oid).unwrap(), ObjState::live(v(3)));
+        s.write(oid, 0, b"x", v(5)).unwrap();
+        assert_eq!(s.meta(oid).unwrap().version, v(5));
         s.flush().unwrap();
         drop(s);
         let s = FileStore::open(d.path()).unwrap();
-        assert_eq!(s.list(), vec![(oid, 5)]);
+        assert_eq!(s.list(), vec![(oid, ObjState::live(v(5)))]);
         assert_eq!(s.read(oid, 0, 1).unwrap(), b"x");
-        s.remove(oid).unwrap();
+        // A delete is a tombstone that survives a reopen and reads as missing.
+        assert!(s.put_if_newer(oid, &[], ObjState::tombstone(v(6))).unwrap());
         assert!(s.is_empty());
-        s.remove(oid).unwrap();
+        assert!(matches!(s.read(oid, 0, 1), Err(StoreError::NotFound(_))));
+        assert!(!s.put_if_newer(oid, b"old", ObjState::live(v(5))).unwrap());
+        drop(s);
+        let s = FileStore::open(d.path()).unwrap();
+        assert_eq!(s.list(), vec![(oid, ObjState::tombstone(v(6)))]);
+        assert_eq!(
+            s.read_whole(oid).unwrap(),
+            (vec![], ObjState::tombstone(v(6)))
+        );
+        // A write over the tombstone makes a new object of zeros.
+        s.write(oid, 2, b"y", v(7)).unwrap();
+        assert_eq!(s.read(oid, 0, 4).unwrap(), b"\0\0y\0");
+        s.forget(oid).unwrap();
+        s.forget(oid).unwrap();
+        assert!(s.list().is_empty());
+        assert_eq!(
+            fs::read_dir(d.path()).unwrap().count(),
+            1,
+            "only .tmp is left"
+        );
+    }
+
+    /// The version in a file's name is the last one synced: a reopen without a flush shows the
+    /// version of the bytes known durable, never a newer one, and marks the copy suspect (its
+    /// bytes may be newer); a copy flushed since its last write is not suspect.
+    #[test]
+    fn unflushed_versions_are_not_claimed_after_a_crash() {
+        let d = tempfile::tempdir().unwrap();
+        let oid = ObjectId::data(Vid(1), ObjIndex(0));
+        {
+            let s = FileStore::open(d.path()).unwrap();
+            s.write(oid, 0, b"a", v(1)).unwrap();
+            s.write(oid, 0, b"b", v(2)).unwrap();
+            s.flush().unwrap();
+            s.write(oid, 0, b"c", v(3)).unwrap();
+            // Dropped without a flush: as after kill -9.
+        }
+        let s = FileStore::open(d.path()).unwrap();
+        let st = s.meta(oid).unwrap();
+        assert_eq!((st.version, st.suspect), (v(2), true));
+        assert_eq!(s.read(oid, 0, 1).unwrap(), b"c");
+        // The same version from elsewhere replaces a suspect copy; settling keeps it.
+        assert!(s.put_if_newer(oid, b"b", ObjState::live(v(2))).unwrap());
+        assert!(!s.meta(oid).unwrap().suspect);
+        s.write(oid, 0, b"d", v(3)).unwrap();
+        s.flush().unwrap();
+        s.write(oid, 1, b"e", v(4)).unwrap();
+        drop(s);
+        let s = FileStore::open(d.path()).unwrap();
+        assert!(s.meta(oid).unwrap().suspect);
+        s.settle(oid).unwrap();
+        drop(s);
+        let s = FileStore::open(d.path()).unwrap();
+        let st = s.meta(oid).unwrap();
+        assert_eq!((st.version, st.suspect), (v(3), false));
+        assert_eq!(s.read(oid, 0, 2).unwrap(), b"de");
     }
 
     #[test]
@@ -310,13 +528,17 @@ mod tests {
         let oid = ObjectId::data(Vid(9), ObjIndex(0));
         {
             let s = FileStore::open(d.path()).unwrap();
-            assert!(s.put_if_newer(oid, b"new", 7).unwrap());
-            assert!(!s.put_if_newer(oid, b"older", 6).unwrap());
+            assert!(s.put_if_newer(oid, b"new", ObjState::live(v(7))).unwrap());
+            assert!(!s.put_if_newer(oid, b"older", ObjState::live(v(6))).unwrap());
         }
+        // An older copy left by a crash, and a name written by an older release (decimal).
         fs::write(d.path().join(format!("{oid}.4")), b"old").unwrap();
         fs::write(d.path().join(".tmp/junk"), b"partial").unwrap();
         let s = FileStore::open(d.path()).unwrap();
-        assert_eq!(s.read_whole(oid).unwrap(), (b"new".to_vec(), 7));
+        assert_eq!(
+            s.read_whole(oid).unwrap(),
+            (b"new".to_vec(), ObjState::live(v(7)))
+        );
         assert!(!d.path().join(format!("{oid}.4")).exists());
         assert!(!d.path().join(".tmp/junk").exists());
     }
@@ -333,8 +555,8 @@ mod tests {
             ObjectId::data(Vid(1), ObjIndex(1)),
         );
         for oid in [x, y] {
-            s.write(oid, 0, b"created", 1).unwrap();
-            s.write(oid, 0, b"written", 1).unwrap();
+            s.write(oid, 0, b"created", v(1)).unwrap();
+            s.write(oid, 0, b"written", v(2)).unwrap();
         }
         // The first flush will stop at x until the test lets go of its lock.
         let s = &s;

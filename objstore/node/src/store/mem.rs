@@ -2,11 +2,13 @@
 //!
 //! It keeps two states: what readers see now (`live`) and what would survive a crash
 //! (`durable`). A write changes `live` only; `flush` copies every object written since the last
-//! flush to `durable`; `put_if_newer` and `remove` are durable at once (the file backend's
-//! install and unlink are followed by a directory fsync). [`MemStore::crashed`] returns a store
+//! flush to `durable`; creating an object, `put_if_newer` and `forget` are durable at once (the
+//! file backend's install and unlink are followed by a directory fsync). [`MemStore::crashed`] returns a store
 //! holding only the durable state, as the files would be after a power cut.
 //!
-//! Faults: [`MemStore::fail`] makes chosen operations fail with EIO (or ENOSPC) until cleared.
+//! Faults: [`MemStore::fail`] makes chosen operations fail with EIO (or ENOSPC) until cleared. A
+//! failed flush loses what it could not sync, as a failed `fdatasync` may: those objects go back
+//! to their durable state and the flush names them.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
@@ -14,13 +16,13 @@ use std::sync::Mutex;
 
 use objstore_proto::oid::ObjectId;
 
-use super::{ObjMeta, ObjectBackend, StoreError};
+use super::{ObjState, ObjectBackend, StoreError, Version};
 
-/// An object's bytes and stamp.
+/// An object's bytes and state (a tombstone has no bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Obj {
     data: Vec<u8>,
-    stamp: u32,
+    state: ObjState,
 }
 
 /// Operations a fault can target.
@@ -39,10 +41,6 @@ pub enum Fault {
     Io,
     /// A full disk (ENOSPC).
     NoSpace,
-    /// For [`Op::Flush`]: EIO, and the writes it should have made durable never will be (Linux
-    /// marks the pages clean after a failed fdatasync): readers still see them until a crash,
-    /// a later flush succeeds without them. Other operations: as [`Fault::Io`].
-    IoLosingDirty,
 }
 
 #[derive(Default)]
@@ -88,6 +86,28 @@ impl MemStore {
         }
     }
 
+    /// The store a killed process leaves (`kill -9`): the bytes survive in the kernel's page
+    /// cache, but a copy written since its last flush comes back at its last flushed version,
+    /// suspect, as the file backend's marked files do.
+    pub fn killed(&self) -> MemStore {
+        let st = self.state.lock().unwrap();
+        let mut live = st.live.clone();
+        for oid in &st.dirty {
+            if let (Some(o), Some(d)) = (live.get_mut(oid), st.durable.get(oid)) {
+                o.state.version = d.state.version;
+                o.state.suspect = true;
+            }
+        }
+        MemStore {
+            state: Mutex::new(State {
+                durable: live.clone(),
+                live,
+                ..State::default()
+            }),
+            capacity: self.capacity,
+        }
+    }
+
     /// Makes `op` fail with `fault` until [`MemStore::clear_faults`].
     pub fn fail(&self, op: Op, fault: Fault) {
         self.state.lock().unwrap().faults.push((op, fault));
@@ -115,7 +135,7 @@ impl MemStore {
         match st.faults.iter().find(|(o, _)| *o == op) {
             None => Ok(()),
             Some((_, Fault::NoSpace)) => Err(StoreError::NoSpace),
-            Some((_, Fault::Io | Fault::IoLosingDirty)) => Err(StoreError::Io {
+            Some((_, Fault::Io)) => Err(StoreError::Io {
                 oid,
                 op: match op {
                     Op::Read => "read",
@@ -130,24 +150,29 @@ impl MemStore {
 }
 
 impl ObjectBackend for MemStore {
-    fn meta(&self, oid: ObjectId) -> Option<ObjMeta> {
+    fn meta(&self, oid: ObjectId) -> Option<ObjState> {
         let st = self.state.lock().unwrap();
-        st.live.get(&oid).map(|o| ObjMeta { stamp: o.stamp })
+        st.live.get(&oid).map(|o| o.state)
     }
 
-    fn list(&self) -> Vec<(ObjectId, u32)> {
+    fn list(&self) -> Vec<(ObjectId, ObjState)> {
         let st = self.state.lock().unwrap();
-        st.live.iter().map(|(k, o)| (*k, o.stamp)).collect()
+        st.live.iter().map(|(k, o)| (*k, o.state)).collect()
     }
 
     fn len(&self) -> usize {
-        self.state.lock().unwrap().live.len()
+        let st = self.state.lock().unwrap();
+        st.live.values().filter(|o| !o.state.deleted).count()
     }
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Read, oid)?;
-        let o = st.live.get(&oid).ok_or(StoreError::NotFound(oid))?;
+        let o = st
+            .live
+            .get(&oid)
+            .filter(|o| !o.state.deleted)
+            .ok_or(StoreError::NotFound(oid))?;
         let mut out = vec![0u8; len];
         let start = (offset as usize).min(o.data.len());
         let end = (start + len).min(o.data.len());
@@ -155,27 +180,39 @@ impl ObjectBackend for MemStore {
         Ok(out)
     }
 
-    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, u32), StoreError> {
+    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
         let st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Read, oid)?;
         let o = st.live.get(&oid).ok_or(StoreError::NotFound(oid))?;
-        Ok((o.data.clone(), o.stamp))
+        Ok((o.data.clone(), o.state))
     }
 
-    fn write(&self, oid: ObjectId, offset: u64, data: &[u8], epoch: u32) -> Result<(), StoreError> {
+    fn write(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: &[u8],
+        version: Version,
+    ) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Write, oid)?;
-        let created = !st.live.contains_key(&oid);
-        let o = st.live.entry(oid).or_insert(Obj {
-            data: Vec::new(),
-            stamp: epoch,
-        });
+        let created = st.live.get(&oid).is_none_or(|o| o.state.deleted);
+        if created {
+            st.live.insert(
+                oid,
+                Obj {
+                    data: Vec::new(),
+                    state: ObjState::live(version),
+                },
+            );
+        }
+        let o = st.live.get_mut(&oid).expect("just inserted");
         let end = offset as usize + data.len();
         if o.data.len() < end {
             o.data.resize(end, 0);
         }
         o.data[offset as usize..end].copy_from_slice(data);
-        o.stamp = o.stamp.max(epoch);
+        o.state.version = version;
         if created {
             // The file backend creates an object with the crash-safe recipe: durable at once.
             let o = o.clone();
@@ -186,15 +223,31 @@ impl ObjectBackend for MemStore {
         Ok(())
     }
 
-    fn put_if_newer(&self, oid: ObjectId, data: &[u8], stamp: u32) -> Result<bool, StoreError> {
+    fn put_if_newer(
+        &self,
+        oid: ObjectId,
+        data: &[u8],
+        state: ObjState,
+    ) -> Result<bool, StoreError> {
         let mut st = self.state.lock().unwrap();
-        MemStore::check(&st, Op::Write, oid)?;
-        if st.live.get(&oid).is_some_and(|o| o.stamp >= stamp) {
+        MemStore::check(&st, if state.deleted { Op::Remove } else { Op::Write }, oid)?;
+        if st
+            .live
+            .get(&oid)
+            .is_some_and(|o| !o.state.replaced_by(state))
+        {
             return Ok(false);
         }
         let o = Obj {
-            data: data.to_vec(),
-            stamp,
+            data: if state.deleted {
+                Vec::new()
+            } else {
+                data.to_vec()
+            },
+            state: ObjState {
+                suspect: false,
+                ..state
+            },
         };
         st.live.insert(oid, o.clone());
         st.durable.insert(oid, o);
@@ -202,7 +255,18 @@ impl ObjectBackend for MemStore {
         Ok(true)
     }
 
-    fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
+    fn settle(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let mut guard = self.state.lock().unwrap();
+        let st: &mut State = &mut guard;
+        for map in [&mut st.live, &mut st.durable] {
+            if let Some(o) = map.get_mut(&oid) {
+                o.state.suspect = false;
+            }
+        }
+        Ok(())
+    }
+
+    fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Remove, oid)?;
         st.live.remove(&oid);
@@ -213,13 +277,25 @@ impl ObjectBackend for MemStore {
 
     fn flush(&self) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
+        let mut dirty: Vec<ObjectId> = st.dirty.drain().collect();
+        dirty.sort_unstable();
         if let Err(e) = MemStore::check(&st, Op::Flush, ObjectId(0)) {
-            if st.faults.contains(&(Op::Flush, Fault::IoLosingDirty)) {
-                st.dirty.clear();
+            // What the failed sync held is gone: back to the durable state.
+            for oid in &dirty {
+                match st.durable.get(oid).cloned() {
+                    Some(o) => st.live.insert(*oid, o),
+                    None => st.live.remove(oid),
+                };
             }
-            return Err(e);
+            let source = match e {
+                StoreError::Io { source, .. } => source,
+                _ => io::Error::from_raw_os_error(libc::ENOSPC),
+            };
+            return Err(StoreError::SyncFailed {
+                oids: dirty,
+                source,
+            });
         }
-        let dirty: Vec<ObjectId> = st.dirty.drain().collect();
         for oid in dirty {
             if let Some(o) = st.live.get(&oid).cloned() {
                 st.durable.insert(oid, o);
@@ -244,14 +320,14 @@ mod tests {
     fn crash_keeps_only_flushed_writes() {
         let s = MemStore::default();
         let a = ObjectId::data(Vid(1), ObjIndex(0));
-        s.write(a, 0, b"first", 1).unwrap();
-        s.write(a, 0, b"FIRST", 1).unwrap();
+        s.write(a, 0, b"first", Version(1)).unwrap();
+        s.write(a, 0, b"FIRST", Version(2)).unwrap();
         assert_eq!(s.crashed().read(a, 0, 5).unwrap(), b"first");
         s.flush().unwrap();
-        s.write(a, 0, b"later", 2).unwrap();
+        s.write(a, 0, b"later", Version(3)).unwrap();
         let c = s.crashed();
         assert_eq!(c.read(a, 0, 5).unwrap(), b"FIRST");
-        assert_eq!(c.meta(a).unwrap().stamp, 1);
+        assert_eq!(c.meta(a).unwrap().version, Version(2));
         assert_eq!(s.read(a, 3, 4).unwrap(), b"er\0\0");
     }
 
@@ -259,23 +335,23 @@ mod tests {
     fn faults_fail_the_chosen_operation() {
         let s = MemStore::default();
         let a = ObjectId::data(Vid(1), ObjIndex(0));
-        s.write(a, 0, b"x", 1).unwrap();
+        s.write(a, 0, b"x", Version(1)).unwrap();
+        s.write(a, 0, b"z", Version(2)).unwrap();
         s.fail(Op::Flush, Fault::Io);
-        assert!(matches!(s.flush(), Err(StoreError::Io { .. })));
+        // The failed flush names the object and loses its unsynced write.
+        match s.flush() {
+            Err(StoreError::SyncFailed { oids, .. }) => assert_eq!(oids, vec![a]),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         s.fail(Op::Write, Fault::NoSpace);
-        assert!(matches!(s.write(a, 0, b"y", 1), Err(StoreError::NoSpace)));
+        assert!(matches!(
+            s.write(a, 0, b"y", Version(3)),
+            Err(StoreError::NoSpace)
+        ));
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         s.clear_faults();
         s.flush().unwrap();
-        // A failed fdatasync that loses the dirty pages: the next flush succeeds, the crash
-        // shows the write gone.
-        s.write(a, 0, b"z", 1).unwrap();
-        s.fail(Op::Flush, Fault::IoLosingDirty);
-        assert!(s.flush().is_err());
-        s.clear_faults();
-        s.flush().unwrap();
-        assert_eq!(s.read(a, 0, 1).unwrap(), b"z");
-        assert_eq!(s.crashed().read(a, 0, 1).unwrap(), b"x");
         assert!(s.corrupt(a, 0));
         assert_ne!(s.read(a, 0, 1).unwrap(), b"x");
     }

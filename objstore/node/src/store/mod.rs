@@ -6,11 +6,22 @@
 //!   node and keep only what was flushed, and with injectable I/O errors.
 //!
 //! The contract every backend keeps:
-//! - `write` of a missing object creates it (bytes not written read as zeros) and sets its stamp
-//!   to the epoch given when that is higher; `put_if_newer` installs a whole object only over an
-//!   older stamp; `remove` of a missing object succeeds.
+//! - Every object carries an [`ObjState`]: its version, and whether that version is a delete (a
+//!   tombstone, which has no bytes but keeps its version so an older copy never comes back).
+//! - `write` sets the object's version; on a missing or deleted object it creates the object
+//!   first (bytes not written read as zeros). The caller (the node) checks versions before it
+//!   writes; the store does not order writes.
+//! - `put_if_newer` installs a whole object or a tombstone only over an older version (or over
+//!   a suspect copy of the same version).
+//! - After a kill, a copy that had writes not yet flushed comes back *suspect* at its last
+//!   flushed version ([`ObjState::suspect`]); `settle` makes it the reference.
 //! - A write is durable once a later `flush` returned Ok; a crash may lose writes not yet
-//!   flushed, never a flushed one, and never leaves an object half-created.
+//!   flushed (and the version they set: the version that survives is never newer than the bytes
+//!   that survive), never a flushed one, and never leaves an object half-created. Creating an
+//!   object, `put_if_newer` and `forget` are durable when they return.
+//! - A `flush` that could not make some objects durable says which ([`StoreError::SyncFailed`]);
+//!   their data may be gone and a later flush does not make it durable again: the node restores
+//!   them from another replica.
 //! - The backend is synchronous: the node calls it on tokio's blocking pool.
 
 pub mod file;
@@ -21,6 +32,7 @@ use std::io;
 use thiserror::Error;
 
 use objstore_proto::oid::ObjectId;
+pub use objstore_proto::version::{ObjState, Version};
 
 pub use file::FileStore;
 pub use mem::MemStore;
@@ -32,6 +44,12 @@ pub enum StoreError {
     NotFound(ObjectId),
     #[error("no space left on the node's disk")]
     NoSpace,
+    #[error("could not make {} object(s) durable ({}): their data may be lost here", oids.len(), first_oids(oids))]
+    SyncFailed {
+        oids: Vec<ObjectId>,
+        #[source]
+        source: io::Error,
+    },
     #[error("{op} of object {oid} failed")]
     Io {
         oid: ObjectId,
@@ -52,34 +70,51 @@ impl StoreError {
     }
 }
 
-/// Per-object facts the store keeps in memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ObjMeta {
-    pub stamp: u32,
+fn first_oids(oids: &[ObjectId]) -> String {
+    let mut s: Vec<String> = oids.iter().take(3).map(|o| o.to_string()).collect();
+    if oids.len() > 3 {
+        s.push("...".into());
+    }
+    s.join(", ")
 }
 
 /// Where a node keeps its objects. See the module documentation for the contract.
 pub trait ObjectBackend: Send + Sync + 'static {
-    /// The object's metadata, if it is held here.
-    fn meta(&self, oid: ObjectId) -> Option<ObjMeta>;
-    /// Every object held here with its stamp, sorted by id.
-    fn list(&self) -> Vec<(ObjectId, u32)>;
-    /// How many objects are held here.
+    /// The object's state here (tombstones included), if it is held here.
+    fn meta(&self, oid: ObjectId) -> Option<ObjState>;
+    /// Every object held here with its state (tombstones included), sorted by id.
+    fn list(&self) -> Vec<(ObjectId, ObjState)>;
+    /// How many objects with data are held here (tombstones not counted).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Reads `len` bytes at `offset`; bytes past the object's end read as zeros.
+    /// Reads `len` bytes at `offset`; bytes past the object's end read as zeros. A missing or
+    /// deleted object is [`StoreError::NotFound`].
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError>;
-    /// Reads a whole object and its stamp (for recovery).
-    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, u32), StoreError>;
-    /// Writes `data` at `offset`, creating the object if needed, and stamps it with `epoch`.
-    fn write(&self, oid: ObjectId, offset: u64, data: &[u8], epoch: u32) -> Result<(), StoreError>;
-    /// Replaces the whole object with `data` at `stamp` unless the copy here is at least that
-    /// new. Returns whether it installed.
-    fn put_if_newer(&self, oid: ObjectId, data: &[u8], stamp: u32) -> Result<bool, StoreError>;
-    /// Removes an object; removing a missing object is not an error.
-    fn remove(&self, oid: ObjectId) -> Result<(), StoreError>;
+    /// Reads a whole object and its state (for recovery); a tombstone has no bytes.
+    fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError>;
+    /// Writes `data` at `offset`, creating the object if it is missing or deleted, and sets its
+    /// version to `version`.
+    fn write(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: &[u8],
+        version: Version,
+    ) -> Result<(), StoreError>;
+    /// Replaces the whole object with `data` at `state` (a tombstone if `state.deleted`; then
+    /// `data` is ignored) unless the copy here is at least that new and not suspect
+    /// ([`ObjState::replaced_by`]). The copy installed is not suspect. Returns whether it
+    /// installed.
+    fn put_if_newer(&self, oid: ObjectId, data: &[u8], state: ObjState)
+        -> Result<bool, StoreError>;
+    /// Declares a suspect copy ([`ObjState::suspect`]) the reference its replicas copy: it is
+    /// no longer suspect. No-op for a copy that is not suspect.
+    fn settle(&self, oid: ObjectId) -> Result<(), StoreError>;
+    /// Drops every trace of an object (a copy this node no longer owns, or one it must fetch
+    /// again); forgetting a missing object is not an error.
+    fn forget(&self, oid: ObjectId) -> Result<(), StoreError>;
     /// Makes every write before this call durable.
     fn flush(&self) -> Result<(), StoreError>;
     /// (total, free) bytes of the medium.

@@ -28,7 +28,7 @@ fn golden_request() -> Header {
 #[rustfmt::skip]
 const GOLDEN_REQUEST: [u8; HEADER_LEN] = [
     0x53, 0x48,                                     //  0 magic "SH"
-    0x01,                                           //  2 version (client protocol 1)
+    0x02,                                           //  2 version (client protocol 2)
     0x02,                                           //  3 opcode WriteObj
     0x00, 0x00,                                     //  4 flags: none (a request)
     0x00, 0x00,                                     //  6 result: 0 in requests
@@ -56,7 +56,7 @@ const STALE_MESSAGE: &str = "request epoch 8 is older than the node's 9";
 #[rustfmt::skip]
 const GOLDEN_RESPONSE: [u8; HEADER_LEN] = [
     0x53, 0x48,                                     //  0 magic "SH"
-    0x01,                                           //  2 version (echoed: client protocol 1)
+    0x02,                                           //  2 version (echoed: client protocol 2)
     0x01,                                           //  3 opcode ReadObj (echoed)
     0x80, 0x00,                                     //  4 flags: FLAG_RESPONSE
     0x00, 0x01,                                     //  6 result 1 = StaleEpoch
@@ -239,6 +239,8 @@ fn opcode_table() {
         (0x81, Opcode::PeerList, Peer),
         (0x82, Opcode::PeerRead, Peer),
         (0x83, Opcode::PeerStatus, Peer),
+        (0x84, Opcode::PeerWrite, Peer),
+        (0x85, Opcode::PeerPut, Peer),
     ];
     assert_eq!(all_opcodes().len(), want.len());
     for (v, op, proto) in want {
@@ -256,10 +258,10 @@ fn opcode_table() {
 
 #[test]
 fn result_codes() {
-    for v in 0..=11u16 {
+    for v in 0..=12u16 {
         assert_eq!(ResultCode::from_u16(v).unwrap() as u16, v);
     }
-    assert_eq!(ResultCode::from_u16(12), None);
+    assert_eq!(ResultCode::from_u16(13), None);
     let mut h = golden_request().response(ResultCode::Ok, 1);
     h.result = 0xffff;
     assert_eq!(h.result_code(), ResultCode::Io);
@@ -345,7 +347,7 @@ async fn refuses_bad_magic() {
 
 #[tokio::test]
 async fn refuses_unknown_opcode() {
-    for op in [0x00, 0x06, 0x3f, 0x40, 0x80, 0x84, 0xff] {
+    for op in [0x00, 0x06, 0x3f, 0x40, 0x80, 0x86, 0xff] {
         let mut b = GOLDEN_REQUEST;
         b[3] = op;
         assert_eq!(

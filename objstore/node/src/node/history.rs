@@ -1,0 +1,307 @@
+//! Which copies a node may trust after membership changes: the rule that keeps a node that was
+//! away (or a cluster restarted in the wrong order) from serving what it missed.
+//!
+//! The newest version of an object is held by every owner of the last epoch in which it was
+//! changed (a change succeeds only when every owner of its epoch applied it), and by every node
+//! that recovered it since. An epoch is *clean* once every one of its members finished recovery
+//! in it (each records that in the cluster store, `recovered/<epoch>`): then every owner of every
+//! object held the newest version. So, for the current epoch `cur` and the newest clean epoch
+//! `K`, the newest version of any object is on the owners of one of the epochs `K..cur-1` —
+//! counting only those in which a change could have succeeded (at least `min-copies` owners)
+//! and `K` itself. If, for each of those epochs, some owner of the object is up now and listed
+//! its copies, the highest version listed is the newest: the object is *safe*. Otherwise its
+//! newest version may be only on nodes that are down, and I/O on it waits for them (or for an
+//! operator's `dog cluster recover --force`, recorded as the epoch from which to count instead
+//! of `K`).
+//!
+//! An epoch in which fewer owners are missing than each object has cannot hide any object;
+//! only the others ("uncovered") are checked object by object.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+
+use crate::membership::{Driver, DriverError};
+use objstore_proto::keys;
+use objstore_proto::oid::ObjectId;
+use objstore_proto::placement::Ring;
+use objstore_proto::view::View;
+
+/// What the cluster store says about past epochs.
+pub(super) struct History {
+    /// The newest clean epoch before the current one (0: none).
+    pub clean: u32,
+    /// The epoch of the last forced recovery (0: none).
+    pub forced: u32,
+    /// The views of the epochs from `max(clean, forced)` (or the first) to `cur - 1`.
+    pub views: Vec<View>,
+}
+
+/// Reads the history needed to judge epoch `cur` (blocking: driver calls).
+pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError> {
+    let forced = driver
+        .kv_get(keys::FORCED)?
+        .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok())
+        .unwrap_or(0);
+    let mut records: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
+    for (k, v) in driver.kv_list(keys::RECOVERED_PREFIX)? {
+        let Some(e) = k
+            .strip_prefix(keys::RECOVERED_PREFIX)
+            .and_then(|e| e.parse().ok())
+        else {
+            continue;
+        };
+        let ids: Vec<u64> = serde_json::from_slice(&v).unwrap_or_default();
+        records.insert(e, ids.into_iter().collect());
+    }
+    let mut views = Vec::new();
+    let mut clean = 0;
+    let mut e = cur.saturating_sub(1);
+    while e >= 1 {
+        let Some(view) = driver.view_at(e)? else {
+            break;
+        };
+        let done = records.get(&e);
+        let is_clean = !view.nodes.is_empty()
+            && done.is_some_and(|d| view.nodes.iter().all(|n| d.contains(&n.id)));
+        views.push(view);
+        if is_clean {
+            clean = e;
+            break;
+        }
+        if e <= forced {
+            break;
+        }
+        e -= 1;
+    }
+    views.reverse();
+    // Records older than the newest clean epoch are never read again.
+    for &e in records.range(..clean).map(|(e, _)| e) {
+        let key = keys::recovered(e);
+        if let Some(raw) = driver.kv_get(&key)? {
+            // Best effort: another node may be pruning it too.
+            let _ = driver.kv_cas(&key, Some(&raw), None);
+        }
+    }
+    Ok(History {
+        clean,
+        forced,
+        views,
+    })
+}
+
+/// Records that node `id` finished recovering `epoch` (blocking).
+pub(super) fn record_recovered(
+    driver: &dyn Driver,
+    epoch: u32,
+    id: u64,
+) -> Result<(), DriverError> {
+    let key = keys::recovered(epoch);
+    loop {
+        let cur = driver.kv_get(&key)?;
+        let mut ids: Vec<u64> = cur
+            .as_deref()
+            .and_then(|v| serde_json::from_slice(v).ok())
+            .unwrap_or_default();
+        if ids.contains(&id) {
+            return Ok(());
+        }
+        ids.push(id);
+        let new = serde_json::to_vec(&ids).expect("serializable");
+        if driver.kv_cas(&key, cur.as_deref(), Some(&new))? {
+            return Ok(());
+        }
+    }
+}
+
+/// An epoch in which some objects may have no owner up now.
+struct Uncovered {
+    epoch: u32,
+    ring: Ring,
+    absent: HashSet<u64>,
+}
+
+/// Which objects a node may serve in its current epoch (see the module documentation).
+pub(super) struct Safety {
+    copies: usize,
+    uncovered: Vec<Uncovered>,
+}
+
+impl Safety {
+    /// Every object is safe.
+    pub fn all() -> Safety {
+        Safety {
+            copies: 0,
+            uncovered: Vec::new(),
+        }
+    }
+
+    /// Judges epoch `cur` from `history`, with `present` the nodes whose copies were listed.
+    pub fn judge(
+        history: &History,
+        cur: u32,
+        present: &HashSet<u64>,
+        copies: usize,
+        min_copies: usize,
+    ) -> Safety {
+        if history.forced >= cur {
+            return Safety::all();
+        }
+        let base = history.clean.max(history.forced);
+        let mut uncovered = Vec::new();
+        for (i, view) in history.views.iter().enumerate() {
+            let owners = copies.min(view.nodes.len());
+            // The base epoch counts whatever its size; later ones only if a change could
+            // have succeeded in them.
+            let is_base = view.epoch == base || (base == 0 && i == 0);
+            if !is_base && owners < min_copies {
+                continue;
+            }
+            let absent: HashSet<u64> = view
+                .nodes
+                .iter()
+                .map(|n| n.id)
+                .filter(|id| !present.contains(id))
+                .collect();
+            if absent.len() < owners {
+                continue;
+            }
+            uncovered.push(Uncovered {
+                epoch: view.epoch,
+                ring: Ring::new(&view.nodes),
+                absent,
+            });
+        }
+        Safety { copies, uncovered }
+    }
+
+    /// No object can have a newer version only on nodes that are down.
+    pub fn is_complete(&self) -> bool {
+        self.uncovered.is_empty()
+    }
+
+    /// Whether the copies listed now include the newest version of `oid`.
+    pub fn safe(&self, oid: ObjectId) -> bool {
+        self.uncovered.iter().all(|u| {
+            u.ring
+                .replicas(oid, self.copies)
+                .iter()
+                .any(|n| !u.absent.contains(&n.id))
+        })
+    }
+
+    /// The nodes to wait for (for `oid`, or for any object), and the newest epoch in which
+    /// they could have taken writes.
+    pub fn waiting_for(&self, oid: Option<ObjectId>) -> (Vec<SocketAddr>, u32) {
+        let mut addrs = Vec::new();
+        let mut epoch = 0;
+        for u in &self.uncovered {
+            let nodes: Vec<SocketAddr> = match oid {
+                Some(oid) => {
+                    let owners = u.ring.replicas(oid, self.copies);
+                    if owners.iter().any(|n| !u.absent.contains(&n.id)) {
+                        continue;
+                    }
+                    owners.iter().map(|n| n.addr).collect()
+                }
+                None => u
+                    .ring
+                    .nodes()
+                    .iter()
+                    .filter(|n| u.absent.contains(&n.id))
+                    .map(|n| n.addr)
+                    .collect(),
+            };
+            addrs.extend(nodes);
+            epoch = epoch.max(u.epoch);
+        }
+        addrs.sort();
+        addrs.dedup();
+        (addrs, epoch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use objstore_proto::oid::{ObjIndex, Vid};
+    use objstore_proto::view::NodeInfo;
+
+    fn node(id: u64) -> NodeInfo {
+        NodeInfo {
+            id,
+            addr: SocketAddr::from(([127, 0, 0, 1], 7000 + id as u16)),
+            zone: id as u32,
+            vnodes: 64,
+            incarnation: 1,
+        }
+    }
+
+    fn view(epoch: u32, ids: &[u64]) -> View {
+        View {
+            epoch,
+            nodes: ids.iter().map(|&i| node(i)).collect(),
+        }
+    }
+
+    fn present(ids: &[u64]) -> HashSet<u64> {
+        ids.iter().copied().collect()
+    }
+
+    /// Issue 22, scenario 1: A down, a write at epoch 2 on B and C, then B and C down and A
+    /// back alone. A must not serve its old copies; B or C back is enough.
+    #[test]
+    fn a_node_back_alone_waits_for_the_last_writers() {
+        let h = History {
+            clean: 2,
+            forced: 0,
+            views: vec![view(2, &[2, 3]), view(3, &[1])],
+        };
+        let oid = ObjectId::data(Vid(1), ObjIndex(0));
+        let s = Safety::judge(&h, 4, &present(&[1]), 3, 2);
+        assert!(!s.is_complete());
+        assert!(!s.safe(oid));
+        let (addrs, epoch) = s.waiting_for(Some(oid));
+        assert_eq!(addrs, vec![node(2).addr, node(3).addr]);
+        assert_eq!(epoch, 2);
+        // Epoch 3 had one owner, below min-copies: nothing was written there, so B is enough.
+        let s = Safety::judge(&h, 4, &present(&[1, 2]), 3, 2);
+        assert!(s.is_complete() && s.safe(oid));
+    }
+
+    #[test]
+    fn a_rolling_restart_never_waits() {
+        // Clean at 2 with B and C; A is back.
+        let h = History {
+            clean: 2,
+            forced: 0,
+            views: vec![view(2, &[2, 3])],
+        };
+        let s = Safety::judge(&h, 3, &present(&[1, 2, 3]), 3, 2);
+        assert!(s.is_complete());
+        // One dead node out of four with three copies: every object keeps an owner.
+        let h = History {
+            clean: 1,
+            forced: 0,
+            views: vec![view(1, &[1, 2, 3, 4])],
+        };
+        assert!(Safety::judge(&h, 2, &present(&[1, 2, 3]), 3, 2).is_complete());
+    }
+
+    #[test]
+    fn one_copy_waits_per_object_and_force_accepts() {
+        let h = History {
+            clean: 1,
+            forced: 0,
+            views: vec![view(1, &[1, 2])],
+        };
+        let s = Safety::judge(&h, 2, &present(&[1]), 1, 1);
+        assert!(!s.is_complete());
+        let objs: Vec<ObjectId> = (0..64)
+            .map(|i| ObjectId::data(Vid(1), ObjIndex(i)))
+            .collect();
+        let safe = objs.iter().filter(|o| s.safe(**o)).count();
+        assert!(safe > 0 && safe < objs.len(), "{safe}");
+        let forced = History { forced: 2, ..h };
+        assert!(Safety::judge(&forced, 2, &present(&[1]), 1, 1).is_complete());
+    }
+}

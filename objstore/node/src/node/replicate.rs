@@ -1,0 +1,405 @@
+//! Changes of objects, ordered by their primary.
+//!
+//! A client sends a write or a remove to the object's primary (its first owner in the epoch).
+//! The primary, holding the object's lock, gives the change the next version
+//! ([`Version::next`]), applies it and forwards it to every other owner at the same time
+//! (`PeerWrite` for a write, with the version it applies on; `PeerPut` of a tombstone for a
+//! remove). A replica applies a forwarded write only if its copy is exactly at that base
+//! version; otherwise it answers `Diverged` and the primary sends it the whole object at the new
+//! version (`PeerPut`). So every replica holding a version holds the same bytes, whoever wrote
+//! and whatever failed before. The client's answer is Ok only when every owner holds the new
+//! version; a change that failed somewhere is reported failed, and the version it used is
+//! remembered so the next change of that object goes above it (the replicas converge on it).
+//!
+//! Fencing: a change registers under the epoch it was checked against ([`Node::enter`]) before
+//! the check, and a node answers the recovery listing of a new epoch only once no change of an
+//! older epoch is still being applied ([`Node::drain_before`]), so a listing never misses a
+//! change that an old epoch's owners are about to acknowledge.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::server::Failure;
+use super::{Epoch, Node};
+use crate::store::{ObjState, Version};
+use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
+use objstore_proto::view::ClusterConfig;
+
+pub(super) const LOCK_SHARDS: usize = 1024;
+/// How long the primary waits for a replica. Shorter than a client's per-request timeout, so a
+/// replica that hangs costs the client a retry (on the next epoch, once membership has dropped
+/// the silent node), not an error.
+pub(super) const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a listing waits for changes of older epochs to finish.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+/// What the primary applies.
+pub(super) enum Change {
+    Write { offset: u64, data: Bytes },
+    Remove,
+}
+
+/// Changes in progress by epoch, and a wakeup for [`Node::drain_before`].
+#[derive(Default)]
+pub(super) struct Inflight {
+    by_epoch: Mutex<BTreeMap<u32, usize>>,
+    done: tokio::sync::Notify,
+}
+
+/// A change in progress; dropping it ends it.
+pub(super) struct Entered<'a> {
+    node: &'a Node,
+    epoch: u32,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut m = self.node.inflight.by_epoch.lock().unwrap();
+        if let Some(n) = m.get_mut(&self.epoch) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.epoch);
+            }
+        }
+        drop(m);
+        self.node.inflight.done.notify_waiters();
+    }
+}
+
+/// How one replica took a forwarded change.
+enum Forwarded {
+    Applied,
+    /// Its copy is not at the base version: it needs the whole object.
+    Diverged(SocketAddr),
+    Failed(Failure),
+}
+
+fn versions_prefix(base: Version, new: Version) -> Bytes {
+    let mut b = BytesMut::with_capacity(16);
+    b.put_u64(base.0);
+    b.put_u64(new.0);
+    b.freeze()
+}
+
+/// The base and new versions at the head of a `PeerWrite` payload, and the data after them.
+pub(super) fn split_peer_write(payload: &Bytes) -> Option<(Version, Version, Bytes)> {
+    if payload.len() < 16 {
+        return None;
+    }
+    let base = Version(u64::from_be_bytes(payload[..8].try_into().unwrap()));
+    let new = Version(u64::from_be_bytes(payload[8..16].try_into().unwrap()));
+    Some((base, new, payload.slice(16..)))
+}
+
+/// A replica's failure as the primary reports it to the client.
+fn replica_failure(addr: SocketAddr, code: ResultCode, message: String) -> Failure {
+    match code {
+        ResultCode::NoSpace | ResultCode::Io | ResultCode::InvalidRequest => {
+            Failure::new(code, format!("replica {addr}: {message}"))
+        }
+        _ => Failure::new(ResultCode::Busy, format!("replica {addr}: {message}")),
+    }
+}
+
+fn shard(oid: ObjectId) -> usize {
+    let h = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (h >> 32) as usize % LOCK_SHARDS
+}
+
+impl Node {
+    /// The primary's lock for `oid`.
+    fn obj_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
+        &self.obj_locks[shard(oid)]
+    }
+
+    /// A replica's lock for `oid`: a different lock from the primary's, since a node is
+    /// primary of some objects and replica of others in one shard, and two primaries
+    /// forwarding to each other must never wait on each other's lock.
+    pub(super) fn replica_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
+        &self.replica_locks[shard(oid)]
+    }
+
+    /// Registers a change checked against `epoch`; call before checking it.
+    pub(super) fn enter(&self, epoch: u32) -> Entered<'_> {
+        *self
+            .inflight
+            .by_epoch
+            .lock()
+            .unwrap()
+            .entry(epoch)
+            .or_default() += 1;
+        Entered { node: self, epoch }
+    }
+
+    /// Waits until no change checked against an epoch before `epoch` is in progress. False if
+    /// that took too long.
+    pub(super) async fn drain_before(&self, epoch: u32) -> bool {
+        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        loop {
+            let done = self.inflight.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            let busy = self
+                .inflight
+                .by_epoch
+                .lock()
+                .unwrap()
+                .range(..epoch)
+                .next()
+                .is_some();
+            if !busy {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// The other owners of `oid` in `ep` if this node is its primary, with the checks a change
+    /// needs: this node is the primary, and enough owners are up.
+    pub(super) fn primary_of(
+        &self,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        oid: ObjectId,
+    ) -> Result<Vec<SocketAddr>, Failure> {
+        let owners = ep.ring.replicas(oid, cfg.copies as usize);
+        if owners.first().map(|n| n.id) != Some(self.me.id) {
+            return Err(Failure::invalid(format!(
+                "{} is not the primary of object {oid} in epoch {}",
+                self.me.addr, ep.view.epoch
+            )));
+        }
+        let min = cfg.min_copies() as usize;
+        if owners.len() < min {
+            return Err(Failure::new(
+                ResultCode::Busy,
+                format!(
+                    "object {oid} has {} owner(s) up and writes need {min} (min-copies): waiting for nodes to join",
+                    owners.len()
+                ),
+            ));
+        }
+        Ok(owners[1..].iter().map(|n| n.addr).collect())
+    }
+
+    /// Applies `change` to `oid` as its primary (see the module documentation).
+    pub(super) async fn change(
+        &self,
+        ep: &Epoch,
+        oid: ObjectId,
+        others: &[SocketAddr],
+        change: Change,
+    ) -> Result<(), Failure> {
+        let _ordered = self.obj_lock(oid).lock().await;
+        let cur = self.store.meta(oid);
+        if matches!(change, Change::Remove) && cur.is_some_and(|c| c.deleted) {
+            return Ok(());
+        }
+        let base = cur.map(|c| c.version).unwrap_or_default();
+        let floor = self
+            .issued
+            .lock()
+            .unwrap()
+            .get(&oid)
+            .copied()
+            .unwrap_or_default()
+            .max(base);
+        let new = floor.next(ep.view.epoch);
+        let epoch = ep.view.epoch;
+
+        let store = self.store.clone();
+        let local = async {
+            match &change {
+                Change::Write { offset, data } => {
+                    let (offset, data) = (*offset, data.clone());
+                    super::server::blocking(self, move || store.write(oid, offset, &data, new))
+                        .await
+                }
+                Change::Remove => {
+                    super::server::blocking(self, move || {
+                        store
+                            .put_if_newer(oid, &[], ObjState::tombstone(new))
+                            .map(|_| ())
+                    })
+                    .await
+                }
+            }
+        };
+        let remote = futures::future::join_all(
+            others
+                .iter()
+                .map(|&a| self.forward(a, epoch, oid, base, new, &change)),
+        );
+        let (local, remote) = tokio::join!(local, remote);
+        let mut failure = local.err();
+        if failure.is_none() {
+            for r in remote {
+                let r = match r {
+                    Forwarded::Diverged(addr) => self.push(addr, epoch, oid).await,
+                    other => other,
+                };
+                if let Forwarded::Failed(f) = r {
+                    failure.get_or_insert(f);
+                }
+            }
+        }
+        match failure {
+            None => {
+                self.issued.lock().unwrap().remove(&oid);
+                Ok(())
+            }
+            Some(f) => {
+                let mut issued = self.issued.lock().unwrap();
+                let v = issued.entry(oid).or_default();
+                *v = (*v).max(new);
+                Err(f)
+            }
+        }
+    }
+
+    async fn forward(
+        &self,
+        addr: SocketAddr,
+        epoch: u32,
+        oid: ObjectId,
+        base: Version,
+        new: Version,
+        change: &Change,
+    ) -> Forwarded {
+        let conn = match self.peers.get(addr, FORWARD_TIMEOUT).await {
+            Ok(c) => c,
+            Err(e) => return Forwarded::Failed(Failure::new(ResultCode::Busy, e.to_string())),
+        };
+        let res = match change {
+            Change::Write { offset, data } => {
+                let mut h = Header::request(Opcode::PeerWrite, 0, epoch);
+                h.oid = oid.0;
+                h.offset = *offset;
+                h.length = data.len() as u32;
+                conn.call_with_prefix(h, versions_prefix(base, new), data.clone(), FORWARD_TIMEOUT)
+                    .await
+            }
+            Change::Remove => {
+                let state = ObjState::tombstone(new);
+                let mut h = Header::request(Opcode::PeerPut, 0, epoch);
+                h.oid = oid.0;
+                h.offset = state.version.0;
+                h.aux = state.flags();
+                conn.call(h, Bytes::new(), FORWARD_TIMEOUT).await
+            }
+        };
+        match res {
+            Ok(f) => match f.header.result_code() {
+                ResultCode::Ok => Forwarded::Applied,
+                ResultCode::Diverged => Forwarded::Diverged(addr),
+                code => Forwarded::Failed(replica_failure(addr, code, f.message())),
+            },
+            Err(e) => {
+                self.peers.drop_conn(addr).await;
+                Forwarded::Failed(Failure::new(
+                    ResultCode::Busy,
+                    format!("replica {addr}: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// Sends this node's whole copy of `oid` to a replica that diverged.
+    async fn push(&self, addr: SocketAddr, epoch: u32, oid: ObjectId) -> Forwarded {
+        let store = self.store.clone();
+        let (data, state) = match super::server::blocking(self, move || store.read_whole(oid)).await
+        {
+            Ok(r) => r,
+            Err(f) => return Forwarded::Failed(f),
+        };
+        tracing::info!("replica {addr} diverged on object {oid}: sending it whole at {state:?}");
+        let mut h = Header::request(Opcode::PeerPut, 0, epoch);
+        h.oid = oid.0;
+        h.offset = state.version.0;
+        h.aux = state.flags();
+        let res = match self.peers.get(addr, FORWARD_TIMEOUT).await {
+            Ok(c) => c.call(h, Bytes::from(data), FORWARD_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(f) if f.header.result_code() == ResultCode::Ok => Forwarded::Applied,
+            Ok(f) => {
+                if f.header.result_code() == ResultCode::Conflict {
+                    // It holds a newer version than this one: go above it next time.
+                    let theirs = Version(f.header.offset);
+                    let mut issued = self.issued.lock().unwrap();
+                    let v = issued.entry(oid).or_default();
+                    *v = (*v).max(theirs);
+                }
+                Forwarded::Failed(replica_failure(addr, f.header.result_code(), f.message()))
+            }
+            Err(e) => {
+                self.peers.drop_conn(addr).await;
+                Forwarded::Failed(Failure::new(
+                    ResultCode::Busy,
+                    format!("replica {addr}: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// A replica's side of `PeerWrite`: apply only on exactly the base version.
+    pub(super) async fn apply_forwarded(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: Bytes,
+        base: Version,
+        new: Version,
+    ) -> Result<(), Failure> {
+        let _ordered = self.replica_lock(oid).lock().await;
+        let local = self.store.meta(oid).unwrap_or_default();
+        if local.version != base || local.suspect {
+            return Err(Failure::new(
+                ResultCode::Diverged,
+                format!(
+                    "object {oid} is at {:?}{} here, the write applies on {base:?}",
+                    local.version,
+                    if local.suspect { " (suspect)" } else { "" }
+                ),
+            ));
+        }
+        let store = self.store.clone();
+        super::server::blocking(self, move || store.write(oid, offset, &data, new)).await
+    }
+
+    /// A replica's side of `PeerPut`: install a whole object or tombstone if it is newer.
+    /// Returns the local version when it is not.
+    pub(super) async fn apply_put(
+        &self,
+        oid: ObjectId,
+        data: Bytes,
+        state: ObjState,
+    ) -> Result<(), (Failure, Version)> {
+        let _ordered = self.replica_lock(oid).lock().await;
+        let store = self.store.clone();
+        let installed =
+            super::server::blocking(self, move || store.put_if_newer(oid, &data, state))
+                .await
+                .map_err(|f| (f, Version::NONE))?;
+        if installed {
+            self.recovery.settled(oid);
+            return Ok(());
+        }
+        let local = self.store.meta(oid).map(|c| c.version).unwrap_or_default();
+        Err((
+            Failure::new(
+                ResultCode::Conflict,
+                format!("object {oid} is at {local:?} here, not older than {state:?}"),
+            ),
+            local,
+        ))
+    }
+}

@@ -1,0 +1,191 @@
+//! Object versions: which copy of an object is current.
+//!
+//! Every change of an object (a write, a discard, a delete) gets a version that only grows,
+//! assigned by the object's primary replica of the epoch (the first owner on the ring) and
+//! stored with the object on every replica. A version is `epoch << 32 | seq`: the first change
+//! in an epoch starts at `seq` 1, later ones count up. One primary per object and epoch, so one
+//! version never names two different contents. A delete leaves a tombstone at its version, so
+//! an older copy on a node that was away never comes back.
+//!
+//! On the wire a version travels in a response header's `offset` field and a state's flags in
+//! `aux` (see docs/wire.md); [`encode_list`]/[`decode_list`] are the `PeerList` entries.
+
+use std::fmt;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::oid::ObjectId;
+
+/// An object's version (see the module documentation). 0: no version (the object never
+/// existed here).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(pub u64);
+
+impl Version {
+    pub const NONE: Version = Version(0);
+
+    /// The epoch in which this version was made.
+    pub fn epoch(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    /// The version of the next change made in `epoch` after this one.
+    pub fn next(self, epoch: u32) -> Version {
+        if self.epoch() < epoch {
+            Version(((epoch as u64) << 32) | 1)
+        } else {
+            Version(self.0 + 1)
+        }
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.epoch(), self.0 & 0xffff_ffff)
+    }
+}
+
+impl fmt::Debug for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{self}")
+    }
+}
+
+/// Flag bit in `aux`: the object is deleted at this version (a tombstone).
+pub const FLAG_DELETED: u32 = 1;
+/// Flag bit in `aux`: the copy was being written when its node stopped, so its bytes may hold
+/// a change newer than its version (see [`ObjState::suspect`]).
+pub const FLAG_SUSPECT: u32 = 2;
+
+/// What a node holds of one object: its version, whether that version is a delete, and
+/// whether the copy's bytes may be newer than its version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ObjState {
+    pub version: Version,
+    pub deleted: bool,
+    /// The node stopped (killed, crashed) while this copy had writes not yet flushed: the
+    /// version is the last one flushed, the bytes may hold later writes, among them one that
+    /// other replicas never applied. Recovery makes every replica take one reference copy
+    /// before any of them serves it.
+    #[serde(default)]
+    pub suspect: bool,
+}
+
+impl ObjState {
+    pub fn live(version: Version) -> ObjState {
+        ObjState {
+            version,
+            deleted: false,
+            suspect: false,
+        }
+    }
+
+    pub fn tombstone(version: Version) -> ObjState {
+        ObjState {
+            version,
+            deleted: true,
+            suspect: false,
+        }
+    }
+
+    /// The flags word carried in `aux`.
+    pub fn flags(self) -> u32 {
+        let mut f = 0;
+        if self.deleted {
+            f |= FLAG_DELETED;
+        }
+        if self.suspect {
+            f |= FLAG_SUSPECT;
+        }
+        f
+    }
+
+    pub fn from_wire(version: u64, flags: u32) -> ObjState {
+        ObjState {
+            version: Version(version),
+            deleted: flags & FLAG_DELETED != 0,
+            suspect: flags & FLAG_SUSPECT != 0,
+        }
+    }
+
+    /// Whether a copy at `self` must be replaced by one at `other` (recovery, a primary's
+    /// push): `other` is newer, or as new while this copy is suspect and `other` is not.
+    pub fn replaced_by(self, other: ObjState) -> bool {
+        other.version > self.version
+            || (other.version == self.version && self.suspect && !other.suspect)
+    }
+}
+
+/// Bytes of one `PeerList` entry: oid (8), version (8), flags (1).
+pub const LIST_ENTRY: usize = 17;
+
+/// Encodes a `PeerList` response.
+pub fn encode_list(list: &[(ObjectId, ObjState)]) -> Bytes {
+    let mut b = BytesMut::with_capacity(list.len() * LIST_ENTRY);
+    for (oid, st) in list {
+        b.put_u64(oid.0);
+        b.put_u64(st.version.0);
+        b.put_u8(st.flags() as u8);
+    }
+    b.freeze()
+}
+
+/// Decodes a `PeerList` response; None if its length is not a whole number of entries.
+pub fn decode_list(b: &[u8]) -> Option<Vec<(ObjectId, ObjState)>> {
+    if !b.len().is_multiple_of(LIST_ENTRY) {
+        return None;
+    }
+    Some(
+        b.chunks_exact(LIST_ENTRY)
+            .map(|c| {
+                (
+                    ObjectId(u64::from_be_bytes(c[..8].try_into().unwrap())),
+                    ObjState::from_wire(
+                        u64::from_be_bytes(c[8..16].try_into().unwrap()),
+                        c[16] as u32,
+                    ),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_grow_within_and_across_epochs() {
+        let v = Version::NONE.next(3);
+        assert_eq!((v.epoch(), v.0 & 0xffff_ffff), (3, 1));
+        let w = v.next(3);
+        assert!(w > v);
+        assert_eq!(w.to_string(), "3.2");
+        let x = w.next(7);
+        assert!(x > w);
+        assert_eq!(x.to_string(), "7.1");
+        // A version from a later epoch than the caller's still grows.
+        assert!(x.next(5) > x);
+    }
+
+    #[test]
+    fn list_round_trip_and_bad_length() {
+        let list = vec![
+            (ObjectId(1), ObjState::live(Version(5))),
+            (ObjectId(u64::MAX), ObjState::tombstone(Version(u64::MAX))),
+            (
+                ObjectId(3),
+                ObjState {
+                    suspect: true,
+                    ..ObjState::live(Version(9))
+                },
+            ),
+        ];
+        let b = encode_list(&list);
+        assert_eq!(b.len(), 3 * LIST_ENTRY);
+        assert_eq!(decode_list(&b).unwrap(), list);
+        assert!(decode_list(&b[..20]).is_none());
+    }
+}
