@@ -5,11 +5,13 @@
 //! A write `W` (a block write or a remove, acknowledged or failed) or the initial zeros may be
 //! returned by a read `R` (invoked at `t0`, returned at `t1`) exactly when
 //! 1. `W` was invoked before `t1` (it had begun), and
-//! 2. `W` is not *superseded* at `t0`: there is no acknowledged write `W2` to the same block,
-//!    invoked after `W` returned and acknowledged before `t0`, that is *safe* at `t0`.
+//! 2. `W` is not *superseded*: there is no acknowledged write `W2` to the same block, invoked
+//!    after `W` returned and acknowledged before `t0`, that is *safe* until `t1`.
 //!
-//! `W2` is **safe** at `t0` when no node crashed between `W2`'s invocation and the earlier of
-//! `t0` and the return of the first acknowledged flush invoked after `W2` was acknowledged.
+//! `W2` is **safe** until `t1` when no node crashed between `W2`'s invocation and the earlier
+//! of `t1` and the return of the first acknowledged flush invoked after `W2` was acknowledged.
+//! (`t1`, not `t0`: the read may take effect at any moment until it returns, also after a
+//! crash during the read that lost `W2`.)
 //! Removes count as writes here too: like a discard on a disk, a remove is durable only once a
 //! flush covered it (the stores happen to make it durable at once; the contract does not).
 //! So:
@@ -149,8 +151,8 @@ impl Model {
         }
     }
 
-    /// Whether acknowledged `w2` is safe at `t0` (see the module documentation).
-    fn safe(&self, w2: &Entry, t0: Micros) -> bool {
+    /// Whether acknowledged `w2` is safe until `t1` (see the module documentation).
+    fn safe(&self, w2: &Entry, t1: Micros) -> bool {
         let flushed = self
             .flushes
             .iter()
@@ -158,14 +160,15 @@ impl Model {
             .map(|(_, end)| *end)
             .min()
             .unwrap_or(Micros::MAX);
-        let horizon = flushed.min(t0);
+        let horizon = flushed.min(t1);
         !self.crashes.iter().any(|&c| c >= w2.invoke && c < horizon)
     }
 
-    /// The newest safe acknowledged write that supersedes `w` at `t0`, if any.
-    fn superseded_by(&self, reg: &[Entry], w: &Entry, t0: Micros) -> Option<Entry> {
+    /// The newest acknowledged write, acknowledged before `t0` and safe until `t1`, that
+    /// supersedes `w`, if any.
+    fn superseded_by(&self, reg: &[Entry], w: &Entry, t0: Micros, t1: Micros) -> Option<Entry> {
         reg.iter()
-            .filter(|w2| w2.acked && w2.invoke > w.end && w2.end < t0 && self.safe(w2, t0))
+            .filter(|w2| w2.acked && w2.invoke > w.end && w2.end < t0 && self.safe(w2, t1))
             .max_by_key(|w2| w2.end)
             .copied()
     }
@@ -213,7 +216,7 @@ impl Model {
         }
         let mut newest: Option<(Entry, Entry)> = None;
         for w in begun {
-            match self.superseded_by(reg, w, t0) {
+            match self.superseded_by(reg, w, t0, t1) {
                 None => return None,
                 Some(w2) => {
                     let newer = match newest {
@@ -376,6 +379,9 @@ mod tests {
             crashes: vec![60],
             ..Default::default()
         };
+        // A crash while the read is in flight may lose the unflushed write 2 before the read
+        // takes effect.
+        assert_eq!(kind(&m, BlockValue::Write(1), 55, 65), None);
         let m2 = Model::new(&h2, 1, 1);
         assert_eq!(
             kind(&m2, BlockValue::Write(1), 70, 71),
