@@ -1,11 +1,11 @@
 //! Seeds on which the simulator found a replication bug, kept by name. Each asserts that its
-//! seed breaks no rule of the checker; they are ignored until issue 22's replication work
-//! (versions, durable tombstones, waiting for past members) lands. The seeds were found on the
-//! code of that time: after the node's logic changes, the same seed explores a different
-//! schedule, so each stays a plain "this seed passes" check.
+//! seed breaks no rule of the checker. Those that still fail are ignored, with the bug named,
+//! until it is fixed. A seed replays exactly only on the code it was found on: once the node's
+//! logic changes, the same seed explores a different schedule, so a passing seed here is a
+//! "this schedule passes" check, not proof that its bug is gone.
 //!
-//! Replay one with its trace: `SEED=N cargo test -p objstore-sim --test seeds seeds --
-//! --nocapture`.
+//! Replay one with its timeline: `SEED=N cargo test -p objstore-sim --test seeds seeds --
+//! --nocapture` (with the `SIM_FAULTS` given below, if any).
 
 use objstore_sim::{run, Config, Faults};
 
@@ -19,69 +19,101 @@ fn assert_clean_with(seed: u64, cfg: Config) {
     assert!(found.is_empty(), "seed {seed}:\n{}", found.join("\n"));
 }
 
-/// A crash loses an unflushed write on one replica only. The copy it keeps carries the same
-/// stamp (the epoch) as the others, so recovery never repairs it: the owners hold different
-/// bytes for good, and reads answer differently by replica. (Seed 0: write 9 to object 2
-/// block 7 is acknowledged at 0.236 s, node 4 crashes at 0.513 s before any flush; after the
-/// faults stop node 4 still reads zeros there, nodes 0 and 2 write 9.)
+fn network_only() -> Config {
+    let faults: Faults = "partitions,hangs,delays,resets".parse().unwrap();
+    Config {
+        faults,
+        ..Config::default()
+    }
+}
+
+// Found on the code before the replication rewrite (epoch stamps, client fan-out, tombstones
+// in memory; main at d0c2f62), passing since the rewrite (main at 1524fc4).
+
+/// A crash lost an unflushed write on one replica only; its copy kept the same stamp as the
+/// others, so recovery never repaired it and the owners kept different bytes. (Seed 0: write
+/// 9 to object 2 block 7, node 4 crashed before any flush.)
 #[test]
-#[ignore = "issue 22: replicas with equal stamps and different bytes after a crash"]
 fn crash_leaves_one_replica_without_an_unflushed_write_forever() {
     assert_clean(0);
 }
 
-/// A remove acknowledged while some holders were down comes back with them: tombstones are
-/// in memory on the nodes that took the remove, and the returning nodes' older copies are
-/// pulled by the owners. (Seed 97: write 11 flushed, nodes 0 and 4 crash, remove 20 of object
-/// 4 acknowledged at 3.615 s, both restart; object 4 reads write 11 again.)
+/// A remove acknowledged while some holders were down came back with them (tombstones in
+/// memory). (Seed 97: object 4 read write 11 again after remove 20.)
 #[test]
-#[ignore = "issue 22: a remove made while a node is down comes back"]
 fn remove_while_a_holder_is_down_comes_back() {
     assert_clean(97);
 }
 
 /// The same root cause seen as a revert: a node down during two removes and a flushed write
-/// returns with its old copy, and the flushed write reads as the object's first write again.
+/// returned with its old copy, and the object read its first write again. (Seed 589.)
 #[test]
-#[ignore = "issue 22: an old copy from a returning node replaces newer data"]
 fn returning_node_reverts_a_flushed_write() {
     assert_clean(589);
 }
 
-/// Rolling crashes lose a flushed, acknowledged write: the object disappears from every live
-/// owner, and a later partial write (failed: disk full on one replica) re-creates it as zeros
-/// plus that one block. (Seed 30: writes 1 and 8 of object 2 flushed by 0.308 s; the final
-/// read holds only failed write 17.)
+/// Rolling crashes lost flushed writes; a later partial write (failed on one replica)
+/// re-created the object as zeros plus its block. (Seed 30.)
 #[test]
-#[ignore = "issue 22: a rolling failure loses flushed writes; a partial write re-creates the object as zeros"]
 fn rolling_failure_loses_flushed_writes() {
     assert_clean(30);
 }
 
-/// A write that fails on one replica (disk full) after others applied it, then an
-/// acknowledged remove: the failed write's data comes back over the remove.
+/// Network faults alone: a write attempt its client had given up on (request timeout) reached
+/// one replica after the client's next acknowledged write to the same block, and that replica
+/// kept the older data. (Seed 185 with `SIM_FAULTS=partitions,hangs,delays,resets`.)
 #[test]
-#[ignore = "issue 22: a write failed on one replica survives a later remove"]
+fn stale_request_lands_after_a_newer_write() {
+    assert_clean_with(185, network_only());
+}
+
+// Found on the rewritten replication path (main at 1524fc4), still failing.
+
+/// A write that fails on one owner (its disk is full) after the others applied it: the
+/// owners never converge. (Seed 12: write 14 to object 5 block 5 fails with "out of disk
+/// space" on node 0; after the faults stop and recovery ends, nodes 2 and 3 hold it, node 0
+/// holds the object's tombstone. 107 of seeds 0..1000 end with owners holding different
+/// bytes.)
+#[test]
+#[ignore = "issue 22: a change that failed on one owner leaves the owners different for good"]
+fn write_failed_on_one_owner_never_converges() {
+    assert_clean(12);
+}
+
+/// After the faults stop and recovery ends, the owners of objects 2 and 4 hold different
+/// bytes: one owner has zeros (or no copy) where the others hold acknowledged-or-failed
+/// writes. (Seed 62; before the rewrite this seed showed a failed write surviving a remove.)
+#[test]
+#[ignore = "issue 22: owners hold different bytes after recovery"]
 fn failed_write_survives_a_later_remove() {
     assert_clean(62);
 }
 
-/// Network faults alone (no crash, no disk fault, no error returned to any client): a write
-/// whose first attempts were given up on (1 s request timeout, links hanging and delayed) is
-/// retried and acknowledged; a later acknowledged write to the same block follows; then a
-/// stale attempt of the first write, still in flight on the connection the client gave up on,
-/// reaches one replica and overwrites the newer data there. Nothing repairs it. (Seed 185
-/// with `SIM_FAULTS=partitions,hangs,delays,resets`: write 10 to object 4 block 3 acknowledged
-/// at 6.860 s, write 14 at 7.047 s; node 3 ends with write 10, nodes 1 and 4 with write 14.)
+/// A write that failed (one owner out of space) comes back after later removes of its
+/// object were acknowledged and flushed. (Seed 161: write 9 to object 0 block 6 fails at
+/// 4.125 s; removes 12, 13, 14 are acknowledged and flushed by 4.508 s; after the faults stop
+/// the block reads write 9.)
 #[test]
-#[ignore = "issue 22: a timed-out request applied after a newer one"]
-fn stale_request_lands_after_a_newer_write() {
-    let faults: Faults = "partitions,hangs,delays,resets".parse().unwrap();
-    assert_clean_with(
-        185,
-        Config {
-            faults,
-            ..Config::default()
-        },
-    );
+#[ignore = "issue 22: a failed write comes back over acknowledged, flushed removes"]
+fn failed_write_comes_back_over_flushed_removes() {
+    assert_clean(161);
+}
+
+/// No crash at all, only `fdatasync` failures: a replica whose flush failed (the store drops
+/// the unsynced data, as after a failed fdatasync) serves the older copy. (Seed 546: writes
+/// 13 and 19 to object 1 are acknowledged and later flushes succeed, yet reads return write 4
+/// and zeros for them, and node 3 ends with the old bytes.)
+#[test]
+#[ignore = "issue 22: after a failed fdatasync a replica serves data older than acknowledged writes"]
+fn failed_fdatasync_serves_older_data() {
+    assert_clean(546);
+}
+
+/// A remove acknowledged shortly after two owners restarted is undone: after the faults stop
+/// one owner still holds the object's data and the final read returns it. (Seed 194: remove
+/// 18 of object 2 acknowledged at 18.213 s, no crash after it; node 0 keeps writes 6 and 12.)
+#[test]
+#[ignore = "issue 22: an acknowledged remove is undone on an owner that had just restarted"]
+fn remove_after_a_restart_is_undone() {
+    assert_clean(194);
 }
