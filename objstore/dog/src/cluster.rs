@@ -123,10 +123,10 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 let mut s = format!("Cluster {}\nStatus: {status}", out.cluster_id);
                 if status == "waiting" {
                     s += &format!(
-                        " ({} object(s) wait for {} (they may hold objects written at epoch {}); 'dog cluster recover --force' accepts the loss)",
-                        out.waiting_objects,
+                        " for {} (they may hold objects written at epoch {}; {} object(s) known to wait; 'dog cluster recover --force' accepts the loss)",
                         list_addrs(&out.waiting_for),
-                        out.waiting_epoch
+                        out.waiting_epoch,
+                        out.waiting_objects,
                     );
                 }
                 if status == "degraded" {
