@@ -123,10 +123,10 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 let mut s = format!("Cluster {}\nStatus: {status}", out.cluster_id);
                 if status == "waiting" {
                     s += &format!(
-                        " ({} object(s) wait for {} (they may hold objects written at epoch {}); 'dog cluster recover --force' accepts the loss)",
-                        out.waiting_objects,
+                        " for {} (they may hold objects written at epoch {}; {} object(s) known to wait; 'dog cluster recover --force' accepts the loss)",
                         list_addrs(&out.waiting_for),
-                        out.waiting_epoch
+                        out.waiting_epoch,
+                        out.waiting_objects,
                     );
                 }
                 if status == "degraded" {
@@ -324,8 +324,8 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
         }),
         NodeCmd::Recovery => ctx.print(&rows, || {
             let mut s = format!(
-                "{:<22} {:>6} {:<11} {:>17} {:>7}\n",
-                "Address", "Epoch", "State", "Recovered", "Failed"
+                "{:<22} {:>6} {:<11} {:>17} {:>7} {:>8}\n",
+                "Address", "Epoch", "State", "Recovered", "Failed", "Waiting"
             );
             for r in &rows {
                 match &r.status {
@@ -337,15 +337,24 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
                             rc.done as f64 * 100.0 / rc.total as f64
                         };
                         s += &format!(
-                            "{:<22} {:>6} {:<11} {:>8}/{:<8} {:>6.1}% {:>7}\n",
+                            "{:<22} {:>6} {:<11} {:>8}/{:<8} {:>6.1}% {:>7} {:>8}\n",
                             r.addr,
                             rc.epoch,
                             format!("{:?}", rc.state).to_lowercase(),
                             rc.done,
                             rc.total,
                             pct,
-                            rc.failed
-                        )
+                            rc.failed,
+                            rc.incomplete
+                        );
+                        if !rc.waiting_for.is_empty() {
+                            s += &format!(
+                                "{:<22} waiting for {} (they may hold objects written at epoch {})\n",
+                                "",
+                                list_addrs(&rc.waiting_for),
+                                rc.waiting_epoch
+                            );
+                        }
                     }
                     None => s += &format!("{:<22} unreachable\n", r.addr),
                 }

@@ -527,6 +527,9 @@ impl Node {
                 return;
             }
             if complete {
+                if total > 0 {
+                    tracing::info!("epoch {e}: recovery done");
+                }
                 break;
             }
             tracing::warn!(
