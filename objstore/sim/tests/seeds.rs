@@ -4,8 +4,13 @@
 //!   `SEED` when set. It fails on the rules the current replication code keeps
 //!   ([`LENIENT`]); with `SIM_STRICT=1`, on every rule of the checker. Either way it prints
 //!   every kind of violation found, with seeds, and a replay command for the first.
-//! - `seeds_strict`: the same, strict; ignored until issue 22's replication work lands.
+//! - `seeds_strict`: the same, strict; ignored until the replication bugs the simulator still
+//!   finds are fixed (`tests/regressions.rs` names them).
+//! - `without_faults_nothing_fails`: no fault, no violation, no failed operation.
 //! - `a_seed_replays_exactly`: one seed twice, the same trace.
+//!
+//! `SIM_FAULTS=crashes,partitions,hangs,delays,resets,disk_full,fsync_errors` (any subset)
+//! keeps only those fault classes; `SIM_SHARED=1` lets clients write each other's objects.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -174,7 +179,7 @@ fn seeds() {
 }
 
 #[test]
-#[ignore = "issue 22: the replication path still reverts, loses and resurrects writes under faults (run to see which seeds)"]
+#[ignore = "issue 22: owners still end different, and a few writes and removes are lost or undone under faults (tests/regressions.rs)"]
 fn seeds_strict() {
     check_seeds(true);
 }
