@@ -73,6 +73,9 @@ pub struct Config {
     pub request_timeout: Duration,
     /// How long recovery may take once the faults stopped.
     pub settle: Duration,
+    /// A pause after recovery finished, before the final reads and comparisons, for repairs
+    /// that run on timers (a node's retries back off up to 5 s).
+    pub grace: Duration,
 }
 
 impl Default for Config {
@@ -94,6 +97,7 @@ impl Default for Config {
             op_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(1),
             settle: Duration::from_secs(120),
+            grace: Duration::from_secs(10),
         }
     }
 }

@@ -221,6 +221,9 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
         });
     }
 
+    // Background repairs run on timers (retries with backoff up to 5 s): give them time.
+    tokio::time::sleep(cfg.grace).await;
+
     // Every block once more, through a fresh client.
     let reader = Client::connect_via(
         Arc::new(net.endpoint(SocketAddr::from(([10, 0, 2, 2], 4000)))),
