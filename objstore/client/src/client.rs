@@ -49,9 +49,9 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 ///   replica, a write is retried on a refreshed view). It must cover a busy node's honest
 ///   worst case: a 4 MiB object written crash-safely (tmp file, fsync, rename) behind a queue of
 ///   others on a slow, shared disk and CPU; too short, and a merely slow node costs retries
-///   (never an error by itself). The 5 s default is several times that on a loaded 2-core test
-///   machine, and above the membership's drop of a silent node (about 3 s), so the retry
-///   usually finds the node gone.
+///   (never an error by itself). The 5 s default is a choice, not a measured bound: above
+///   the membership's drop of a silent node (about 3 s), so the retry usually finds the node
+///   gone, and meant to be generous for a 4 MiB write on a loaded 2-core machine.
 /// - A node that forwards a request to a peer must give up on that peer sooner than
 ///   `request_timeout`, so it can answer its client with the peer's failure before the client
 ///   gives up on it (and takes a healthy node for a hung one).
