@@ -50,8 +50,8 @@ pub struct SoakArgs {
     /// Seconds between the exerciser's comparisons with `dog vdi read`.
     #[arg(long, default_value_t = 30)]
     check_every: u64,
-    /// Which faults the nemesis injects: kill (SIGKILL, restart), stop (SIGSTOP, SIGCONT) or
-    /// both.
+    /// Which faults the nemesis injects: kill (SIGKILL, restart), stop (SIGSTOP, SIGCONT),
+    /// both, or none (a control run: the same I/O and checks without faults).
     #[arg(long, value_enum, default_value = "both")]
     faults: Faults,
     /// Print the summary as JSON.
@@ -66,6 +66,7 @@ pub enum Faults {
     Kill,
     Stop,
     Both,
+    None,
 }
 
 const NODES: usize = 4;
@@ -316,7 +317,7 @@ pub fn soak(args: SoakArgs) -> Result<bool> {
             "--address",
             &addrs,
             "--timeout",
-            "60s",
+            "60",
             "vdi",
             "read",
             EX_VDI,

@@ -58,7 +58,7 @@ impl Nemesis {
         let node = self.rng.below(n) as usize;
         let coin = self.rng.below(2) == 0;
         let stop = match self.faults {
-            Faults::Kill => false,
+            Faults::Kill | Faults::None => false,
             Faults::Stop => true,
             Faults::Both => coin,
         };
@@ -117,7 +117,7 @@ impl Nemesis {
         Ok(())
     }
 
-    /// Faults every 2-5 s of quiet until `until`.
+    /// Faults every 2-5 s of quiet until `until` (none with [`Faults::None`]).
     pub fn run(
         &mut self,
         c: &mut Cluster,
@@ -125,6 +125,10 @@ impl Nemesis {
         start: Instant,
         until: Instant,
     ) -> Result<()> {
+        if self.faults == Faults::None {
+            while self.pause(1, 1, until) {}
+            return Ok(());
+        }
         while self.pause(2, 5, until) {
             self.strike(c, log, start)?;
         }
