@@ -4,7 +4,7 @@ RELEASE := target/release
 # End-to-end tests start whole clusters and mounts: on 2 cores, a few at a time.
 TEST_THREADS ?= 2
 
-.PHONY: all build run test deps check sim bench bench-quick clean
+.PHONY: all build run test deps check sim bench bench-quick soak clean
 
 all: build
 
@@ -54,6 +54,14 @@ bench-quick: build
 	$(CARGO) build --release -p bench --features charts
 	$(RELEASE)/bench run --profile quick --out target/bench/quick.json
 	$(RELEASE)/bench report target/bench/quick.json --markdown target/bench/quick.md --charts target/bench/charts
+
+## soak: SOAK_MIN minutes (default 5) of fio verify and a random-write exerciser on a sheepfs
+## mount over 4 nodes (3 copies) while one node at a time is killed and restarted or stopped
+## and continued (bench soak, docs/operations.md); not part of test. Prints verify errors,
+## EIOs, stale reads and the time back to full copies; exit status 1 if any count is not zero.
+SOAK_MIN ?= 5
+soak: deps build
+	$(RELEASE)/bench soak --minutes $(SOAK_MIN)
 
 clean:
 	$(CARGO) clean

@@ -6,12 +6,15 @@
 //! `bench report` turns that JSON into markdown tables and charts (SVG and PNG, plotters: only
 //! in a build with the `charts` feature, as `make bench` makes);
 //! `bench compare OLD NEW` prints the ratio per figure and flags regressions.
+//! `bench soak` (`make soak`) runs fio verify and a random-write exerciser on the mount while
+//! nodes are killed, restarted, stopped and continued, and counts what went wrong.
 
 mod charts;
 mod compare;
 mod figures;
 mod report;
 mod run;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,6 +48,10 @@ enum Cmd {
         #[arg(long)]
         charts: Option<PathBuf>,
     },
+    /// Minutes of fio verify and a random-write exerciser on the mount while one node at a
+    /// time is killed and restarted, or stopped and continued; exit status 1 if any verify
+    /// error, EIO, stale read or replica difference was seen.
+    Soak(soak::SoakArgs),
     /// Ratio NEW / OLD per figure; flags changes for the worse beyond the noise band.
     Compare {
         old: PathBuf,
@@ -66,6 +73,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Run(args) => run::run(args).map(|()| ExitCode::SUCCESS),
+        Cmd::Soak(args) => soak::soak(args).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
         Cmd::Report {
             json,
             markdown,

@@ -4,14 +4,20 @@
 //!   The primary gives it the object's next version, applies it and forwards it to the other
 //!   owners, and answers only when every owner holds that version (see the node's server).
 //!   Writes to one object from this client are also ordered here (a lock per object, sharded).
-//! - A read goes to the primary and falls back to the other owners.
+//! - A read goes to the primary and moves to the next owner at once on any failure of that
+//!   replica (no answer within [`ClientOptions::request_timeout`], a lost connection, an error
+//!   code); nodes that failed to answer lately are tried last.
 //! - A stale epoch, a busy node or a lost connection refreshes the membership view and retries
 //!   with backoff until [`ClientOptions::timeout`], then fails with the last reason.
+//! - A hung node (alive, silent) costs each request one `request_timeout`, not the whole
+//!   operation: the request fails, its connection is dropped, and the retry refreshes the view,
+//!   which drops the node once the membership does (within about 3 s with the local driver).
 //! - [`Client::flush`] makes every earlier acknowledged write durable on every node.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,19 +37,44 @@ use objstore_proto::view::{ClusterConfig, ClusterInfo};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const ORDER_SHARDS: usize = 1024;
 
+/// The default [`ClientOptions::timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default [`ClientOptions::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the client waits. The timeouts nest, each well inside the next:
+///
+/// ```text
+///  node -> peer request (a forwarded write, a recovery pull)  <  request_timeout  <  timeout
+/// ```
+///
+/// - `request_timeout` bounds one request to one node: a node that does not answer in time
+///   is taken for hung for this request (its connection is dropped, a read moves to the next
+///   replica, a write is retried on a refreshed view). It must cover a busy node's honest
+///   worst case: a 4 MiB object written crash-safely (tmp file, fsync, rename) behind a queue of
+///   others on a slow, shared disk and CPU; too short, and a merely slow node costs retries
+///   (never an error by itself). The 5 s default is a choice, not a measured bound: above
+///   the membership's drop of a silent node (about 3 s), so the retry usually finds the node
+///   gone, and meant to be generous for a 4 MiB write on a loaded 2-core machine.
+/// - A node that forwards a request to a peer must give up on that peer sooner than
+///   `request_timeout`, so it can answer its client with the peer's failure before the client
+///   gives up on it (and takes a healthy node for a hung one).
+/// - `timeout` bounds the whole operation, retries included: a request failing for this long
+///   is an error (EIO through the mount). It must cover the membership's reaction to a hung or
+///   dead node plus the new epoch's recovery plan, so that one hung node is a pause.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    /// How long one operation keeps retrying (stale epochs, dead nodes) before it fails.
+    /// How long one operation keeps retrying (stale epochs, dead or hung nodes) before it fails.
     pub timeout: Duration,
-    /// How long one request may wait for its answer.
+    /// How long one request to one node may wait for its answer.
     pub request_timeout: Duration,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
-            timeout: Duration::from_secs(30),
-            request_timeout: Duration::from_secs(30),
+            timeout: DEFAULT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }
@@ -164,6 +195,9 @@ pub struct Client {
     pool: Pool,
     view: RwLock<Arc<ClusterView>>,
     order: Vec<tokio::sync::Mutex<()>>,
+    /// Nodes whose last request got no answer (timed out, refused, connection lost): tried
+    /// last by reads and by requests to any node, until one of them answers again.
+    suspects: Mutex<HashSet<SocketAddr>>,
 }
 
 impl Client {
@@ -188,6 +222,7 @@ impl Client {
                 view: Default::default(),
             })),
             order: (0..ORDER_SHARDS).map(|_| Default::default()).collect(),
+            suspects: Mutex::default(),
         };
         client.refresh().await?;
         Ok(client)
@@ -212,13 +247,39 @@ impl Client {
         Ok(cur.clone())
     }
 
+    /// One request to one node, bounded by the request timeout. A request that fails drops its
+    /// connection (the next one opens a new connection: a hung node's old one may never answer
+    /// again) and marks the node suspect; any answer clears that.
     async fn call(&self, addr: SocketAddr, h: Header, payload: Bytes) -> Result<Frame, ConnError> {
-        let conn = self.pool.get(addr, CONNECT_TIMEOUT).await?;
-        let res = conn.call(h, payload, self.opts.request_timeout).await;
-        if res.is_err() {
-            self.pool.drop_conn(addr).await;
+        let connect = CONNECT_TIMEOUT.min(self.opts.request_timeout);
+        let res = match self.pool.get(addr, connect).await {
+            Ok(conn) => conn.call(h, payload, self.opts.request_timeout).await,
+            Err(e) => Err(e),
+        };
+        match &res {
+            Ok(_) => {
+                let mut s = self.suspects.lock().unwrap();
+                if !s.is_empty() {
+                    s.remove(&addr);
+                }
+            }
+            Err(e) => {
+                tracing::debug!("{addr}: {e}");
+                self.suspects.lock().unwrap().insert(addr);
+                self.pool.drop_conn(addr).await;
+            }
         }
         res
+    }
+
+    /// `addrs` in the same order, except that suspect nodes come last.
+    fn suspects_last(&self, mut addrs: Vec<SocketAddr>) -> Vec<SocketAddr> {
+        let s = self.suspects.lock().unwrap();
+        if !s.is_empty() {
+            // A stable sort: the placement order stays among the trusted and the suspect.
+            addrs.sort_by_key(|a| s.contains(a));
+        }
+        addrs
     }
 
     /// Sends an epoch-free request to the first node that answers.
@@ -234,6 +295,7 @@ impl Client {
                 addrs.push(*a);
             }
         }
+        let addrs = self.suspects_last(addrs);
         let mut last = String::from("no address to try");
         for &addr in &addrs {
             match self
@@ -330,7 +392,10 @@ impl Client {
             .await
     }
 
-    /// Reads `len` bytes at `offset` of object `oid` from the first replica that answers.
+    /// Reads `len` bytes at `offset` of object `oid` from the first replica that answers: any
+    /// failure of one replica (no answer in time, a lost connection, an error code, a short
+    /// answer) moves to the next at once; suspect nodes are tried last. Fails with the first
+    /// replica's error only when every replica failed and none of them asks for a retry.
     pub async fn read_obj(
         &self,
         oid: ObjectId,
@@ -343,12 +408,13 @@ impl Client {
         h.length = len;
         self.retry(|v| async move {
             let targets = match targets(&v, oid) {
-                Ok(t) => t,
+                Ok(t) => self.suspects_last(t),
                 Err(step) => return step,
             };
             let mut h = h;
             h.epoch = v.epoch();
             let mut retry = None;
+            let mut fatal = None;
             for addr in targets {
                 match answer(addr, self.call(addr, h, Bytes::new()).await) {
                     Answer::Ok(f) if f.payload.len() == len as usize => {
@@ -359,12 +425,20 @@ impl Client {
                     }
                     Answer::NotFound => {}
                     Answer::Retry(why) => retry = Some(why),
-                    Answer::Fatal(e) => return Step::Fatal(e),
+                    // Not this replica's to decide for the others: the next one may serve.
+                    Answer::Fatal(ClientError::NotFormatted) => {
+                        return Step::Fatal(ClientError::NotFormatted)
+                    }
+                    Answer::Fatal(e) => {
+                        tracing::debug!("reading {oid} from {addr}: {e}; trying the next replica");
+                        fatal.get_or_insert(e);
+                    }
                 }
             }
-            match retry {
-                Some(why) => Step::Retry(why),
-                None => Step::Fatal(ClientError::NotFound(oid)),
+            match (retry, fatal) {
+                (Some(why), _) => Step::Retry(why),
+                (None, Some(e)) => Step::Fatal(e),
+                (None, None) => Step::Fatal(ClientError::NotFound(oid)),
             }
         })
         .await

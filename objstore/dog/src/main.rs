@@ -26,9 +26,14 @@ struct Args {
         env = "DOG_ADDRESS"
     )]
     address: String,
-    /// Seconds an operation keeps retrying (dead nodes, epoch changes) before it fails.
-    #[arg(long, global = true, default_value_t = 30)]
-    timeout: u64,
+    /// How long an operation keeps retrying (dead or hung nodes, epoch changes) before it
+    /// fails: 30s, 2m, 500ms; a plain number is seconds.
+    #[arg(long, global = true, value_parser = duration_arg, default_value = "30s")]
+    timeout: Duration,
+    /// How long one request to one node may go unanswered before that node counts as hung
+    /// for it (a read moves to another replica, a write is retried); at most --timeout.
+    #[arg(long, global = true, value_parser = duration_arg, default_value = "5s")]
+    request_timeout: Duration,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -47,6 +52,11 @@ enum Cmd {
     /// Virtual disk images.
     #[command(subcommand)]
     Vdi(vdi::VdiCmd),
+}
+
+/// A duration argument: `5s`, `500ms`, `2m`, `30` (seconds).
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    objstore_proto::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// A size argument: `10G`, `512M`, `4096`.
@@ -89,9 +99,15 @@ impl Ctx {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let addrs = addresses(&args.address)?;
+    if args.request_timeout.is_zero() {
+        bail!("--request-timeout must be more than 0");
+    }
     let opts = ClientOptions {
-        timeout: Duration::from_secs(args.timeout),
-        ..Default::default()
+        timeout: args.timeout,
+        // A short --timeout shortens requests too: one request never outlasts its operation.
+        request_timeout: args
+            .request_timeout
+            .min(args.timeout.max(Duration::from_millis(1))),
     };
     let client = Arc::new(Client::connect(&addrs, opts).await?);
     let ctx = Ctx {

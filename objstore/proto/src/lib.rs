@@ -1,7 +1,8 @@
 //! objstore-proto: what every part of the cluster agrees on. Plain data and pure functions, no
 //! I/O beyond reading and writing frames on a stream.
 //!
-//! - [`oid`], [`view`], [`size`]: object ids, cluster views and formats, human sizes.
+//! - [`oid`], [`view`], [`size`], [`duration`]: object ids, cluster views and formats, human
+//!   sizes and durations.
 //! - [`name`]: VDI names. [`keys`]: the cluster key-value store's key names.
 //! - [`extent`]: a VDI range cut at object boundaries.
 //! - [`placement`]: which nodes hold an object, a pure function.
@@ -10,6 +11,7 @@
 //! - [`version`]: object versions, which decide which copy of an object is current.
 
 pub mod api;
+pub mod duration;
 pub mod extent;
 pub mod frame;
 pub mod keys;

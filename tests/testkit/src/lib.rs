@@ -13,11 +13,13 @@
 //! - [`mount::Mount`]: a real FUSE mount (`sheepfs`, `bindfs`), unmounted and stopped on drop.
 //! - [`build`]: the binaries under test, built fresh, or taken from a named directory.
 //! - [`replicas::check`]: every copy of every object of a VDI read from disk and compared.
+//! - [`pause::Paused`]: a node frozen with SIGSTOP (a hung node), continued on drop.
 
 pub mod build;
 pub mod cluster;
 mod error;
 pub mod mount;
+pub mod pause;
 mod proc;
 pub mod replicas;
 mod wait;

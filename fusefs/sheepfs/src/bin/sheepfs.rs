@@ -31,9 +31,16 @@ struct Args {
     /// background).
     #[arg(short, long)]
     foreground: bool,
-    /// Seconds an I/O keeps retrying an unreachable cluster before it fails with EIO.
-    #[arg(long, default_value_t = 30)]
-    timeout: u64,
+    /// How long a read, write or fsync keeps retrying (unreachable, hung or changing nodes)
+    /// before it fails with EIO: 30s, 2m, 500ms; a plain number is seconds.
+    #[arg(long, value_parser = duration_arg, default_value = "30s")]
+    timeout: Duration,
+    /// How long one request to one node may go unanswered before that node counts as hung
+    /// for it: a read moves to another replica, a write is retried on a fresh view. Keep it
+    /// well under --timeout (it is capped at --timeout), so a hung node costs a pause and not
+    /// an error.
+    #[arg(long, value_parser = duration_arg, default_value = "5s")]
+    request_timeout: Duration,
     /// Let other users (e.g. a qemu running as another user) use the mount.
     #[arg(long)]
     allow_other: bool,
@@ -70,6 +77,10 @@ struct Args {
     /// data out. 0 caches every stream on its first pass.
     #[arg(long, value_parser = size_arg, default_value = "16M")]
     cache_sequential_cutoff: u64,
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    objstore_proto::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -168,6 +179,19 @@ fn raise_fd_limit() {
     }
 }
 
+fn client_options(args: &Args) -> anyhow::Result<ClientOptions> {
+    if args.request_timeout.is_zero() {
+        bail!("--request-timeout must be more than 0");
+    }
+    Ok(ClientOptions {
+        timeout: args.timeout,
+        // A short --timeout shortens requests too: one request never outlasts its operation.
+        request_timeout: args
+            .request_timeout
+            .min(args.timeout.max(Duration::from_millis(1))),
+    })
+}
+
 fn serve(args: Args) -> anyhow::Result<()> {
     init_logs(args.log_file.as_ref())?;
     if args.cache_dir.is_none() && std::env::args().any(|a| a.starts_with("--cache-")) {
@@ -186,10 +210,7 @@ fn serve(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let opts = ClientOptions {
-        timeout: Duration::from_secs(args.timeout),
-        request_timeout: Duration::from_secs(args.timeout.max(1)),
-    };
+    let opts = client_options(&args)?;
     let client = rt
         .block_on(Client::connect(&addrs, opts))
         .with_context(|| format!("cannot reach the cluster at {}", args.cluster))?;
