@@ -75,6 +75,11 @@ fn config() -> Config {
         cfg.faults = f.parse().unwrap_or_else(|e| panic!("SIM_FAULTS: {e}"));
     }
     cfg.shared_objects = std::env::var("SIM_SHARED").is_ok_and(|v| v == "1");
+    if std::env::var("SIM_CLIENT_DEFAULTS").is_ok_and(|v| v == "1") {
+        let d = objstore_client::ClientOptions::default();
+        cfg.op_timeout = d.timeout;
+        cfg.request_timeout = d.request_timeout;
+    }
     cfg
 }
 
