@@ -13,6 +13,7 @@
 
 mod history;
 mod recovery;
+mod repair;
 mod replicate;
 mod server;
 
@@ -123,6 +124,8 @@ pub struct Node {
     issued: std::sync::Mutex<
         std::collections::HashMap<objstore_proto::oid::ObjectId, objstore_proto::version::Version>,
     >,
+    /// Objects whose owners a background task is bringing back to one version.
+    repairing: std::sync::Mutex<std::collections::HashSet<objstore_proto::oid::ObjectId>>,
     /// Changes in progress, by the epoch they were checked against (see [`Node::enter`]).
     inflight: replicate::Inflight,
     stop: AtomicBool,
@@ -318,6 +321,7 @@ impl Node {
                 .map(|_| Default::default())
                 .collect(),
             issued: Default::default(),
+            repairing: Default::default(),
             inflight: Default::default(),
             stop: AtomicBool::new(false),
             pull_delay: opts.pull_delay,

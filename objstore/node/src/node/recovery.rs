@@ -33,7 +33,7 @@ use tokio::sync::{Notify, OnceCell};
 
 use super::history::{self, Safety};
 use super::{Epoch, Node};
-use crate::store::{ObjState, StoreError};
+use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
@@ -47,6 +47,10 @@ const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long a listing is retried while its node has not reached the epoch yet.
 const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
+/// How long one listing may take. Object I/O of a new epoch waits for its plan, which waits for
+/// every listing: a node that hangs (stopped, not yet dropped) must cost a short pause, not
+/// [`PEER_TIMEOUT`]. A listing is 17 bytes per object: a million objects fit well inside it.
+const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct Pull {
     want: ObjState,
@@ -203,35 +207,65 @@ impl Node {
         res
     }
 
-    /// Restores copies whose data a failed flush may have lost: each is dropped here and pulled
-    /// again from the object's other owners. Err names the first that could not be restored.
-    pub(super) async fn restore_lost(&self, oids: &[ObjectId]) -> Result<(), ObjectId> {
+    /// Restores copies whose data a failed flush may have lost: each is dropped here (its I/O
+    /// waits meanwhile) and pulled again from the owner holding the newest version. Err names
+    /// the first that no owner holds at least at the version lost (`want`): the data the flush
+    /// was to make durable is gone, and the flush must fail.
+    pub(super) async fn restore_lost(&self, lost: &[(ObjectId, Version)]) -> Result<(), ObjectId> {
         let ep = self.epoch();
+        let epoch = ep.view.epoch;
         let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
-        for &oid in oids {
-            let sources: Vec<SocketAddr> = ep
-                .ring
-                .replicas(oid, copies)
-                .iter()
-                .filter(|n| n.id != self.me.id)
-                .map(|n| n.addr)
-                .collect();
-            self.recovery.pending.lock().unwrap().insert(
-                oid,
-                Arc::new(Pull {
-                    want: ObjState::default(),
-                    sources,
-                    result: OnceCell::new(),
-                }),
-            );
+        let mut first_err = None;
+        for &(oid, want) in lost {
+            // Block I/O on it before anything else: a pull with no source fails (Busy).
+            let hold = Arc::new(Pull {
+                want: ObjState::live(want),
+                sources: Vec::new(),
+                result: OnceCell::new(),
+            });
+            self.recovery
+                .pending
+                .lock()
+                .unwrap()
+                .insert(oid, hold.clone());
             let store = self.store.clone();
             let forgot = self.blocking(move || store.forget(oid)).await;
-            if !matches!(forgot, Ok(Ok(()))) || self.ensure_recovered(oid).await.is_err() {
-                return Err(oid);
+            let mut held = Vec::new();
+            for n in ep.ring.replicas(oid, copies) {
+                if n.id == self.me.id {
+                    continue;
+                }
+                if let Ok(Some(st)) = self.stat_peer(n.addr, epoch, oid).await {
+                    held.push((n.addr, st));
+                }
             }
-            tracing::info!("object {oid} restored from another replica after a failed flush");
+            held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
+            let enough = held.first().is_some_and(|(_, st)| st.version >= want);
+            let pull = Arc::new(Pull {
+                want: ObjState::live(want),
+                sources: held.iter().map(|(a, _)| *a).collect(),
+                result: OnceCell::new(),
+            });
+            {
+                let mut pending = self.recovery.pending.lock().unwrap();
+                if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &hold)) {
+                    pending.insert(oid, pull);
+                }
+            }
+            let restored = self.ensure_recovered(oid).await.is_ok();
+            if !matches!(forgot, Ok(Ok(()))) || !restored || !enough {
+                tracing::error!(
+                    "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner holds it (restored: {restored})"
+                );
+                first_err.get_or_insert(oid);
+            } else {
+                tracing::info!("object {oid} restored from another replica after a failed flush");
+            }
         }
-        Ok(())
+        match first_err {
+            Some(oid) => Err(oid),
+            None => Ok(()),
+        }
     }
 
     async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
@@ -298,8 +332,8 @@ impl Node {
         let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
         loop {
             let h = Header::request(Opcode::PeerList, 0, epoch);
-            let conn = self.peers.get(addr, PEER_TIMEOUT).await.ok()?;
-            match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
+            let conn = self.peers.get(addr, LIST_TIMEOUT).await.ok()?;
+            match conn.call(h, Bytes::new(), LIST_TIMEOUT).await {
                 Ok(f) if f.header.result_code() == ResultCode::Ok => {
                     return decode_list(&f.payload);
                 }

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -113,7 +113,7 @@ fn shard(oid: ObjectId) -> usize {
 
 impl Node {
     /// The primary's lock for `oid`.
-    fn obj_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
+    pub(super) fn obj_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
         &self.obj_locks[shard(oid)]
     }
 
@@ -191,7 +191,7 @@ impl Node {
 
     /// Applies `change` to `oid` as its primary (see the module documentation).
     pub(super) async fn change(
-        &self,
+        self: &Arc<Self>,
         ep: &Epoch,
         oid: ObjectId,
         others: &[SocketAddr],
@@ -256,9 +256,14 @@ impl Node {
                 Ok(())
             }
             Some(f) => {
-                let mut issued = self.issued.lock().unwrap();
-                let v = issued.entry(oid).or_default();
-                *v = (*v).max(new);
+                {
+                    let mut issued = self.issued.lock().unwrap();
+                    let v = issued.entry(oid).or_default();
+                    *v = (*v).max(new);
+                }
+                // Some owners may hold the change and others not: bring them to one version
+                // now rather than at the object's next write.
+                self.schedule_repair(epoch, oid);
                 Err(f)
             }
         }

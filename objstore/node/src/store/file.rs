@@ -59,6 +59,16 @@ pub struct FileStore {
     /// Held for the whole of a flush: a flush that finds nothing dirty because an earlier one
     /// took it must still wait until that one has synced it.
     flushing: Mutex<()>,
+    /// Objects whose last fdatasync failed: unreadable until restored.
+    bad: Mutex<HashSet<ObjectId>>,
+}
+
+fn failed_sync(oid: ObjectId) -> StoreError {
+    StoreError::Io {
+        oid,
+        op: "read",
+        source: io::Error::other("its last fdatasync failed: it is being restored from a replica"),
+    }
 }
 
 /// Removes a temporary file unless disarmed (the write that made it succeeded).
@@ -166,6 +176,7 @@ impl FileStore {
             dirty: Mutex::default(),
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
             flushing: Mutex::new(()),
+            bad: Mutex::default(),
         })
     }
 
@@ -226,6 +237,7 @@ impl FileStore {
             },
         );
         self.dirty.lock().unwrap().remove(&oid);
+        self.bad.lock().unwrap().remove(&oid);
         Ok(())
     }
 }
@@ -249,6 +261,9 @@ impl ObjectBackend for FileStore {
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let _g = self.lock(oid).read().unwrap();
+        if self.bad.lock().unwrap().contains(&oid) {
+            return Err(failed_sync(oid));
+        }
         let e = self
             .entry(oid)
             .filter(|e| !e.state.deleted)
@@ -265,6 +280,9 @@ impl ObjectBackend for FileStore {
 
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
         let _g = self.lock(oid).read().unwrap();
+        if self.bad.lock().unwrap().contains(&oid) {
+            return Err(failed_sync(oid));
+        }
         let e = self.entry(oid).ok_or(StoreError::NotFound(oid))?;
         if e.state.deleted {
             return Ok((Vec::new(), e.state));
@@ -358,6 +376,7 @@ impl ObjectBackend for FileStore {
         }
         self.index.lock().unwrap().remove(&oid);
         self.dirty.lock().unwrap().remove(&oid);
+        self.bad.lock().unwrap().remove(&oid);
         fsync_dir(&self.dir).map_err(|e| StoreError::io(oid, "sync dir", e))
     }
 
@@ -381,7 +400,8 @@ impl ObjectBackend for FileStore {
                     // Not retried: after a failed fdatasync the kernel may have dropped the
                     // dirty pages, so a later sync would succeed without the data.
                     tracing::error!("fdatasync of object {oid} failed: {err}");
-                    failed.push(oid);
+                    self.bad.lock().unwrap().insert(oid);
+                    failed.push((oid, e.state.version));
                     first_err.get_or_insert(err);
                     continue;
                 }
@@ -403,7 +423,8 @@ impl ObjectBackend for FileStore {
                 continue;
             }
             if let Err(err) = fs::rename(&from, &to) {
-                failed.push(oid);
+                self.bad.lock().unwrap().insert(oid);
+                failed.push((oid, e.state.version));
                 first_err.get_or_insert(err);
                 continue;
             }

@@ -50,6 +50,8 @@ struct State {
     /// Written since the last flush.
     dirty: HashSet<ObjectId>,
     faults: Vec<(Op, Fault)>,
+    /// Objects whose last flush failed: unreadable until restored.
+    bad: HashSet<ObjectId>,
 }
 
 /// See the module documentation.
@@ -131,6 +133,20 @@ impl MemStore {
         hit
     }
 
+    /// An object whose last flush failed reads as an I/O error until it is restored.
+    fn check_bad(st: &State, oid: ObjectId) -> Result<(), StoreError> {
+        if st.bad.contains(&oid) {
+            return Err(StoreError::Io {
+                oid,
+                op: "read",
+                source: io::Error::other(
+                    "its last fdatasync failed: it is being restored from a replica",
+                ),
+            });
+        }
+        Ok(())
+    }
+
     fn check(st: &State, op: Op, oid: ObjectId) -> Result<(), StoreError> {
         match st.faults.iter().find(|(o, _)| *o == op) {
             None => Ok(()),
@@ -168,6 +184,7 @@ impl ObjectBackend for MemStore {
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Read, oid)?;
+        MemStore::check_bad(&st, oid)?;
         let o = st
             .live
             .get(&oid)
@@ -183,6 +200,7 @@ impl ObjectBackend for MemStore {
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
         let st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Read, oid)?;
+        MemStore::check_bad(&st, oid)?;
         let o = st.live.get(&oid).ok_or(StoreError::NotFound(oid))?;
         Ok((o.data.clone(), o.state))
     }
@@ -252,6 +270,7 @@ impl ObjectBackend for MemStore {
         st.live.insert(oid, o.clone());
         st.durable.insert(oid, o);
         st.dirty.remove(&oid);
+        st.bad.remove(&oid);
         Ok(true)
     }
 
@@ -272,6 +291,7 @@ impl ObjectBackend for MemStore {
         st.live.remove(&oid);
         st.durable.remove(&oid);
         st.dirty.remove(&oid);
+        st.bad.remove(&oid);
         Ok(())
     }
 
@@ -280,19 +300,28 @@ impl ObjectBackend for MemStore {
         let mut dirty: Vec<ObjectId> = st.dirty.drain().collect();
         dirty.sort_unstable();
         if let Err(e) = MemStore::check(&st, Op::Flush, ObjectId(0)) {
-            // What the failed sync held is gone: back to the durable state.
+            // What the failed sync held is gone: back to the durable state, and unreadable
+            // until the node restores it.
+            let mut failed = Vec::with_capacity(dirty.len());
             for oid in &dirty {
+                let lost = st
+                    .live
+                    .get(oid)
+                    .map(|o| o.state.version)
+                    .unwrap_or_default();
+                failed.push((*oid, lost));
                 match st.durable.get(oid).cloned() {
                     Some(o) => st.live.insert(*oid, o),
                     None => st.live.remove(oid),
                 };
+                st.bad.insert(*oid);
             }
             let source = match e {
                 StoreError::Io { source, .. } => source,
                 _ => io::Error::from_raw_os_error(libc::ENOSPC),
             };
             return Err(StoreError::SyncFailed {
-                oids: dirty,
+                oids: failed,
                 source,
             });
         }
@@ -340,9 +369,12 @@ mod tests {
         s.fail(Op::Flush, Fault::Io);
         // The failed flush names the object and loses its unsynced write.
         match s.flush() {
-            Err(StoreError::SyncFailed { oids, .. }) => assert_eq!(oids, vec![a]),
+            Err(StoreError::SyncFailed { oids, .. }) => assert_eq!(oids, vec![(a, Version(2))]),
             other => panic!("{other:?}"),
         }
+        // Unreadable until restored.
+        assert!(matches!(s.read(a, 0, 1), Err(StoreError::Io { .. })));
+        assert!(s.put_if_newer(a, b"x", ObjState::live(Version(2))).unwrap());
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         s.fail(Op::Write, Fault::NoSpace);
         assert!(matches!(

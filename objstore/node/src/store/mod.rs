@@ -20,8 +20,9 @@
 //!   that survive), never a flushed one, and never leaves an object half-created. Creating an
 //!   object, `put_if_newer` and `forget` are durable when they return.
 //! - A `flush` that could not make some objects durable says which ([`StoreError::SyncFailed`]);
-//!   their data may be gone and a later flush does not make it durable again: the node restores
-//!   them from another replica.
+//!   their data may be gone and a later flush does not make it durable again: from then on they
+//!   are unreadable (an I/O error) until `put_if_newer` or `forget`, and the node restores them
+//!   from another replica.
 //! - The backend is synchronous: the node calls it on tokio's blocking pool.
 
 pub mod file;
@@ -46,7 +47,9 @@ pub enum StoreError {
     NoSpace,
     #[error("could not make {} object(s) durable ({}): their data may be lost here", oids.len(), first_oids(oids))]
     SyncFailed {
-        oids: Vec<ObjectId>,
+        /// Each object whose sync failed, with the version its data had: the copy is
+        /// unreadable here until it is restored at that version or a newer one.
+        oids: Vec<(ObjectId, Version)>,
         #[source]
         source: io::Error,
     },
@@ -70,8 +73,8 @@ impl StoreError {
     }
 }
 
-fn first_oids(oids: &[ObjectId]) -> String {
-    let mut s: Vec<String> = oids.iter().take(3).map(|o| o.to_string()).collect();
+fn first_oids(oids: &[(ObjectId, Version)]) -> String {
+    let mut s: Vec<String> = oids.iter().take(3).map(|(o, _)| o.to_string()).collect();
     if oids.len() > 3 {
         s.push("...".into());
     }

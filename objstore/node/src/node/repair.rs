@@ -1,0 +1,168 @@
+//! Repair after a change that failed on some owner: the primary brings every owner of the
+//! object back to one version, in the background, retrying until it succeeds, the epoch
+//! changes (recovery then compares versions anyway) or this node is no longer the primary.
+//!
+//! A failed change may have been applied by some owners and not others (the primary itself
+//! among either). Reads go to the primary first and fall back to the others, so until the
+//! owners agree a read could see the change and a later one not: the repair makes them agree
+//! without waiting for the next write to the object. The newest version among the owners wins
+//! (a change that failed but was applied somewhere counts as in flight, and an in-flight change
+//! may take effect); a copy of that version that is not suspect wins over a suspect one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::replicate::FORWARD_TIMEOUT;
+use super::Node;
+use crate::store::ObjState;
+use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
+
+const REPAIR_FIRST: Duration = Duration::from_millis(200);
+const REPAIR_MAX: Duration = Duration::from_secs(5);
+
+impl Node {
+    /// Starts repairing `oid` in the background unless a repair of it is already running.
+    pub(super) fn schedule_repair(self: &Arc<Self>, epoch: u32, oid: ObjectId) {
+        if !self.repairing.lock().unwrap().insert(oid) {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            let mut wait = REPAIR_FIRST;
+            loop {
+                tokio::time::sleep(wait).await;
+                if node.epoch().view.epoch != epoch {
+                    break;
+                }
+                match node.repair(epoch, oid).await {
+                    Ok(()) => break,
+                    Err(why) => tracing::debug!("repair of {oid}: {why}; retrying"),
+                }
+                wait = (wait * 2).min(REPAIR_MAX);
+            }
+            node.repairing.lock().unwrap().remove(&oid);
+        });
+    }
+
+    /// One attempt (see the module documentation).
+    async fn repair(&self, epoch: u32, oid: ObjectId) -> Result<(), String> {
+        let ep = self.epoch();
+        let cfg = self.config().ok_or("not formatted")?;
+        if ep.view.epoch != epoch {
+            return Ok(());
+        }
+        let owners = ep.ring.replicas(oid, cfg.copies as usize);
+        if owners.first().map(|n| n.id) != Some(self.me.id) {
+            return Ok(());
+        }
+        let others: Vec<SocketAddr> = owners[1..].iter().map(|n| n.addr).collect();
+        let _ordered = self.obj_lock(oid).lock().await;
+        let mut states = Vec::new();
+        for &a in &others {
+            states.push((a, self.stat_peer(a, epoch, oid).await?));
+        }
+        // Take the newest version an owner holds, if it is newer than this copy.
+        let local = self.store.meta(oid);
+        let newest = states
+            .iter()
+            .filter_map(|(a, s)| s.map(|s| (*a, s)))
+            .filter(|(_, s)| local.is_none_or(|l| l.replaced_by(*s)))
+            .max_by_key(|(_, s)| (s.version, !s.suspect));
+        if let Some((from, _)) = newest {
+            self.take_from(from, epoch, oid).await?;
+        }
+        // Then send this copy to every owner whose copy is older (or suspect).
+        let Some(mine) = self.store.meta(oid) else {
+            return Ok(());
+        };
+        let store = self.store.clone();
+        let whole = super::server::blocking(self, move || store.read_whole(oid))
+            .await
+            .map_err(|f| f.message)?;
+        for (a, s) in states {
+            if s.is_some_and(|s| !s.replaced_by(mine)) {
+                continue;
+            }
+            let mut h = Header::request(Opcode::PeerPut, 0, epoch);
+            h.oid = oid.0;
+            h.offset = whole.1.version.0;
+            h.aux = whole.1.flags();
+            let conn = self
+                .peers
+                .get(a, FORWARD_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string())?;
+            match conn
+                .call(h, Bytes::from(whole.0.clone()), FORWARD_TIMEOUT)
+                .await
+            {
+                Ok(f) if f.header.result_code() == ResultCode::Ok => {}
+                Ok(f) => return Err(format!("{a}: {}", f.message())),
+                Err(e) => {
+                    self.peers.drop_conn(a).await;
+                    return Err(e.to_string());
+                }
+            }
+        }
+        tracing::info!("object {oid}: owners back at one version ({mine:?}) after a failed change");
+        Ok(())
+    }
+
+    /// What owner `addr` holds of `oid` (None: nothing).
+    pub(super) async fn stat_peer(
+        &self,
+        addr: SocketAddr,
+        epoch: u32,
+        oid: ObjectId,
+    ) -> Result<Option<ObjState>, String> {
+        let mut h = Header::request(Opcode::StatObj, 0, epoch);
+        h.oid = oid.0;
+        let conn = self
+            .peers
+            .get(addr, FORWARD_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        match conn.call(h, Bytes::new(), FORWARD_TIMEOUT).await {
+            Ok(f) if f.header.result_code() == ResultCode::Ok => {
+                Ok(Some(ObjState::from_wire(f.header.offset, f.header.aux)))
+            }
+            // Nothing there (or not recovered there yet): it takes this copy.
+            Ok(f) if f.header.result_code() == ResultCode::NotFound => Ok(None),
+            Ok(f) => Err(format!("{addr}: {}", f.message())),
+            Err(e) => {
+                self.peers.drop_conn(addr).await;
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Installs `addr`'s copy of `oid` here.
+    async fn take_from(&self, addr: SocketAddr, epoch: u32, oid: ObjectId) -> Result<(), String> {
+        let mut h = Header::request(Opcode::PeerRead, 0, epoch);
+        h.oid = oid.0;
+        let conn = self
+            .peers
+            .get(addr, FORWARD_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let f = match conn.call(h, Bytes::new(), FORWARD_TIMEOUT).await {
+            Ok(f) if f.header.result_code() == ResultCode::Ok => f,
+            Ok(f) => return Err(format!("{addr}: {}", f.message())),
+            Err(e) => {
+                self.peers.drop_conn(addr).await;
+                return Err(e.to_string());
+            }
+        };
+        let state = ObjState::from_wire(f.header.offset, f.header.aux);
+        let store = self.store.clone();
+        let _replica = self.replica_lock(oid).lock().await;
+        super::server::blocking(self, move || store.put_if_newer(oid, &f.payload, state))
+            .await
+            .map(|_| ())
+            .map_err(|f| f.message)
+    }
+}
