@@ -14,7 +14,7 @@
 //!   which drops the node once the membership does (within about 3 s with the local driver).
 //! - [`Client::flush`] makes every earlier acknowledged write durable on every node.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, RwLock};
@@ -31,7 +31,7 @@ use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::placement::Ring;
-use objstore_proto::version::ObjState;
+use objstore_proto::version::{ObjState, Version};
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -198,6 +198,9 @@ pub struct Client {
     /// Nodes whose last request got no answer (timed out, refused, connection lost): tried
     /// last by reads and by requests to any node, until one of them answers again.
     suspects: Mutex<HashSet<SocketAddr>>,
+    /// The version each object had after this client's last change of it (see
+    /// [`Client::write_obj`]); a few bytes per object this client changed.
+    versions: Mutex<HashMap<ObjectId, Version>>,
 }
 
 impl Client {
@@ -223,6 +226,7 @@ impl Client {
             })),
             order: (0..ORDER_SHARDS).map(|_| Default::default()).collect(),
             suspects: Mutex::default(),
+            versions: Mutex::default(),
         };
         client.refresh().await?;
         Ok(client)
@@ -251,9 +255,23 @@ impl Client {
     /// connection (the next one opens a new connection: a hung node's old one may never answer
     /// again) and marks the node suspect; any answer clears that.
     async fn call(&self, addr: SocketAddr, h: Header, payload: Bytes) -> Result<Frame, ConnError> {
+        self.call_with_prefix(addr, h, Bytes::new(), payload).await
+    }
+
+    /// [`Client::call`] with a payload of `prefix` then `payload`.
+    async fn call_with_prefix(
+        &self,
+        addr: SocketAddr,
+        h: Header,
+        prefix: Bytes,
+        payload: Bytes,
+    ) -> Result<Frame, ConnError> {
         let connect = CONNECT_TIMEOUT.min(self.opts.request_timeout);
         let res = match self.pool.get(addr, connect).await {
-            Ok(conn) => conn.call(h, payload, self.opts.request_timeout).await,
+            Ok(conn) => {
+                conn.call_with_prefix(h, prefix, payload, self.opts.request_timeout)
+                    .await
+            }
             Err(e) => Err(e),
         };
         match &res {
@@ -349,14 +367,49 @@ impl Client {
     }
 
     /// Sends a change of `oid` to its primary, which orders it and applies it on every owner.
+    ///
+    /// The change carries the version this client last saw the object at (8 bytes before the
+    /// data; 0: unknown), and the primary applies it only if the object is still at that
+    /// version. So an attempt this client gave up on (no answer in time) that reaches the
+    /// primary later, after a newer change, is refused instead of applied over it. When the
+    /// object changed otherwise (another writer, an attempt that did land), the primary says
+    /// at which version it is and the client tries again from there.
     async fn to_primary(&self, v: &ClusterView, h: Header, payload: Bytes) -> Step<()> {
-        let primary = match targets(v, ObjectId(h.oid)) {
+        let oid = ObjectId(h.oid);
+        let primary = match targets(v, oid) {
             Ok(t) => t[0],
             Err(step) => return step,
         };
         let mut h = h;
         h.epoch = v.epoch();
-        match answer(primary, self.call(primary, h, payload).await) {
+        let expected = self
+            .versions
+            .lock()
+            .unwrap()
+            .get(&oid)
+            .copied()
+            .unwrap_or_default();
+        let prefix = Bytes::copy_from_slice(&expected.0.to_be_bytes());
+        let res = self.call_with_prefix(primary, h, prefix, payload).await;
+        if let Ok(f) = &res {
+            match f.header.result_code() {
+                ResultCode::Ok => {
+                    self.versions
+                        .lock()
+                        .unwrap()
+                        .insert(oid, Version(f.header.offset));
+                }
+                ResultCode::Conflict => {
+                    let now = Version(f.header.offset);
+                    self.versions.lock().unwrap().insert(oid, now);
+                    return Step::Retry(format!(
+                        "{primary}: object {oid} is at {now:?}, not at {expected:?} as this client last changed it"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        match answer(primary, res) {
             Answer::Ok(_) => Step::Done(()),
             Answer::NotFound => Step::Fatal(ClientError::NotFound(ObjectId(h.oid))),
             Answer::Retry(why) => Step::Retry(why),

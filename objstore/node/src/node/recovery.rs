@@ -106,6 +106,9 @@ enum Plan {
         safety: Safety,
         /// Objects held or listed that wait for nodes that are down.
         waiting: u64,
+        /// Members of the epoch whose listing did not come: their copies, maybe the newest
+        /// of some objects, were not seen, so the round plans again until they answer.
+        unlisted: Vec<SocketAddr>,
     },
 }
 
@@ -435,6 +438,12 @@ impl Node {
         if self.epoch().view.epoch != e {
             return Plan::Changed;
         }
+        let unlisted: Vec<SocketAddr> = sources
+            .iter()
+            .zip(&listings)
+            .filter(|(a, l)| l.is_none() && ep.view.nodes.iter().any(|n| n.addr == **a))
+            .map(|(a, _)| *a)
+            .collect();
         let mut present: HashSet<u64> = HashSet::from([self.me.id]);
         // oid -> the holders of its newest version, with their states
         let mut best: HashMap<ObjectId, Vec<(SocketAddr, ObjState)>> = HashMap::new();
@@ -496,6 +505,7 @@ impl Node {
             pending,
             safety,
             waiting,
+            unlisted,
         }
     }
 
@@ -521,7 +531,7 @@ impl Node {
         let copies = cfg.copies as usize;
         let mut wait = RETRY_FIRST;
         loop {
-            let (pending, safety, waiting) =
+            let (pending, safety, waiting, unlisted) =
                 match self.plan(&ep, copies, cfg.min_copies() as usize).await {
                     Plan::Changed => return,
                     Plan::Retry => {
@@ -536,14 +546,18 @@ impl Node {
                         pending,
                         safety,
                         waiting,
-                    } => (pending, safety, waiting),
+                        unlisted,
+                    } => (pending, safety, waiting, unlisted),
                 };
             let total = pending.len() as u64;
             if total > 0 {
                 tracing::info!("epoch {e}: recovering {total} object(s)");
             }
-            let complete = safety.is_complete();
-            let (waiting_for, waiting_epoch) = safety.waiting_for(None);
+            let complete = safety.is_complete() && unlisted.is_empty();
+            let (mut waiting_for, waiting_epoch) = safety.waiting_for(None);
+            waiting_for.extend(unlisted.iter().copied());
+            waiting_for.sort();
+            waiting_for.dedup();
             let mut oids: Vec<ObjectId> = pending.keys().copied().collect();
             oids.sort_unstable();
             *self.recovery.pending.lock().unwrap() = pending;
@@ -566,14 +580,20 @@ impl Node {
                 }
                 break;
             }
-            tracing::warn!(
-                "epoch {e}: {waiting} object(s) here may have newer copies only on {} (down; they may hold objects written at epoch {waiting_epoch}): their I/O waits; 'dog cluster recover --force' accepts the loss",
-                waiting_for
-                    .iter()
-                    .map(|a| a.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            if unlisted.is_empty() {
+                tracing::warn!(
+                    "epoch {e}: {waiting} object(s) here may have newer copies only on {} (down; they may hold objects written at epoch {waiting_epoch}): their I/O waits; 'dog cluster recover --force' accepts the loss",
+                    waiting_for
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            } else {
+                tracing::info!(
+                    "epoch {e}: no listing from {unlisted:?} (members of this epoch): planning again"
+                );
+            }
             self.recovery.update(|s| s.state = RecoveryState::Waiting);
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(RETRY_MAX);

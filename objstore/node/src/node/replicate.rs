@@ -195,14 +195,22 @@ impl Node {
         ep: &Epoch,
         oid: ObjectId,
         others: &[SocketAddr],
+        expected: Version,
         change: Change,
-    ) -> Result<(), Failure> {
+    ) -> Result<Version, Failure> {
         let _ordered = self.obj_lock(oid).lock().await;
         let cur = self.store.meta(oid);
-        if matches!(change, Change::Remove) && cur.is_some_and(|c| c.deleted) {
-            return Ok(());
-        }
         let base = cur.map(|c| c.version).unwrap_or_default();
+        if expected != Version::NONE && expected != base {
+            // The client last saw the object at another version: this is an attempt it gave
+            // up on, arriving late, or the object changed since. Never applied over it.
+            let mut f = Failure::new(
+                ResultCode::Conflict,
+                format!("object {oid} is at {base:?}, the change expects {expected:?}"),
+            );
+            f.version = Some(base);
+            return Err(f);
+        }
         let floor = self
             .issued
             .lock()
@@ -238,6 +246,7 @@ impl Node {
                 .map(|&a| self.forward(a, epoch, oid, base, new, &change)),
         );
         let (local, remote) = tokio::join!(local, remote);
+
         let mut failure = local.err();
         if failure.is_none() {
             for r in remote {
@@ -253,7 +262,7 @@ impl Node {
         match failure {
             None => {
                 self.issued.lock().unwrap().remove(&oid);
-                Ok(())
+                Ok(new)
             }
             Some(f) => {
                 {

@@ -76,7 +76,8 @@ pub(super) struct Failure {
     pub code: ResultCode,
     pub message: String,
     aux: u32,
-    version: Option<Version>,
+    /// Sent in the response's `offset` field.
+    pub(super) version: Option<Version>,
 }
 
 impl Failure {
@@ -193,6 +194,13 @@ pub(super) async fn blocking<T: Send + 'static>(
     }
 }
 
+/// The version a client expects an object at (the first 8 bytes of a `WriteObj` or `RemoveObj`
+/// payload), and the rest.
+fn split_expected(payload: &Bytes) -> Option<(Version, Bytes)> {
+    let v = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
+    Some((Version(v), payload.slice(8..)))
+}
+
 fn text(payload: &[u8]) -> Result<&str, Failure> {
     std::str::from_utf8(payload).map_err(|_| Failure::invalid("payload is not UTF-8"))
 }
@@ -255,9 +263,14 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         Opcode::WriteObj => {
             let _change = node.enter(h.epoch);
             let (ep, cfg) = io_epoch(node, h).await?;
+            let Some((expected, payload)) = split_expected(&payload) else {
+                return Err(Failure::invalid(
+                    "WriteObj payload shorter than its version",
+                ));
+            };
             if payload.len() != h.length as usize {
                 return Err(Failure::invalid(format!(
-                    "write length {} but payload of {} bytes",
+                    "write length {} but {} bytes of data",
                     h.length,
                     payload.len()
                 )));
@@ -271,18 +284,25 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 offset: h.offset,
                 data: payload,
             };
-            node.change(&ep, oid, &others, change).await?;
-            Ok(Reply::empty())
+            let v = node.change(&ep, oid, &others, expected, change).await?;
+            Ok(Reply::state(Bytes::new(), ObjState::live(v)))
         }
         Opcode::RemoveObj => {
             let _change = node.enter(h.epoch);
             let (ep, cfg) = io_epoch(node, h).await?;
+            let Some((expected, _)) = split_expected(&payload) else {
+                return Err(Failure::invalid(
+                    "RemoveObj payload shorter than its version",
+                ));
+            };
             let others = node.primary_of(&ep, &cfg, oid)?;
             node.ensure_recovered(oid)
                 .await
                 .map_err(|why| not_recovered(oid, why))?;
-            node.change(&ep, oid, &others, Change::Remove).await?;
-            Ok(Reply::empty())
+            let v = node
+                .change(&ep, oid, &others, expected, Change::Remove)
+                .await?;
+            Ok(Reply::state(Bytes::new(), ObjState::tombstone(v)))
         }
         Opcode::Flush => {
             let store = node.store.clone();
