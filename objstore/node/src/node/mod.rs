@@ -124,8 +124,9 @@ pub struct Node {
     issued: std::sync::Mutex<
         std::collections::HashMap<objstore_proto::oid::ObjectId, objstore_proto::version::Version>,
     >,
-    /// Objects whose owners a background task is bringing back to one version.
-    repairing: std::sync::Mutex<std::collections::HashSet<objstore_proto::oid::ObjectId>>,
+    /// Objects whose owners a background task is bringing back to one version, with the
+    /// epoch it works in.
+    repairing: std::sync::Mutex<std::collections::HashMap<objstore_proto::oid::ObjectId, u32>>,
     /// Changes in progress, by the epoch they were checked against (see [`Node::enter`]).
     inflight: replicate::Inflight,
     stop: AtomicBool,

@@ -25,9 +25,10 @@ const REPAIR_FIRST: Duration = Duration::from_millis(200);
 const REPAIR_MAX: Duration = Duration::from_secs(5);
 
 impl Node {
-    /// Starts repairing `oid` in the background unless a repair of it is already running.
+    /// Starts repairing `oid` in the background unless a repair of it for this epoch is
+    /// already running (one for an older epoch ends on its own).
     pub(super) fn schedule_repair(self: &Arc<Self>, epoch: u32, oid: ObjectId) {
-        if !self.repairing.lock().unwrap().insert(oid) {
+        if self.repairing.lock().unwrap().insert(oid, epoch) == Some(epoch) {
             return;
         }
         let node = self.clone();
@@ -44,7 +45,10 @@ impl Node {
                 }
                 wait = (wait * 2).min(REPAIR_MAX);
             }
-            node.repairing.lock().unwrap().remove(&oid);
+            let mut repairing = node.repairing.lock().unwrap();
+            if repairing.get(&oid) == Some(&epoch) {
+                repairing.remove(&oid);
+            }
         });
     }
 
