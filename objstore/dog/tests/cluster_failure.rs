@@ -350,10 +350,10 @@ fn new_epochs_during_recovery() {
     );
     c.kill9(0);
     replicas::wait_view(&c, &[1, 2, slow]);
-    assert_eq!(
-        recovery_state(&c, &slow_addr),
-        "recovering",
-        "the slowed node should still be recovering in the new epoch"
+    let state = recovery_state(&c, &slow_addr);
+    assert!(
+        state == "planning" || state == "recovering",
+        "the slowed node should still be recovering in the new epoch (planning it, or pulling): {state}"
     );
     // And a new node joins while it still recovers.
     let fresh = add_node(&mut c);
