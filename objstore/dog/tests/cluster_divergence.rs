@@ -27,32 +27,9 @@ fn partial_write_to_a_lost_object_keeps_its_data() {
     let data = pseudo_random(32 << 20, 42);
     c.write_vdi("v", 0, &data);
     c.wait_recovered();
-    let (pair, lost) = lost_pair(&c, "v");
-    kill_at_once(&mut c, &[pair.0, pair.1]);
-    c.wait_members(2);
     // The nodes up cannot vouch for the objects only the pair held: the cluster says it waits
     // for the pair.
-    let t = std::time::Instant::now();
-    let info = loop {
-        let info = c.dog_json(&["cluster", "info"]);
-        if info["status"] == "waiting" {
-            break info;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "the cluster does not say it waits: {info}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let waiting: Vec<&str> = info["waiting_for"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    for n in [pair.0, pair.1] {
-        assert!(waiting.contains(&c.addr(n).as_str()), "{info}");
-    }
+    let (pair, lost) = lose_a_pair(&mut c, "v");
 
     let (i, oid) = lost[0].clone();
     let patch = [0xab; 4096];
@@ -365,14 +342,7 @@ fn forced_recovery_accepts_losing_every_holder() {
     let data = pseudo_random(32 << 20, 43);
     c.write_vdi("v", 0, &data);
     c.wait_recovered();
-    let (pair, lost) = lost_pair(&c, "v");
-    kill_at_once(&mut c, &[pair.0, pair.1]);
-    c.wait_members(2);
-    let t = std::time::Instant::now();
-    while c.dog_json(&["cluster", "info"])["status"] != "waiting" {
-        assert!(t.elapsed() < Duration::from_secs(30), "no wait");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (pair, lost) = lose_a_pair(&mut c, "v");
     let text = String::from_utf8(c.dog_ok(&["cluster", "info"])).unwrap();
     assert!(
         text.contains("Status: waiting")
@@ -405,4 +375,34 @@ fn forced_recovery_accepts_losing_every_holder() {
         .find(|i| !lost.iter().any(|(l, _)| l == i))
         .unwrap();
     assert!(c.read_vdi("v", kept * MIB, MIB) == object(&data, kept));
+}
+
+/// Kills at once both holders of some data objects of `name` (not of its inode) and waits until
+/// `dog cluster info` says the cluster waits for both. Returns the pair and the lost objects.
+fn lose_a_pair(c: &mut Cluster, name: &str) -> ((usize, usize), Vec<(u64, String)>) {
+    let (pair, lost) = lost_pair(c, name);
+    kill_at_once(c, &[pair.0, pair.1]);
+    c.wait_members(2);
+    let t = std::time::Instant::now();
+    let info = loop {
+        let info = c.dog_json(&["cluster", "info"]);
+        if info["status"] == "waiting" {
+            break info;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the cluster does not say it waits: {info}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let waiting: Vec<&str> = info["waiting_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for n in [pair.0, pair.1] {
+        assert!(waiting.contains(&c.addr(n).as_str()), "{info}");
+    }
+    (pair, lost)
 }

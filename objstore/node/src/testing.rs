@@ -183,6 +183,21 @@ impl MemCluster {
         }
     }
 
+    /// Every node whose store holds `oid` (nodes down included) holds the same bytes and
+    /// state; returns how many hold it. Panics naming the object otherwise.
+    pub fn replicas_agree(&self, oid: objstore_proto::oid::ObjectId) -> usize {
+        use crate::store::ObjectBackend;
+        let copies: Vec<_> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.store.read_whole(oid).ok())
+            .collect();
+        for w in copies.windows(2) {
+            assert_eq!(w[0], w[1], "replicas of {oid} differ");
+        }
+        copies.len()
+    }
+
     /// A client on the in-memory network (call inside a tokio runtime).
     pub async fn client(&self, opts: ClientOptions) -> Result<Client, ClientError> {
         Client::connect_via(Arc::new(self.net.clone()), &self.addrs(), opts).await

@@ -19,17 +19,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Every node that holds `oid` holds the same bytes and stamp; returns how many hold it.
-fn replicas_agree(c: &MemCluster, n: usize, oid: ObjectId) -> usize {
-    let copies: Vec<_> = (0..n)
-        .filter_map(|i| c.store(i).read_whole(oid).ok())
-        .collect();
-    for w in copies.windows(2) {
-        assert_eq!(w[0], w[1], "replicas of {oid} differ");
-    }
-    copies.len()
-}
-
 #[test]
 fn write_read_crash_epoch_change_and_recovery() {
     let mut c = MemCluster::start(3).expect("start 3 in-memory nodes");
@@ -52,7 +41,7 @@ fn write_read_crash_epoch_change_and_recovery() {
         .unwrap();
     assert!(back[..] == first[..], "read back differs");
     for idx in 0..4 {
-        assert_eq!(replicas_agree(&c, 3, ObjectId::data(vid, ObjIndex(idx))), 3);
+        assert_eq!(c.replicas_agree(ObjectId::data(vid, ObjIndex(idx))), 3);
     }
     let epoch = c.epoch(0).unwrap();
 
@@ -66,7 +55,7 @@ fn write_read_crash_epoch_change_and_recovery() {
     rt.block_on(disk.flush()).unwrap();
     let back = rt.block_on(disk.read_at(4 * MIB, MIB)).unwrap();
     assert!(back[..] == second[..], "read after the crash differs");
-    assert_eq!(replicas_agree(&c, 3, ObjectId::data(vid, ObjIndex(4))), 2);
+    assert_eq!(c.replicas_agree(ObjectId::data(vid, ObjIndex(4))), 2);
 
     // It comes back on what it had made durable, recovers the object it missed, and every
     // object has three identical copies again.
@@ -75,7 +64,7 @@ fn write_read_crash_epoch_change_and_recovery() {
     c.wait_recovered();
     for idx in 0..5 {
         assert_eq!(
-            replicas_agree(&c, 3, ObjectId::data(vid, ObjIndex(idx))),
+            c.replicas_agree(ObjectId::data(vid, ObjIndex(idx))),
             3,
             "object {idx} after recovery"
         );

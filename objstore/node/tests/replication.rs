@@ -21,17 +21,6 @@ fn oid(i: u32) -> ObjectId {
     ObjectId::data(Vid(7), ObjIndex(i))
 }
 
-/// Every node that holds `oid` holds the same bytes and state; returns how many hold it.
-fn replicas_agree(c: &MemCluster, n: usize, oid: ObjectId) -> usize {
-    let copies: Vec<_> = (0..n)
-        .filter_map(|i| c.store(i).read_whole(oid).ok())
-        .collect();
-    for w in copies.windows(2) {
-        assert_eq!(w[0], w[1], "replicas of {oid} differ");
-    }
-    copies.len()
-}
-
 fn client(c: &MemCluster, rt: &tokio::runtime::Runtime, timeout: Duration) -> Arc<Client> {
     let opts = ClientOptions {
         timeout,
@@ -106,7 +95,7 @@ fn a_node_back_alone_waits_for_the_nodes_that_took_the_last_write() {
     let cl = client(&c, &rt, Duration::from_secs(20));
     assert_eq!(&rt.block_on(cl.read_obj(oid(0), 0, 2)).unwrap()[..], b"P2");
     // Node 0 pulled P2; node 2 (down) still has it too.
-    assert_eq!(replicas_agree(&c, 3, oid(0)), 3);
+    assert_eq!(c.replicas_agree(oid(0)), 3);
 }
 
 /// Issue 22, scenario 3. An object removed while one of its holders is down must not come
@@ -136,7 +125,7 @@ fn a_remove_while_a_node_is_down_stays_removed() {
         back[4096..].iter().all(|&b| b == 0),
         "old bytes came back after the remove"
     );
-    assert_eq!(replicas_agree(&c, 3, oid(1)), 3);
+    assert_eq!(c.replicas_agree(oid(1)), 3);
     // The node that was away holds the new object, not its old copy.
     assert_eq!(c.store(2).read(oid(1), 4096, 1).unwrap(), vec![0]);
 }
@@ -164,7 +153,7 @@ fn a_write_that_failed_on_a_replica_converges() {
     c.store(secondary).clear_faults();
     rt.block_on(cl.write_obj(o, 0, Bytes::from(vec![3; 100])))
         .unwrap();
-    assert_eq!(replicas_agree(&c, 3, o), 3);
+    assert_eq!(c.replicas_agree(o), 3);
     let v = c.store(0).meta(o).unwrap().version;
     for i in 1..3 {
         assert_eq!(c.store(i).meta(o).unwrap().version, v);
@@ -192,7 +181,7 @@ fn two_writers_on_one_object_leave_identical_replicas() {
         };
         tokio::join!(write(a.clone(), 0xa), write(b.clone(), 0xb));
     });
-    assert_eq!(replicas_agree(&c, 3, o), 3);
+    assert_eq!(c.replicas_agree(o), 3);
 }
 
 /// A flush whose fdatasync failed on one node is not acknowledged on that node's word: the
@@ -259,7 +248,7 @@ fn replicas_killed_during_a_write_end_identical() {
     }
     c.wait_members(3);
     c.wait_recovered();
-    assert_eq!(replicas_agree(&c, 3, o), 3);
+    assert_eq!(c.replicas_agree(o), 3);
     let cl = client(&c, &rt, Duration::from_secs(10));
     let got = rt.block_on(cl.read_obj(o, 0, 16384)).unwrap();
     assert!(
@@ -383,6 +372,6 @@ fn primaries_forwarding_to_each_other_do_not_wait_on_each_other() {
         };
         tokio::join!(write(x.clone(), a), write(y.clone(), b));
     });
-    assert_eq!(replicas_agree(&c, 3, a), 3);
-    assert_eq!(replicas_agree(&c, 3, b), 3);
+    assert_eq!(c.replicas_agree(a), 3);
+    assert_eq!(c.replicas_agree(b), 3);
 }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use super::replicate::FORWARD_TIMEOUT;
 use super::Node;
 use crate::store::ObjState;
-use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 
 const REPAIR_FIRST: Duration = Duration::from_millis(200);
@@ -95,21 +95,9 @@ impl Node {
             h.oid = oid.0;
             h.offset = whole.1.version.0;
             h.aux = whole.1.flags();
-            let conn = self
-                .peers
-                .get(a, FORWARD_TIMEOUT)
-                .await
-                .map_err(|e| e.to_string())?;
-            match conn
-                .call(h, Bytes::from(whole.0.clone()), FORWARD_TIMEOUT)
-                .await
-            {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => {}
-                Ok(f) => return Err(format!("{a}: {}", f.message())),
-                Err(e) => {
-                    self.peers.drop_conn(a).await;
-                    return Err(e.to_string());
-                }
+            let f = self.peer_call(a, h, Bytes::from(whole.0.clone())).await?;
+            if f.header.result_code() != ResultCode::Ok {
+                return Err(format!("{a}: {}", f.message()));
             }
         }
         tracing::info!("object {oid}: owners back at one version ({mine:?}) after a failed change");
@@ -125,18 +113,29 @@ impl Node {
     ) -> Result<Option<ObjState>, String> {
         let mut h = Header::request(Opcode::StatObj, 0, epoch);
         h.oid = oid.0;
+        let f = self.peer_call(addr, h, Bytes::new()).await?;
+        match f.header.result_code() {
+            ResultCode::Ok => Ok(Some(ObjState::from_wire(f.header.offset, f.header.aux))),
+            // Nothing there (or not recovered there yet): it takes this copy.
+            ResultCode::NotFound => Ok(None),
+            _ => Err(format!("{addr}: {}", f.message())),
+        }
+    }
+
+    /// One request to a peer; Err (the connection dropped) only when no answer came.
+    async fn peer_call(
+        &self,
+        addr: SocketAddr,
+        h: Header,
+        payload: Bytes,
+    ) -> Result<Frame, String> {
         let conn = self
             .peers
             .get(addr, FORWARD_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
-        match conn.call(h, Bytes::new(), FORWARD_TIMEOUT).await {
-            Ok(f) if f.header.result_code() == ResultCode::Ok => {
-                Ok(Some(ObjState::from_wire(f.header.offset, f.header.aux)))
-            }
-            // Nothing there (or not recovered there yet): it takes this copy.
-            Ok(f) if f.header.result_code() == ResultCode::NotFound => Ok(None),
-            Ok(f) => Err(format!("{addr}: {}", f.message())),
+        match conn.call(h, payload, FORWARD_TIMEOUT).await {
+            Ok(f) => Ok(f),
             Err(e) => {
                 self.peers.drop_conn(addr).await;
                 Err(e.to_string())
@@ -148,19 +147,10 @@ impl Node {
     async fn take_from(&self, addr: SocketAddr, epoch: u32, oid: ObjectId) -> Result<(), String> {
         let mut h = Header::request(Opcode::PeerRead, 0, epoch);
         h.oid = oid.0;
-        let conn = self
-            .peers
-            .get(addr, FORWARD_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let f = match conn.call(h, Bytes::new(), FORWARD_TIMEOUT).await {
-            Ok(f) if f.header.result_code() == ResultCode::Ok => f,
-            Ok(f) => return Err(format!("{addr}: {}", f.message())),
-            Err(e) => {
-                self.peers.drop_conn(addr).await;
-                return Err(e.to_string());
-            }
-        };
+        let f = self.peer_call(addr, h, Bytes::new()).await?;
+        if f.header.result_code() != ResultCode::Ok {
+            return Err(format!("{addr}: {}", f.message()));
+        }
         let state = ObjState::from_wire(f.header.offset, f.header.aux);
         let store = self.store.clone();
         let _replica = self.replica_lock(oid).lock().await;
