@@ -193,7 +193,17 @@ impl MemCluster {
             .filter_map(|n| n.store.read_whole(oid).ok())
             .collect();
         for w in copies.windows(2) {
-            assert_eq!(w[0], w[1], "replicas of {oid} differ");
+            if w[0] != w[1] {
+                let at = w[0].0.iter().zip(&w[1].0).position(|(a, b)| a != b);
+                panic!(
+                    "replicas of {oid} differ: {:?} ({} bytes) and {:?} ({} bytes), first at byte {at:?}; all: {:?}",
+                    w[0].1,
+                    w[0].0.len(),
+                    w[1].1,
+                    w[1].0.len(),
+                    copies.iter().map(|c| c.1).collect::<Vec<_>>()
+                );
+            }
         }
         copies.len()
     }

@@ -299,7 +299,12 @@ impl Node {
                     continue;
                 }
             };
-            let state = ObjState::from_wire(frame.header.offset, frame.header.aux);
+            // The copy pulled is the reference this node takes, even when its holder's is
+            // suspect (every copy of the newest version was): installed, it is not suspect.
+            let state = ObjState {
+                suspect: false,
+                ..ObjState::from_wire(frame.header.offset, frame.header.aux)
+            };
             let store = self.store.clone();
             // A replica's write to this object waits while a pull installs it.
             let _ordered = self.replica_lock(oid).lock().await;
