@@ -13,6 +13,7 @@
 
 mod history;
 mod recovery;
+mod reference;
 mod repair;
 mod replicate;
 mod server;

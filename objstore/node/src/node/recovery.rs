@@ -32,8 +32,9 @@ use bytes::Bytes;
 use tokio::sync::{Notify, OnceCell};
 
 use super::history::{self, Safety};
+use super::reference::{reference, Reference};
 use super::{Epoch, Node};
-use crate::store::{ObjState, StoreError, Version};
+use crate::store::{ObjState, StoreError};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
@@ -52,7 +53,7 @@ const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
 /// [`PEER_TIMEOUT`]. A listing is 17 bytes per object: a million objects fit well inside it.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 
-struct Pull {
+pub(super) struct Pull {
     want: ObjState,
     sources: Vec<SocketAddr>,
     result: OnceCell<Result<(), PullFailed>>,
@@ -155,6 +156,31 @@ impl Recovery {
         self.pending.lock().unwrap().remove(&oid);
     }
 
+    /// Holds `oid` pending with no source, so its I/O waits (`Busy`) while the caller finds
+    /// where to pull it from ([`Recovery::release`]).
+    pub(super) fn hold(&self, oid: ObjectId, want: ObjState) -> Arc<Pull> {
+        let hold = Arc::new(Pull {
+            want,
+            sources: Vec::new(),
+            result: OnceCell::new(),
+        });
+        self.pending.lock().unwrap().insert(oid, hold.clone());
+        hold
+    }
+
+    /// Replaces `hold` (if still there) by a pull from `sources`.
+    pub(super) fn release(&self, oid: ObjectId, hold: &Arc<Pull>, sources: Vec<SocketAddr>) {
+        let mut pending = self.pending.lock().unwrap();
+        if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, hold)) {
+            let pull = Arc::new(Pull {
+                want: hold.want,
+                sources,
+                result: OnceCell::new(),
+            });
+            pending.insert(oid, pull);
+        }
+    }
+
     /// Makes failed pulls of `oids` pullable again (the next `Node::ensure_recovered` pulls);
     /// returns those still pending (a request may have pulled some meanwhile).
     fn retry(&self, oids: Vec<ObjectId>) -> Vec<ObjectId> {
@@ -208,67 +234,6 @@ impl Node {
             }
         }
         res
-    }
-
-    /// Restores copies whose data a failed flush may have lost: each is dropped here (its I/O
-    /// waits meanwhile) and pulled again from the owner holding the newest version. Err names
-    /// the first that no owner holds at least at the version lost (`want`): the data the flush
-    /// was to make durable is gone, and the flush must fail.
-    pub(super) async fn restore_lost(&self, lost: &[(ObjectId, Version)]) -> Result<(), ObjectId> {
-        let ep = self.epoch();
-        let epoch = ep.view.epoch;
-        let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
-        let mut first_err = None;
-        for &(oid, want) in lost {
-            // Block I/O on it before anything else: a pull with no source fails (Busy).
-            let hold = Arc::new(Pull {
-                want: ObjState::live(want),
-                sources: Vec::new(),
-                result: OnceCell::new(),
-            });
-            self.recovery
-                .pending
-                .lock()
-                .unwrap()
-                .insert(oid, hold.clone());
-            let store = self.store.clone();
-            let forgot = self.blocking(move || store.forget(oid)).await;
-            let mut held = Vec::new();
-            for n in ep.ring.replicas(oid, copies) {
-                if n.id == self.me.id {
-                    continue;
-                }
-                if let Ok(Some(st)) = self.stat_peer(n.addr, epoch, oid).await {
-                    held.push((n.addr, st));
-                }
-            }
-            held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
-            let enough = held.first().is_some_and(|(_, st)| st.version >= want);
-            let pull = Arc::new(Pull {
-                want: ObjState::live(want),
-                sources: held.iter().map(|(a, _)| *a).collect(),
-                result: OnceCell::new(),
-            });
-            {
-                let mut pending = self.recovery.pending.lock().unwrap();
-                if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &hold)) {
-                    pending.insert(oid, pull);
-                }
-            }
-            let restored = self.ensure_recovered(oid).await.is_ok();
-            if !matches!(forgot, Ok(Ok(()))) || !restored || !enough {
-                tracing::error!(
-                    "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner holds it (restored: {restored})"
-                );
-                first_err.get_or_insert(oid);
-            } else {
-                tracing::info!("object {oid} restored from another replica after a failed flush");
-            }
-        }
-        match first_err {
-            Some(oid) => Err(oid),
-            None => Ok(()),
-        }
     }
 
     async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
@@ -725,67 +690,6 @@ impl Node {
     }
 }
 
-/// Where this node's copy of an object must come from.
-#[derive(Debug, PartialEq, Eq)]
-enum Reference {
-    /// The local copy is current (or the reference the others take).
-    Mine,
-    /// Pull this state from these nodes.
-    Pull(ObjState, Vec<SocketAddr>),
-}
-
-/// Chooses the copy of one object this node must hold, from its own state (`mine`) and the
-/// holders of the newest version elsewhere (`holders`, all at one version): the newest version
-/// wins; among copies of the newest version, one that is not suspect wins over suspect ones
-/// (whose bytes may hold an unacknowledged write); when every copy of the newest version is
-/// suspect, the one on the node with the lowest id is the reference, so every replica ends with
-/// the same bytes.
-fn reference(
-    me: u64,
-    ids: &HashMap<SocketAddr, u64>,
-    mine: Option<ObjState>,
-    holders: &[(SocketAddr, ObjState)],
-) -> Reference {
-    let Some((_, newest)) = holders.first().copied() else {
-        return Reference::Mine;
-    };
-    let mine_v = mine.map(|m| m.version).unwrap_or_default();
-    if mine.is_some() && mine_v > newest.version {
-        return Reference::Mine;
-    }
-    let clean: Vec<SocketAddr> = holders
-        .iter()
-        .filter(|(_, s)| !s.suspect)
-        .map(|(a, _)| *a)
-        .collect();
-    if mine.is_some() && mine_v == newest.version {
-        let m = mine.unwrap_or_default();
-        if !m.suspect {
-            return Reference::Mine;
-        }
-        if !clean.is_empty() {
-            return Reference::Pull(ObjState::live(newest.version), clean);
-        }
-    } else if !clean.is_empty() {
-        let want = holders
-            .iter()
-            .find(|(_, s)| !s.suspect)
-            .map(|(_, s)| *s)
-            .unwrap_or(newest);
-        return Reference::Pull(want, clean);
-    }
-    // Every copy of the newest version is suspect (mine too, if I have one).
-    let lowest = holders
-        .iter()
-        .map(|(a, _)| (ids.get(a).copied().unwrap_or(u64::MAX), *a))
-        .min();
-    match lowest {
-        Some((id, _)) if mine_v == newest.version && me < id => Reference::Mine,
-        Some((_, addr)) => Reference::Pull(newest, vec![addr]),
-        None => Reference::Mine,
-    }
-}
-
 /// The recovery task: one round per epoch, restarted whenever the epoch changes.
 pub(super) async fn run(node: Arc<Node>) {
     let mut rx = node.subscribe();
@@ -805,76 +709,5 @@ pub(super) async fn run(node: Arc<Node>) {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use objstore_proto::version::Version;
-
-    fn addr(i: u16) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], 7000 + i))
-    }
-
-    fn st(v: u64, suspect: bool) -> ObjState {
-        ObjState {
-            suspect,
-            ..ObjState::live(Version(v))
-        }
-    }
-
-    #[test]
-    fn the_reference_copy() {
-        let ids: HashMap<SocketAddr, u64> = (1..=3).map(|i| (addr(i), i as u64)).collect();
-        let me = 2;
-        // Nothing elsewhere, or older: mine.
-        assert_eq!(reference(me, &ids, Some(st(5, true)), &[]), Reference::Mine);
-        assert_eq!(
-            reference(me, &ids, Some(st(5, false)), &[(addr(1), st(4, false))]),
-            Reference::Mine
-        );
-        // Newer elsewhere: pull it, clean holders first.
-        assert_eq!(
-            reference(
-                me,
-                &ids,
-                Some(st(4, false)),
-                &[(addr(1), st(5, true)), (addr(3), st(5, false))]
-            ),
-            Reference::Pull(st(5, false), vec![addr(3)])
-        );
-        // Same version: a clean copy of mine stays; a suspect one takes a clean one.
-        assert_eq!(
-            reference(me, &ids, Some(st(5, false)), &[(addr(1), st(5, true))]),
-            Reference::Mine
-        );
-        assert_eq!(
-            reference(me, &ids, Some(st(5, true)), &[(addr(3), st(5, false))]),
-            Reference::Pull(st(5, false), vec![addr(3)])
-        );
-        // Every copy suspect: the lowest node id is the reference.
-        assert_eq!(
-            reference(me, &ids, Some(st(5, true)), &[(addr(3), st(5, true))]),
-            Reference::Mine
-        );
-        assert_eq!(
-            reference(
-                me,
-                &ids,
-                Some(st(5, true)),
-                &[(addr(1), st(5, true)), (addr(3), st(5, true))]
-            ),
-            Reference::Pull(st(5, true), vec![addr(1)])
-        );
-        assert_eq!(
-            reference(
-                me,
-                &ids,
-                None,
-                &[(addr(3), st(5, true)), (addr(1), st(5, true))]
-            ),
-            Reference::Pull(st(5, true), vec![addr(1)])
-        );
     }
 }

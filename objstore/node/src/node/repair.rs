@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 use super::replicate::FORWARD_TIMEOUT;
 use super::Node;
-use crate::store::ObjState;
+use crate::store::{ObjState, Version};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 
@@ -158,5 +158,50 @@ impl Node {
             .await
             .map(|_| ())
             .map_err(|f| f.message)
+    }
+}
+
+impl Node {
+    /// Restores copies whose data a failed flush may have lost: each is dropped here (its I/O
+    /// waits meanwhile) and pulled again from the owner holding the newest version. Err names
+    /// the first that no owner holds at least at the version lost (`want`): the data the flush
+    /// was to make durable is gone, and the flush must fail.
+    pub(super) async fn restore_lost(&self, lost: &[(ObjectId, Version)]) -> Result<(), ObjectId> {
+        let ep = self.epoch();
+        let epoch = ep.view.epoch;
+        let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
+        let mut first_err = None;
+        for &(oid, want) in lost {
+            // Block I/O on it before anything else: a pull with no source fails (Busy).
+            let hold = self.recovery.hold(oid, ObjState::live(want));
+            let store = self.store.clone();
+            let forgot = self.blocking(move || store.forget(oid)).await;
+            let mut held = Vec::new();
+            for n in ep.ring.replicas(oid, copies) {
+                if n.id == self.me.id {
+                    continue;
+                }
+                if let Ok(Some(st)) = self.stat_peer(n.addr, epoch, oid).await {
+                    held.push((n.addr, st));
+                }
+            }
+            held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
+            let enough = held.first().is_some_and(|(_, st)| st.version >= want);
+            self.recovery
+                .release(oid, &hold, held.iter().map(|(a, _)| *a).collect());
+            let restored = self.ensure_recovered(oid).await.is_ok();
+            if !matches!(forgot, Ok(Ok(()))) || !restored || !enough {
+                tracing::error!(
+                    "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner holds it (restored: {restored})"
+                );
+                first_err.get_or_insert(oid);
+            } else {
+                tracing::info!("object {oid} restored from another replica after a failed flush");
+            }
+        }
+        match first_err {
+            Some(oid) => Err(oid),
+            None => Ok(()),
+        }
     }
 }
