@@ -31,8 +31,8 @@ check:
 	$(CARGO) test --workspace --lib --bins
 
 ## sim: the deterministic fault simulator over SEEDS seeds from SEED_BASE (release build;
-## `cargo test` runs 1000). It fails on the rules the current code keeps; SIM_STRICT=1 fails on
-## every rule of the checker (issue 22). Replay one seed: SEED=N cargo test -p objstore-sim
+## `cargo test` runs 1000). It fails on every rule of the checker (SIM_STRICT=0: only the
+## lenient ones). Replay one seed: SEED=N cargo test -p objstore-sim
 ## --test seeds seeds -- --nocapture
 SEEDS ?= 10000
 SEED_BASE ?= 0

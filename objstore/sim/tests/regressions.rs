@@ -174,14 +174,14 @@ fn a_repair_is_scheduled_again_in_a_new_epoch() {
     assert_clean(490);
 }
 
-/// Acknowledged, flushed writes lost with no owner left holding them, after a long series of
-/// crashes, full disks and failed fdatasyncs on every owner; a later write then made the object
-/// anew around its own block. Not understood yet: a copy forgotten after a failed fdatasync
-/// whose restore also failed may leave an owner that the history rule trusts without the data.
-/// (Seed 797: writes 1 and 5 to object 5, flushed by 0.25 s; write 10 at 13.14 s; the final
-/// read has only write 10.)
+/// A copy lost with a failed fdatasync whose restore failed (no other owner reachable then)
+/// was forgotten; in a later epoch the node, primary of the object and holding nothing, took
+/// a write as if the object were new and made it anew around one block, over the flushed data
+/// the other owners held. Now the copy stays (unreadable) and the object stays held, in every
+/// plan, until a copy at least as new as the one lost is found (or every node that could hold
+/// one has listed and none does). (Seed 797: writes 1 and 5 to object 5, flushed by 0.25 s;
+/// write 10 at 13.14 s; the final read had only write 10.)
 #[test]
-#[ignore = "issue 22: flushed writes lost after failed fdatasyncs and crashes on every owner"]
 fn flushed_writes_lost_after_failed_fdatasyncs_on_every_owner() {
     assert_clean(797);
 }

@@ -34,7 +34,7 @@ use tokio::sync::{Notify, OnceCell};
 use super::history::{self, Safety};
 use super::reference::{reference, Reference};
 use super::{Epoch, Node};
-use crate::store::{ObjState, StoreError};
+use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
@@ -79,6 +79,11 @@ pub(super) struct Recovery {
     planned_set: Notify,
     recovered: AtomicU32,
     pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
+    /// Copies this node lost with a failed fdatasync and could not restore, with the version
+    /// lost: until a copy at least that new is found, they stay pending (their I/O waits) in
+    /// every plan, so this node never serves or writes over an older copy as if it were
+    /// current.
+    lost: Mutex<HashMap<ObjectId, Version>>,
     safety: RwLock<Arc<Safety>>,
     status: Mutex<RecoveryStatus>,
 }
@@ -90,6 +95,7 @@ impl Default for Recovery {
             planned_set: Notify::new(),
             recovered: AtomicU32::new(0),
             pending: Mutex::default(),
+            lost: Mutex::default(),
             safety: RwLock::new(Arc::new(Safety::all())),
             status: Mutex::default(),
         }
@@ -166,6 +172,11 @@ impl Recovery {
         });
         self.pending.lock().unwrap().insert(oid, hold.clone());
         hold
+    }
+
+    /// Remembers that this node's copy of `oid` lost the data of version `want`.
+    pub(super) fn lose(&self, oid: ObjectId, want: Version) {
+        self.lost.lock().unwrap().insert(oid, want);
     }
 
     /// Replaces `hold` (if still there) by a pull from `sources`.
@@ -279,6 +290,11 @@ impl Node {
                 .expect("store task");
             match put {
                 Ok(_) => {
+                    let mut lost = self.recovery.lost.lock().unwrap();
+                    if lost.get(&oid).is_some_and(|w| state.version >= *w) {
+                        lost.remove(&oid);
+                    }
+                    drop(lost);
                     self.recovery.update(|s| s.done += 1);
                     return Ok(());
                 }
@@ -446,7 +462,49 @@ impl Node {
                 continue;
             }
             let holders = best.remove(&oid).unwrap_or_default();
-            let mine = local.get(&oid).copied();
+            let lost_want = self.recovery.lost.lock().unwrap().get(&oid).copied();
+            let all_listed = unlisted.is_empty() && safety.is_complete();
+            if let Some(want) = lost_want {
+                // Only a copy at least as new as the one lost will do; none up: it waits,
+                // unless every node that could hold one listed its copies and none has it
+                // (the data is gone everywhere: the flush that lost it failed, so it was never
+                // promised durable): then the newest copy there is will do.
+                let sources: Vec<SocketAddr> = holders
+                    .iter()
+                    .filter(|(_, st)| st.version >= want)
+                    .map(|(a, _)| *a)
+                    .collect();
+                if sources.is_empty() && all_listed {
+                    tracing::error!(
+                        "epoch {e}: object {oid}: no node holds the data this node lost at {want:?}; taking the newest copy there is"
+                    );
+                    self.recovery.lost.lock().unwrap().remove(&oid);
+                    let _ = self
+                        .blocking({
+                            let store = self.store.clone();
+                            move || store.forget(oid)
+                        })
+                        .await;
+                } else {
+                    if sources.is_empty() {
+                        waiting += 1;
+                    }
+                    pending.insert(
+                        oid,
+                        Arc::new(Pull {
+                            want: ObjState::live(want),
+                            sources,
+                            result: OnceCell::new(),
+                        }),
+                    );
+                    continue;
+                }
+            }
+            let mine = if lost_want.is_some() {
+                None
+            } else {
+                local.get(&oid).copied()
+            };
             match reference(self.me.id, &ids, mine, &holders) {
                 Reference::Mine => {
                     if mine.is_some_and(|m| m.suspect) {
@@ -523,12 +581,19 @@ impl Node {
             if total > 0 {
                 tracing::info!("epoch {e}: recovering {total} object(s)");
             }
-            let complete = safety.is_complete() && unlisted.is_empty();
+            let sourceless = pending.values().filter(|p| p.sources.is_empty()).count();
+            let complete = safety.is_complete() && unlisted.is_empty() && sourceless == 0;
             let (mut waiting_for, waiting_epoch) = safety.waiting_for(None);
             waiting_for.extend(unlisted.iter().copied());
             waiting_for.sort();
             waiting_for.dedup();
-            let mut oids: Vec<ObjectId> = pending.keys().copied().collect();
+            // A pending object with no source (a lost copy no node up holds) waits like the
+            // objects the history rule holds back: the round plans again for it.
+            let mut oids: Vec<ObjectId> = pending
+                .iter()
+                .filter(|(_, p)| !p.sources.is_empty())
+                .map(|(o, _)| *o)
+                .collect();
             oids.sort_unstable();
             *self.recovery.pending.lock().unwrap() = pending;
             *self.recovery.safety.write().unwrap() = Arc::new(safety);

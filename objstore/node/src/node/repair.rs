@@ -162,10 +162,11 @@ impl Node {
 }
 
 impl Node {
-    /// Restores copies whose data a failed flush may have lost: each is dropped here (its I/O
-    /// waits meanwhile) and pulled again from the owner holding the newest version. Err names
-    /// the first that no owner holds at least at the version lost (`want`): the data the flush
-    /// was to make durable is gone, and the flush must fail.
+    /// Restores copies whose data a failed flush may have lost: each is held (its I/O waits
+    /// meanwhile; the local copy stays, unreadable, so nothing treats the object as new) and
+    /// pulled again from an owner holding at least the version lost (`want`). Err names the
+    /// first that no owner up holds that new: the data the flush was to make durable is not
+    /// here, the flush must fail, and the object stays held until such a copy is found.
     pub(super) async fn restore_lost(&self, lost: &[(ObjectId, Version)]) -> Result<(), ObjectId> {
         let ep = self.epoch();
         let epoch = ep.view.epoch;
@@ -174,8 +175,6 @@ impl Node {
         for &(oid, want) in lost {
             // Block I/O on it before anything else: a pull with no source fails (Busy).
             let hold = self.recovery.hold(oid, ObjState::live(want));
-            let store = self.store.clone();
-            let forgot = self.blocking(move || store.forget(oid)).await;
             let mut held = Vec::new();
             for n in ep.ring.replicas(oid, copies) {
                 if n.id == self.me.id {
@@ -186,11 +185,15 @@ impl Node {
                 }
             }
             held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
-            let enough = held.first().is_some_and(|(_, st)| st.version >= want);
-            self.recovery
-                .release(oid, &hold, held.iter().map(|(a, _)| *a).collect());
+            let sources: Vec<SocketAddr> = held
+                .iter()
+                .filter(|(_, st)| st.version >= want)
+                .map(|(a, _)| *a)
+                .collect();
+            self.recovery.lose(oid, want);
+            self.recovery.release(oid, &hold, sources);
             let restored = self.ensure_recovered(oid).await.is_ok();
-            if !matches!(forgot, Ok(Ok(()))) || !restored || !enough {
+            if !restored {
                 tracing::error!(
                     "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner holds it (restored: {restored})"
                 );

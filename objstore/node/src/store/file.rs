@@ -335,7 +335,11 @@ impl ObjectBackend for FileStore {
     ) -> Result<bool, StoreError> {
         let _g = self.lock(oid).write().unwrap();
         let old = self.entry(oid);
-        if old.is_some_and(|e| !e.state.replaced_by(state)) {
+        // A copy whose last sync failed is replaced by any copy at least as new.
+        let bad = self.bad.lock().unwrap().contains(&oid);
+        if old.is_some_and(|e| {
+            !(e.state.replaced_by(state) || (bad && state.version >= e.state.version))
+        }) {
             return Ok(false);
         }
         self.install(oid, 0, data, state, old)?;

@@ -249,11 +249,11 @@ impl ObjectBackend for MemStore {
     ) -> Result<bool, StoreError> {
         let mut st = self.state.lock().unwrap();
         MemStore::check(&st, if state.deleted { Op::Remove } else { Op::Write }, oid)?;
-        if st
-            .live
-            .get(&oid)
-            .is_some_and(|o| !o.state.replaced_by(state))
-        {
+        // A copy whose last flush failed is replaced by any copy at least as new.
+        let bad = st.bad.contains(&oid);
+        if st.live.get(&oid).is_some_and(|o| {
+            !(o.state.replaced_by(state) || (bad && state.version >= o.state.version))
+        }) {
             return Ok(false);
         }
         let o = Obj {
