@@ -40,7 +40,7 @@ use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::version::decode_list;
 
-const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 const PULL_PARALLEL: usize = 4;
 const PLAN_WAIT: Duration = Duration::from_secs(10);
 /// The first wait before failed pulls are tried again, doubling up to [`RETRY_MAX`].
@@ -213,7 +213,7 @@ impl Recovery {
             .collect()
     }
 
-    fn update(&self, f: impl FnOnce(&mut RecoveryStatus)) {
+    pub(super) fn update(&self, f: impl FnOnce(&mut RecoveryStatus)) {
         f(&mut self.status.lock().unwrap());
     }
 }
@@ -340,48 +340,6 @@ impl Node {
                     return None;
                 }
             }
-        }
-    }
-
-    /// Whether every owner of `oid` in `ep` holds it at `state`'s version or newer (asked of
-    /// each).
-    async fn owners_hold(&self, ep: &Epoch, oid: ObjectId, state: ObjState, copies: usize) -> bool {
-        let owners: Vec<SocketAddr> = ep
-            .ring
-            .replicas(oid, copies)
-            .iter()
-            .map(|n| n.addr)
-            .collect();
-        let stats = futures::future::join_all(owners.iter().map(|&a| async move {
-            let mut h = Header::request(Opcode::StatObj, 0, ep.view.epoch);
-            h.oid = oid.0;
-            let conn = self.peers.get(a, PEER_TIMEOUT).await.ok()?;
-            match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => {
-                    Some(ObjState::from_wire(f.header.offset, f.header.aux))
-                }
-                Ok(_) => None,
-                Err(_) => {
-                    self.peers.drop_conn(a).await;
-                    None
-                }
-            }
-        }))
-        .await;
-        !owners.is_empty()
-            && stats
-                .iter()
-                .all(|s| s.is_some_and(|s| s.version >= state.version))
-    }
-
-    async fn peer_recovered(&self, addr: SocketAddr, epoch: u32) -> u32 {
-        let h = Header::request(Opcode::PeerStatus, 0, epoch);
-        let Ok(conn) = self.peers.get(addr, PEER_TIMEOUT).await else {
-            return 0;
-        };
-        match conn.call(h, Bytes::new(), PEER_TIMEOUT).await {
-            Ok(f) if f.header.result_code() == ResultCode::Ok => f.header.aux,
-            _ => 0,
         }
     }
 
@@ -695,63 +653,6 @@ impl Node {
             }
             tokio::time::sleep(RETRY_FIRST * (attempt + 1)).await;
         }
-    }
-
-    /// Drops copies this node does not own once every owner holds them.
-    async fn collect(&self, ep: &Epoch, copies: usize) {
-        let e = ep.view.epoch;
-        let changed = || self.epoch().view.epoch != e;
-        // Wait until every owner has recovered this epoch.
-        loop {
-            if changed() {
-                return;
-            }
-            let others: Vec<SocketAddr> = ep
-                .view
-                .nodes
-                .iter()
-                .filter(|n| n.id != self.me.id)
-                .map(|n| n.addr)
-                .collect();
-            let got =
-                futures::future::join_all(others.iter().map(|&a| self.peer_recovered(a, e))).await;
-            if got.iter().all(|&r| r >= e) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let mut removed = 0;
-        let mut kept = 0;
-        for (oid, state) in self.store.list() {
-            if changed() {
-                return;
-            }
-            if ep.ring.holds(self.me.id, oid, copies) {
-                continue;
-            }
-            // Every owner said it recovered the epoch; still, this copy goes only once each
-            // owner shows it holds this version or a newer one.
-            if !self.owners_hold(ep, oid, state, copies).await {
-                kept += 1;
-                continue;
-            }
-            let store = self.store.clone();
-            if let Ok(Ok(())) = self.blocking(move || store.forget(oid)).await {
-                removed += 1;
-            }
-        }
-        if removed > 0 {
-            tracing::info!("epoch {e}: dropped {removed} object(s) now held by others");
-        }
-        if kept > 0 {
-            tracing::warn!(
-                "epoch {e}: kept {kept} object(s) this node no longer owns: not every owner holds them yet"
-            );
-        }
-        self.recovery.update(|s| {
-            s.removed = removed;
-            s.state = RecoveryState::Done;
-        });
     }
 }
 
