@@ -109,6 +109,7 @@ impl MemCluster {
             zone: None,
             vnodes: 128,
             pull_delay: std::time::Duration::ZERO,
+            driver_opts: Default::default(),
         };
         let parts = NodeParts {
             store: Some(n.store.clone()),

@@ -93,6 +93,7 @@ impl SimCluster {
             zone: None,
             vnodes,
             pull_delay: Duration::ZERO,
+            driver_opts: Default::default(),
         };
         let parts = NodeParts {
             store: Some(n.store.clone()),

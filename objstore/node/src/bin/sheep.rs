@@ -17,9 +17,14 @@ struct Args {
     /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1:7000")]
     listen: SocketAddr,
-    /// Membership driver: local:STATE_DIR (nodes on one host share STATE_DIR).
+    /// Membership driver: local:STATE_DIR (nodes on one host share STATE_DIR) or
+    /// etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (nodes on many hosts; PREFIX default /sheep).
     #[arg(long)]
     cluster: String,
+    /// How long the cluster keeps a silent node (etcd: its lease TTL, whole seconds, e.g. 5s).
+    /// A node cut off from etcd this long stops serving I/O until it hears from etcd again.
+    #[arg(long, default_value = "5s", value_parser = parse_ttl)]
+    lease_ttl: std::time::Duration,
     /// Failure domain; copies of one object go to distinct zones. Default: one zone per node.
     #[arg(long)]
     zone: Option<u32>,
@@ -33,6 +38,15 @@ struct Args {
     /// Log filter when RUST_LOG is not set.
     #[arg(long, default_value = "info")]
     log: String,
+}
+
+/// A lease TTL: a human duration of whole seconds, 1s to 1h.
+fn parse_ttl(s: &str) -> Result<std::time::Duration, String> {
+    let d = objstore_proto::duration::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.subsec_nanos() != 0 || d.as_secs() < 1 || d.as_secs() > 3600 {
+        return Err(format!("'{s}': a lease TTL is whole seconds from 1s to 1h"));
+    }
+    Ok(d)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -55,6 +69,9 @@ fn main() -> anyhow::Result<()> {
             zone: args.zone,
             vnodes: args.vnodes,
             pull_delay: std::time::Duration::from_millis(args.test_pull_delay_ms),
+            driver_opts: objstore_node::membership::DriverOptions {
+                lease_ttl: args.lease_ttl,
+            },
         })
         .await
         .with_context(|| format!("sheep on {} could not start", args.listen))?;

@@ -91,6 +91,25 @@ pub struct MemDriver {
 }
 
 impl Driver for MemDriver {
+    // Leases: being built (helper branch "leases"); refused until then.
+    fn kv_cas_leased(
+        &self,
+        _k: &str,
+        _e: Option<&[u8]>,
+        _n: &[u8],
+        _l: u64,
+    ) -> Result<bool, DriverError> {
+        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
+    }
+    fn lease_grant(&self, _ttl: std::time::Duration) -> Result<u64, DriverError> {
+        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
+    }
+    fn lease_keepalive(&self, _lease: u64) -> Result<bool, DriverError> {
+        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
+    }
+    fn lease_revoke(&self, _lease: u64) -> Result<(), DriverError> {
+        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
+    }
     fn cluster_id(&self) -> Result<String, DriverError> {
         Ok(self.cluster.id.clone())
     }

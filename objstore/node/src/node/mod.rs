@@ -45,8 +45,10 @@ use objstore_proto::view::{ClusterConfig, ClusterInfo, NodeInfo, View};
 pub struct NodeOptions {
     pub dir: PathBuf,
     pub listen: SocketAddr,
-    /// Driver spelling, e.g. `local:/path/to/state`.
+    /// Driver spelling, e.g. `local:/path/to/state` or `etcd://10.0.0.1:2379/sheep`.
     pub cluster: String,
+    /// The driver's settings (`--lease-ttl`).
+    pub driver_opts: membership::DriverOptions,
     /// Failure domain; defaults to one zone per node.
     pub zone: Option<u32>,
     pub vnodes: u32,
@@ -258,7 +260,7 @@ impl Node {
         let inline = parts.inline;
         let driver: Arc<dyn Driver> = match parts.driver {
             Some(d) => d,
-            None => Arc::from(membership::open(&opts.cluster)?),
+            None => Arc::from(membership::open(&opts.cluster, opts.driver_opts)?),
         };
         let d = driver.clone();
         let cluster_id = run_blocking(inline, move || d.cluster_id())
