@@ -482,6 +482,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
             "the cluster is not formatted: run 'dog cluster format'",
         )
     })?;
+    node.check_member()?;
     let ep = node.epoch();
     let cur = ep.view.epoch;
     if h.epoch < cur {
