@@ -574,6 +574,20 @@ impl Drop for EtcdDriver {
 }
 
 impl Driver for EtcdDriver {
+    fn describe(&self) -> String {
+        format!(
+            "etcd://{}{} (lease TTL {}s)",
+            self.inner
+                .endpoints
+                .split(',')
+                .map(|e| e.trim_start_matches("http://"))
+                .collect::<Vec<_>>()
+                .join(","),
+            self.inner.prefix,
+            self.inner.ttl.as_secs()
+        )
+    }
+
     fn cluster_id(&self) -> Result<String, DriverError> {
         self.call(|inner| {
             Box::pin(async move {

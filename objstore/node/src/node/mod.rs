@@ -472,6 +472,7 @@ impl Node {
             cluster_id: self.cluster_id.clone(),
             config: self.config(),
             view: self.epoch().view.clone(),
+            membership: self.driver.describe(),
         }
     }
 

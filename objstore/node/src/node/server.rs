@@ -416,6 +416,14 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 disk_total,
                 disk_free,
                 recovery: node.recovery_status(),
+                lease_left_ms: node.driver.member_until().map(|until| {
+                    let now = std::time::Instant::now();
+                    if until >= now {
+                        (until - now).as_millis() as i64
+                    } else {
+                        -((now - until).as_millis() as i64)
+                    }
+                }),
             }))
         }
         Opcode::Format => format(node, json(&payload)?).await,
