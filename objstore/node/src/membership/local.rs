@@ -237,6 +237,10 @@ impl LocalDriver {
 }
 
 impl Driver for LocalDriver {
+    fn describe(&self) -> String {
+        format!("local:{}", self.dir.display())
+    }
+
     // Leases: being built (helper branch "leases"); refused until then.
     fn kv_cas_leased(
         &self,

@@ -91,6 +91,10 @@ pub struct MemDriver {
 }
 
 impl Driver for MemDriver {
+    fn describe(&self) -> String {
+        format!("memory:{}", self.cluster.id)
+    }
+
     // Leases: being built (helper branch "leases"); refused until then.
     fn kv_cas_leased(
         &self,

@@ -129,6 +129,9 @@ pub trait Driver: Send + Sync + 'static {
     fn lease_keepalive(&self, lease: u64) -> Result<bool, DriverError>;
     /// Ends a lease now, deleting its keys; ending an unknown lease is not an error.
     fn lease_revoke(&self, lease: u64) -> Result<(), DriverError>;
+    /// The driver and its store, for people: `local:/var/lib/sheep/state`,
+    /// `etcd://10.0.0.1:2379/sheep (lease TTL 5s)`.
+    fn describe(&self) -> String;
     /// Until when this node is surely still a member (see the module doc); `None`: no bound.
     fn member_until(&self) -> Option<Instant> {
         None

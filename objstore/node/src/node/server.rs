@@ -416,6 +416,14 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 disk_total,
                 disk_free,
                 recovery: node.recovery_status(),
+                lease_left_ms: node.driver.member_until().map(|until| {
+                    let now = std::time::Instant::now();
+                    if until >= now {
+                        (until - now).as_millis() as i64
+                    } else {
+                        -((now - until).as_millis() as i64)
+                    }
+                }),
             }))
         }
         Opcode::Format => format(node, json(&payload)?).await,
@@ -482,6 +490,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
             "the cluster is not formatted: run 'dog cluster format'",
         )
     })?;
+    node.check_member()?;
     let ep = node.epoch();
     let cur = ep.view.epoch;
     if h.epoch < cur {
