@@ -378,7 +378,8 @@ fn restart_new_incarnation(s: &mut Store) {
 }
 
 /// Many nodes joining at once: epochs go up one at a time from 1, every one readable with
-/// `view_at`, no epoch number with two different views, consecutive views differ.
+/// `view_at`, no epoch number with two different views, consecutive views differ, and every
+/// join's view holds the node that joined.
 fn epoch_order(s: &mut Store) {
     const N: u64 = 8;
     let drivers: Vec<Arc<dyn Driver>> = (0..N).map(|_| s.driver()).collect();
@@ -442,11 +443,9 @@ fn epoch_order(s: &mut Store) {
         prev = v;
     }
     assert_eq!(prev, last);
-    assert!(
-        last.epoch >= N as u32,
-        "{N} joins, only {} epochs",
-        last.epoch
-    );
+    // Joins that overlap may share an epoch (etcd: the node that makes the next epoch puts
+    // every node registered by then in it); joins one after another make one epoch each (the
+    // `join` case).
 }
 
 /// Many nodes creating the same key at once (a VDI create race): exactly one wins, and the
@@ -744,9 +743,11 @@ fn watch_after_reconnect(s: &mut Store) {
     drop(ticker);
 }
 
-/// etcd stopped and started again: calls fail (boundedly) meanwhile; a node cut off for its
-/// lease TTL is no longer surely a member (`member_until` passes); afterwards ticks work, and
-/// every key-value datum and past view survive.
+/// etcd stopped and started again: key-value calls fail (boundedly) meanwhile, and ticks
+/// either fail or return the last view (the etcd driver renews its lease on its own stream,
+/// so a tick reports the view it knows); a node cut off for its lease TTL is no longer surely
+/// a member (`member_until` passes); afterwards ticks work, and every key-value datum and
+/// past view survive.
 fn store_restart(s: &mut Store) {
     let ttl = Duration::from_secs(2);
     let a = s.driver_with(DriverOptions { lease_ttl: ttl });
@@ -759,29 +760,36 @@ fn store_restart(s: &mut Store) {
     ));
     s.etcd().stop(0);
     let down = Instant::now();
-    // Calls fail, without blocking for long, while the store is down.
-    let d = a.clone();
-    let r = bounded(
-        "a tick while etcd is down",
-        Duration::from_secs(15),
-        move || d.tick().map(|_| ()).map_err(|e| chain(&e)),
-    );
+    // Key-value calls fail, without blocking for long, while the store is down.
     let d = a.clone();
     let w = bounded(
         "a kv_cas while etcd is down",
         Duration::from_secs(15),
         move || d.kv_cas("vdi/new", None, Some(b"x")).map_err(|e| chain(&e)),
     );
-    assert!(r.is_err(), "a tick succeeded with etcd down");
     assert!(w.is_err(), "a kv_cas succeeded with etcd down: {w:?}");
-    // Cut off for the TTL: no longer surely a member, whatever the ticks.
+    let d = a.clone();
+    let r = bounded(
+        "a kv_get while etcd is down",
+        Duration::from_secs(15),
+        move || d.kv_get("vdi/keep").map_err(|e| chain(&e)),
+    );
+    assert!(r.is_err(), "a kv_get succeeded with etcd down: {r:?}");
+    // Cut off for the TTL: no longer surely a member, whatever the ticks (which fail, or
+    // report the last view known).
     loop {
         let d = a.clone();
-        let _ = bounded(
+        let t = bounded(
             "a tick while etcd is down",
             Duration::from_secs(15),
             move || d.tick(),
         );
+        if let Ok(v) = t {
+            assert_eq!(
+                v, v1,
+                "a tick with etcd down returned a view etcd never had"
+            );
+        }
         match a.member_until() {
             Some(u) if u <= Instant::now() => break,
             Some(_) => {}
@@ -795,26 +803,28 @@ fn store_restart(s: &mut Store) {
         std::thread::sleep(TICK);
     }
     s.etcd().start_member(0);
-    // Back: the node ticks again (rejoining if its lease ended meanwhile).
+    // Back: the node hears from etcd again (member_until ahead once more) and ticks, joining
+    // again if its lease ended meanwhile.
     let deadline = Instant::now() + Duration::from_secs(15);
     let view = loop {
+        let back = a.member_until().is_some_and(|u| u > Instant::now());
         match a.tick() {
-            Ok(v) if v.node(1).is_some() => break v,
-            Ok(v) => panic!("a tick after the restart returned a view without me: {v:?}"),
+            Ok(v) if back && v.node(1).is_some() => break v,
+            Ok(v) if back => panic!("a tick after the restart returned a view without me: {v:?}"),
+            Ok(_) => {}
             Err(DriverError::LeaseExpired) => {
                 let v = ok("a joins again", a.join(&node(1, 2)));
                 assert!(v.node(1).is_some());
             }
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "ticks still fail 15 s after etcd came back: {}",
-                chain(&e)
-            ),
+            Err(e) => eprintln!("tick after the restart: {}", chain(&e)),
         }
+        assert!(
+            Instant::now() < deadline,
+            "a does not hear from etcd 15 s after it came back"
+        );
         std::thread::sleep(TICK);
     };
     assert!(view.epoch >= v1.epoch);
-    assert!(a.member_until().is_some_and(|u| u > Instant::now()));
     assert_eq!(ok("get", a.kv_get("vdi/keep")), Some(b"data".to_vec()));
     assert_eq!(
         ok("get", a.kv_get("lock/keep")),
