@@ -70,6 +70,11 @@ fn local_store() -> Store {
 /// A fresh single-member etcd and a prefix of its own; `None` (with a loud message) when
 /// etcd is not installed.
 fn etcd_store() -> Option<Store> {
+    etcd_store_of(1)
+}
+
+/// Like [`etcd_store`] on an etcd cluster of `members`, every member given to the drivers.
+fn etcd_store_of(members: usize) -> Option<Store> {
     if etcd_binary().is_none() {
         eprintln!(
             "\n*** SKIPPED: /usr/bin/etcd is missing, so the etcd driver is NOT tested. \
@@ -77,7 +82,7 @@ fn etcd_store() -> Option<Store> {
         );
         return None;
     }
-    let etcd = Etcd::single();
+    let etcd = Etcd::start(members);
     let spec = etcd.cluster_spec(&format!("conformance-{:016x}", rand_u64()));
     Some(Store {
         name: "etcd",
@@ -151,6 +156,13 @@ pair!(
 );
 etcd_only!(watch_after_reconnect, etcd_watch_after_reconnect);
 etcd_only!(store_restart, etcd_store_restart);
+
+#[test]
+fn etcd_member_loss() {
+    if let Some(mut s) = etcd_store_of(3) {
+        member_loss(&mut s);
+    }
+}
 
 // ---- helpers ----
 
@@ -842,4 +854,43 @@ fn store_restart(s: &mut Store) {
         a.kv_cas("vdi/keep", Some(b"data"), Some(b"more"))
     ));
     ok("revoke", a.lease_revoke(lease));
+}
+
+/// One member of a 3-member etcd killed (the first endpoint every driver was given): with a
+/// quorum left, every call of every driver works, old or opened since, and membership still
+/// changes.
+fn member_loss(s: &mut Store) {
+    let a = s.driver();
+    let b = s.driver();
+    ok("a joins", a.join(&node(1, 1)));
+    let v2 = ok("b joins", b.join(&node(2, 1)));
+    s.etcd().kill(0);
+    let ticker = Ticker::new(vec![a.clone(), b.clone()]);
+    let c = s.driver();
+    let mut failures = Vec::new();
+    for i in 0..30 {
+        for (name, d) in [("a", &a), ("c", &c)] {
+            let key = format!("vdi/{name}{i}");
+            if let Err(e) = d.kv_cas(&key, None, Some(b"v")) {
+                failures.push(format!("{name}: kv_cas {key}: {}", chain(&e)));
+            }
+            if let Err(e) = d.kv_get(&key) {
+                failures.push(format!("{name}: kv_get {key}: {}", chain(&e)));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 120 calls failed with 2 of 3 etcd members up:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let v3 = ok("c joins", c.join(&node(3, 1)));
+    assert_eq!(v3.epoch, v2.epoch + 1, "{v3:?}");
+    ok("c leaves", c.leave());
+    let v4 = tick_until(&*a, "c's leave", Duration::from_secs(3), |v| {
+        v.node(3).is_none()
+    });
+    assert_eq!(v4.epoch, v3.epoch + 1, "{v4:?}");
+    drop(ticker);
 }
