@@ -6,10 +6,10 @@
 # $ETCD_BIN) with its data in ./run/etcd, its log in ./run/etcd.log, client port 2379 (or a
 # free one, kept for later runs in ./run/etcd.ports), and the nodes started with
 # --cluster etcd://127.0.0.1:PORT/sheep. A run's data belongs to one driver: switching needs
-# FRESH=1.
+# FRESH=1. BIN_DIR picks the binaries (default target/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release
+BIN=${BIN_DIR:-target/release}
 RUN=${RUN_DIR:-run}
 PORTS=(7000 7001 7002)
 MNT=${MNT_DIR:-mnt}
