@@ -152,5 +152,5 @@ fn lock_renewals_move_on_when_their_node_dies() {
     // The attachment still writes.
     f.write_all_at(b"after", 0).unwrap();
     f.sync_all().unwrap();
-    assert_eq!(rig.cluster.read_vdi("r", 0, 6), b"afterb");
+    assert_eq!(rig.cluster.read_vdi("r", 0, 6), b"aftere");
 }
