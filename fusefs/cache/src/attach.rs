@@ -2,11 +2,20 @@
 //! lock in the cluster, and its cached data only while the lock's generation is the one the
 //! data was cached under (another host attached it since: the data is dropped, or refused
 //! if it holds unpushed writes).
+//!
+//! Each lock is bound to a lease of `lock_ttl` ([`crate::CacheConfig::lock_ttl`]), renewed by
+//! [`lock_keeper`] every third of it: if this mount dies its locks free themselves. A lease
+//! that ended while the mount lived (the cluster out of reach for a TTL, or the lock broken)
+//! is taken back with the same generation if nobody attached since; otherwise the VDI is
+//! *lost*: detached, and every write, discard and flush through it fails (EIO) until it is
+//! attached again, since another host may have written it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cache_control::CacheMode;
+use objstore_client::lock::{LockInfo, Renewal};
 use objstore_client::Volume;
 
 use crate::dir::VdiRecord;
@@ -16,9 +25,45 @@ use crate::{Backend, Cache, CacheError, CachedVdi, Inner};
 pub(crate) struct Attachments<V> {
     /// VDIs attached read-write (lock held) by this mount.
     pub(crate) attached: Mutex<HashMap<u32, Arc<V>>>,
+    /// The lock records of the attached VDIs (their leases).
+    pub(crate) held: Mutex<HashMap<u32, LockInfo>>,
+    /// VDIs whose lock was lost while attached (another attachment came): writes fail.
+    pub(crate) lost: Mutex<HashMap<u32, String>>,
+    /// Whether `lost` may be non-empty (read on every write without taking its lock).
+    pub(crate) any_lost: AtomicBool,
+    /// Held by [`lock_keeper`] through each round of renewals, and by whoever releases a lock
+    /// (so that a renewal never takes back a lock being released).
+    pub(crate) renewing: tokio::sync::Mutex<()>,
     /// `host/cache id`: the lock owner.
     pub(crate) owner: String,
     pub(crate) host: String,
+}
+
+impl<V> Attachments<V> {
+    pub(crate) fn new(owner: String, host: String) -> Attachments<V> {
+        Attachments {
+            attached: Mutex::default(),
+            held: Mutex::default(),
+            lost: Mutex::default(),
+            any_lost: AtomicBool::new(false),
+            renewing: tokio::sync::Mutex::new(()),
+            owner,
+            host,
+        }
+    }
+
+    /// The name of VDI `vid` if its lock was lost while attached.
+    pub(crate) fn lost(&self, vid: u32) -> Option<String> {
+        if !self.any_lost.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lost.lock().unwrap().get(&vid).cloned()
+    }
+
+    /// Forgets `vid`'s lock (released, or lost).
+    pub(crate) fn unheld(&self, vid: u32) {
+        self.held.lock().unwrap().remove(&vid);
+    }
 }
 
 impl<B: Backend> Inner<B> {
@@ -32,9 +77,25 @@ impl<B: Backend> Inner<B> {
     pub(crate) async fn attach(&self, name: &str) -> Result<Arc<B::Volume>, CacheError> {
         let vdi = Arc::new(self.client.open(name).await?);
         let vid = vdi.vid().0;
-        let gen = (self.client)
-            .acquire(name, &self.attach.owner, &self.attach.host)
+        // The generation this cache's data was cached under, taken back if nobody attached
+        // since (this mount was killed or cut off for longer than the lock's TTL).
+        let resume = (self.dir.records.read().unwrap().get(&vid))
+            .filter(|r| r.name == name)
+            .map(|r| r.gen);
+        let info = (self.client)
+            .acquire(
+                name,
+                &self.attach.owner,
+                &self.attach.host,
+                Some(self.cfg.lock_ttl),
+                resume,
+            )
             .await?;
+        let gen = info.gen;
+        self.attach.held.lock().unwrap().insert(vid, info);
+        if self.attach.lost.lock().unwrap().remove(&vid).is_some() {
+            tracing::info!("VDI '{name}' attached again after its lock was lost");
+        }
         // Its writes (pushes, and mode `off`'s writes, which invalidate what they overwrite)
         // keep this cache coherent: they leave the generation alone.
         self.client.under_lock(&vdi);
@@ -64,6 +125,8 @@ impl<B: Backend> Inner<B> {
             let dirty = self.dirty_of(vid);
             if dirty > 0 {
                 let ours = rec.as_ref().map(|r| r.gen).unwrap_or(0);
+                let _round = self.attach.renewing.lock().await;
+                self.attach.unheld(vid);
                 let _ = self.client.release(name, &self.attach.owner).await;
                 return Err(CacheError::Conflict {
                     name: name.to_string(),
@@ -138,9 +201,91 @@ impl<B: Backend> Cache<B> {
         };
         inner.drop_vdi(vid, true);
         inner.attach.attached.lock().unwrap().remove(&vid);
+        let _round = inner.attach.renewing.lock().await;
+        inner.attach.unheld(vid);
         inner.forget_record(vid);
         if let Err(e) = inner.client.release(name, &inner.attach.owner).await {
             tracing::warn!("releasing the lock of '{name}': {e}");
         }
+    }
+}
+
+/// Renews the leases of this mount's locks every third of their TTL, for as long as the
+/// cache lives (see the module doc).
+pub(crate) async fn lock_keeper<B: Backend>(
+    inner: std::sync::Weak<Inner<B>>,
+    ttl: std::time::Duration,
+) {
+    let period = (ttl / 3).max(std::time::Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let _round = inner.attach.renewing.lock().await;
+        let held: Vec<(u32, LockInfo)> = inner
+            .attach
+            .held
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(v, i)| (*v, i.clone()))
+            .collect();
+        for (vid, info) in held {
+            // Released meanwhile (by a release that waited for the previous round)?
+            if !(inner.attach.held.lock().unwrap())
+                .get(&vid)
+                .is_some_and(|h| *h == info)
+            {
+                continue;
+            }
+            match inner.client.keepalive(&info).await {
+                Ok(Renewal::Alive) => {}
+                Ok(Renewal::Retaken(now)) => {
+                    tracing::warn!(
+                        "the lease of VDI '{}''s lock had ended (the cluster was out of reach for its TTL, or the lock was broken); nobody attached it since: lock taken back, generation {}",
+                        info.vdi,
+                        now.gen
+                    );
+                    inner.attach.held.lock().unwrap().insert(vid, now);
+                }
+                Ok(Renewal::Lost(holder)) => inner.lock_lost(vid, &info, holder),
+                Err(e) => tracing::warn!(
+                    "renewing the lease of VDI '{}''s lock: {} (retried in {:?}; the lock is lost if this lasts {:?})",
+                    info.vdi,
+                    crate::chain(&e),
+                    period,
+                    ttl
+                ),
+            }
+        }
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// The lock of `vid` ended and another attachment came: detach, fail writes.
+    fn lock_lost(&self, vid: u32, info: &LockInfo, holder: Option<LockInfo>) {
+        let now = match &holder {
+            Some(h) => format!(
+                "it is now attached by {} (owner {}, generation {})",
+                h.host, h.owner, h.gen
+            ),
+            None => "it was attached or written elsewhere since".to_string(),
+        };
+        tracing::error!(
+            "lost the lock of VDI '{}' (generation {}): its lease ended and {now}; writes to it through this mount now fail with EIO ({} unpushed here stay in the cache: see 'cachectl evict {} --discard-dirty')",
+            info.vdi,
+            info.gen,
+            objstore_proto::size::format_size(self.dirty_of(vid)),
+            info.vdi,
+        );
+        self.attach.unheld(vid);
+        self.attach
+            .lost
+            .lock()
+            .unwrap()
+            .insert(vid, info.vdi.clone());
+        self.attach.any_lost.store(true, Ordering::Release);
+        self.attach.attached.lock().unwrap().remove(&vid);
     }
 }

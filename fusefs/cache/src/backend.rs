@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use objstore_client::lock::{self, LockError};
+use objstore_client::lock::{self, LockError, LockInfo, Renewal};
 use objstore_client::volume::Volume;
 use objstore_client::{Client, ClientError, Vdi, VdiError};
 
@@ -20,14 +20,21 @@ pub trait Backend: Send + Sync + 'static {
     fn open(&self, name: &str) -> impl Future<Output = Result<Self::Volume, VdiError>> + Send;
 
     /// Takes (or takes again: the same owner may) the attachment lock of VDI `name` for
-    /// `owner`, running on `host`; returns the lock's generation, which changes whenever
-    /// another owner took the lock in between.
+    /// `owner`, running on `host`, bound to a lease of `ttl` if given (persistent otherwise);
+    /// `resume`: the generation this owner held it with before, taken back if nobody attached
+    /// since. The lock's generation changes whenever another owner took the lock in between.
     fn acquire(
         &self,
         name: &str,
         owner: &str,
         host: &str,
-    ) -> impl Future<Output = Result<u64, LockError>> + Send;
+        ttl: Option<Duration>,
+        resume: Option<u64>,
+    ) -> impl Future<Output = Result<LockInfo, LockError>> + Send;
+
+    /// Renews the lease of a lock [`Backend::acquire`] returned (see [`lock::keepalive`]).
+    fn keepalive(&self, held: &LockInfo)
+        -> impl Future<Output = Result<Renewal, LockError>> + Send;
 
     /// Releases the lock of VDI `name` if `owner` holds it.
     fn release(
@@ -55,8 +62,19 @@ impl Backend for Arc<Client> {
         Vdi::open(self.clone(), name).await
     }
 
-    async fn acquire(&self, name: &str, owner: &str, host: &str) -> Result<u64, LockError> {
-        Ok(lock::acquire(self, name, owner, host).await?.gen)
+    async fn acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        host: &str,
+        ttl: Option<Duration>,
+        resume: Option<u64>,
+    ) -> Result<LockInfo, LockError> {
+        lock::acquire_again(self, name, owner, host, ttl, resume).await
+    }
+
+    async fn keepalive(&self, held: &LockInfo) -> Result<Renewal, LockError> {
+        lock::keepalive(self, held).await
     }
 
     async fn release(&self, name: &str, owner: &str) -> Result<(), LockError> {

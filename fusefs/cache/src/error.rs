@@ -33,6 +33,11 @@ pub enum CacheError {
         ours: u64,
         theirs: u64,
     },
+    /// This mount's lock of the VDI ended and another attachment came (see `attach`).
+    #[error(
+        "VDI '{name}': this mount lost its lock (its lease ended and the VDI was attached or written elsewhere since); it refuses I/O until the VDI is opened again"
+    )]
+    LockLost { name: String },
     #[error(transparent)]
     Vdi(#[from] VdiError),
     /// The cache's own files could not be read or written.

@@ -27,7 +27,8 @@
 //! - [`lifecycle`]: open at mount, start the workers, shut down at unmount.
 //! - [`dir`]: the directory's lock and state, and the VDI records ([`dir::CacheDir`]).
 //! - [`space`]: the objects in LRU order, the bytes they hold, eviction ([`space::Space`]).
-//! - [`attach`]: VDI locks and their generations ([`attach::Attachments`]).
+//! - [`attach`]: VDI locks, their generations and leases ([`attach::Attachments`]; the lease
+//!   keeper in [`attach::lock_keeper`]).
 //! - [`backend`]: what the cache needs of the cluster ([`Backend`]; the real one is the
 //!   cluster's client).
 //! - [`fill`]: fetched ranges written into the cache, admission ([`fill::Fills`]).
@@ -49,7 +50,8 @@
 //! - `Space::objects` → `CachedObject::state`, and `Space::objects` → `Space::creating`
 //!   (taking an object out, or creating one: its files are made after both are released).
 //! - `Stats::mode_cells` → `CacheDir::records` (read).
-//! - Leaves: `CacheDir::records` otherwise, `Attachments::attached`, `Stats::counters`,
+//! - Leaves: `CacheDir::records` otherwise, `Attachments::attached`, `Attachments::held`,
+//!   `Attachments::lost`, `Stats::counters`,
 //!   `Fills::unsaved`, `Pushes::last_push_error`, `CachedVdi::run`.
 
 mod admit;
@@ -91,6 +93,9 @@ pub struct CacheConfig {
     /// Sequential runs longer than this are streams, cached on their second pass (0: on
     /// their first); see [`CachedVdi`]'s stream tracking.
     pub sequential_cutoff: u64,
+    /// The TTL of the leases the VDI locks are bound to: a mount that dies (or is cut off from
+    /// the cluster) loses its locks this long after its last renewal.
+    pub lock_ttl: Duration,
 }
 
 /// The cache's state, one part per job (see the crate's doc).

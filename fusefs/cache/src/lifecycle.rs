@@ -4,12 +4,12 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use objstore_client::Volume;
 
-use crate::attach::Attachments;
+use crate::attach::{lock_keeper, Attachments};
 use crate::dir::{boot_id, hostname, rand_u64, write_json_atomic, CacheDir, DirState, VdiRecord};
 use crate::fill::{fill_worker, Fills};
 use crate::object;
@@ -68,11 +68,7 @@ impl<B: Backend> Cache<B> {
                 records: RwLock::default(),
             },
             space: Space::new(&dir, cfg.size),
-            attach: Attachments {
-                attached: Mutex::default(),
-                owner: format!("{host}/{cache_id}"),
-                host,
-            },
+            attach: Attachments::new(format!("{host}/{cache_id}"), host),
             fills: Fills::new(cfg.size),
             pushes: Pushes::default(),
             stats: Stats::default(),
@@ -127,6 +123,10 @@ impl<B: Backend> Cache<B> {
     /// unpushed writes from an earlier mount so they are pushed.
     pub fn start(&self, rt: &tokio::runtime::Handle) -> Result<(), CacheError> {
         rt.spawn(flusher(self.inner.clone()));
+        rt.spawn(lock_keeper(
+            Arc::downgrade(&self.inner),
+            self.inner.cfg.lock_ttl,
+        ));
         if let Some(rx) = self.inner.fills.fill_rx.lock().unwrap().take() {
             // One fill thread. Two kept the disk busier on a first sequential read (more of it
             // cached), but cold random reads at depth 16 fell to about 0.6x cache-off in some
@@ -230,14 +230,36 @@ impl<B: Backend> Cache<B> {
             }
         }
         inner.save_index();
+        // No renewal from here on: the locks are released, or made persistent.
+        let _renewals = inner.attach.renewing.lock().await;
         let attached: Vec<(u32, Arc<B::Volume>)> =
             inner.attach.attached.lock().unwrap().drain().collect();
         for (vid, v) in attached {
+            inner.attach.unheld(vid);
             if inner.dirty_of(vid) > 0 {
-                tracing::error!(
-                    "VDI '{}' keeps unpushed writes in the cache: its lock stays held; they are pushed at the next mount",
-                    v.name()
-                );
+                // Its lease would end with this mount: the lock is made persistent instead
+                // (same generation), so that no other host attaches over the unpushed writes.
+                let kept = inner
+                    .client
+                    .acquire(
+                        &v.name(),
+                        &inner.attach.owner,
+                        &inner.attach.host,
+                        None,
+                        None,
+                    )
+                    .await;
+                match kept {
+                    Ok(_) => tracing::error!(
+                        "VDI '{}' keeps unpushed writes in the cache: its lock stays held (persistent, no lease); they are pushed at the next mount",
+                        v.name()
+                    ),
+                    Err(e) => tracing::error!(
+                        "VDI '{}' keeps unpushed writes in the cache, and its lock could not be made persistent ({}): it frees itself when its lease ends; they are pushed at the next mount unless another host attaches first",
+                        v.name(),
+                        chain(&e)
+                    ),
+                }
                 continue;
             }
             match inner.client.release(&v.name(), &inner.attach.owner).await {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cache_control::{CacheMode, CacheStats};
 use objcache::{Backend, Cache, CacheConfig, Missed};
-use objstore_client::lock::LockError;
+use objstore_client::lock::{LockError, LockInfo, Renewal};
 use objstore_client::{ClientError, MemVolume, VdiError, Volume};
 use objstore_proto::Vid;
 
@@ -80,7 +80,14 @@ impl Backend for MemCluster {
         Ok(Vol(v.clone()))
     }
 
-    async fn acquire(&self, name: &str, owner: &str, _host: &str) -> Result<u64, LockError> {
+    async fn acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        host: &str,
+        _ttl: Option<Duration>,
+        _resume: Option<u64>,
+    ) -> Result<LockInfo, LockError> {
         let mut locks = self.0.locks.lock().unwrap();
         let (held, gen) = locks.entry(name.into()).or_insert((None, 0));
         match held {
@@ -91,7 +98,19 @@ impl Backend for MemCluster {
                 *gen += 1;
             }
         }
-        Ok(*gen)
+        Ok(LockInfo {
+            vdi: name.into(),
+            owner: owner.into(),
+            host: host.into(),
+            since: 0,
+            gen: *gen,
+            lease: None,
+            ttl_secs: None,
+        })
+    }
+
+    async fn keepalive(&self, _held: &LockInfo) -> Result<Renewal, LockError> {
+        Ok(Renewal::Alive)
     }
 
     async fn release(&self, name: &str, owner: &str) -> Result<(), LockError> {
@@ -125,6 +144,7 @@ fn config(dir: &Path, size: u64) -> CacheConfig {
         max_dirty: size,
         max_dirty_age: Duration::from_secs(3600),
         sequential_cutoff: 0,
+        lock_ttl: Duration::from_secs(15),
     }
 }
 

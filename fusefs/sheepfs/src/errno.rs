@@ -13,6 +13,8 @@ pub fn from_cache(e: &CacheError) -> Errno {
         CacheError::Lock(l) => from_lock(l),
         // Another host's attachment owns the VDI now, or this one's unpushed writes do.
         CacheError::Conflict { .. } => Errno::EBUSY,
+        // This mount's lock ended and another attachment came: no more I/O through it.
+        CacheError::LockLost { .. } => Errno::EIO,
         // The cache disk, or pushes that fsync needed: the caller's data is not lost, but
         // the request failed.
         _ => Errno::EIO,

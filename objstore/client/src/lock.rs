@@ -14,8 +14,24 @@
 //! lock, so the counter may run ahead of the held lock's generation. Generations only grow,
 //! and each attachment's is greater than every earlier attachment's.
 //!
-//! The lock is advisory: it binds the clients that take it (sheepfs with a cache). A host that
-//! dies keeps its lock until an operator breaks it (`dog vdi lock break`).
+//! The lock is advisory: it binds the clients that take it (sheepfs with a cache).
+//!
+//! # Leases
+//!
+//! A lock taken with a TTL ([`acquire`] with `Some(ttl)`; sheepfs always, `--lock-ttl`,
+//! default [`DEFAULT_TTL`]) is bound to a cluster-wide lease of its own: the holder renews it
+//! ([`keepalive`], every TTL/3, through any node) and a host that dies loses its lock within
+//! the TTL, with no operator. [`release`] and [`break_lock`] revoke the lease. A lock taken
+//! without a TTL (`dog vdi lock take` without `--ttl`) is persistent: it stays until released
+//! or broken (`dog vdi lock break`).
+//!
+//! A holder whose lease ended while it was alive (it could not reach the cluster for a TTL)
+//! takes the lock again, with the same generation, if nobody attached since (the counter
+//! still equals its generation and the lock is free): [`Renewal::Retaken`]. Otherwise
+//! another attachment may have written the VDI: [`Renewal::Lost`], and the holder must stop
+//! writing (sheepfs fails writes with EIO).
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -37,6 +53,35 @@ pub struct LockInfo {
     pub since: u64,
     /// The attachment generation (see the module documentation).
     pub gen: u64,
+    /// The lease the lock is bound to; None: a persistent lock (see the module documentation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<u64>,
+    /// The lease's TTL, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+}
+
+impl LockInfo {
+    /// Whether the lock is bound to a lease (it ends with its holder).
+    pub fn leased(&self) -> bool {
+        self.lease.is_some()
+    }
+}
+
+/// sheepfs's `--lock-ttl` default: a host that died loses its locks within this.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+
+/// What [`keepalive`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease was renewed (or the lock has none).
+    Alive,
+    /// The lease had ended; the lock was free and nobody had attached since: it is held
+    /// again, same generation, under a new lease (this record).
+    Retaken(LockInfo),
+    /// The lease had ended and the lock is no longer this holder's to take back: another
+    /// attachment came (the holder is given if it still holds the lock).
+    Lost(Option<LockInfo>),
 }
 
 #[derive(Debug, Error)]
@@ -144,45 +189,214 @@ async fn bump_gen(client: &Client, vdi: &str) -> Result<u64, LockError> {
     }
 }
 
-/// Takes the lock of `vdi` for `owner` on `host`. A free VDI gets a new generation; a VDI
-/// already held by `owner` is returned unchanged; one held by another owner is
-/// [`LockError::Held`].
+/// Takes the lock of `vdi` for `owner` on `host`; bound to a new lease of `ttl` if given
+/// (renew it with [`keepalive`]), persistent otherwise. A free VDI gets a new generation; a
+/// VDI already held by `owner` keeps its generation (its record is moved to the new lease,
+/// or made persistent); one held by another owner is [`LockError::Held`].
 pub async fn acquire(
     client: &Client,
     vdi: &str,
     owner: &str,
     host: &str,
+    ttl: Option<Duration>,
+) -> Result<LockInfo, LockError> {
+    acquire_again(client, vdi, owner, host, ttl, None).await
+}
+
+/// [`acquire`] by an owner that held the lock before with generation `resume` (a sheepfs
+/// killed, or cut off, for longer than its TTL): if the lock is free and nobody attached or
+/// wrote without it since (the counter still equals `resume`), the owner gets the lock back
+/// with that generation, so what it cached stays valid.
+pub async fn acquire_again(
+    client: &Client,
+    vdi: &str,
+    owner: &str,
+    host: &str,
+    ttl: Option<Duration>,
+    resume: Option<u64>,
 ) -> Result<LockInfo, LockError> {
     validate_name(vdi)?;
     if client.kv_get(&keys::vdi(vdi)).await?.is_none() {
         return Err(LockError::NotFound(vdi.to_string()));
     }
+    let mut lease = match ttl {
+        Some(ttl) => Some((client.lease_grant(ttl).await?, ttl_secs(ttl))),
+        None => None,
+    };
+    let res = take(client, vdi, owner, host, &mut lease, resume).await;
+    if let (Err(_), Some((id, _))) = (&res, lease) {
+        let _ = client.lease_revoke(id).await;
+    }
+    res
+}
+
+/// A TTL as the lease has it: whole seconds, at least one.
+fn ttl_secs(ttl: Duration) -> u64 {
+    (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1)
+}
+
+/// Writes `info` over `expected`, bound to `lease` if given.
+async fn put(
+    client: &Client,
+    key: &str,
+    expected: Option<&str>,
+    info: &LockInfo,
+) -> Result<bool, LockError> {
+    Ok(match info.lease {
+        Some(id) => {
+            client
+                .kv_cas_leased(key, expected, &encode(info), id)
+                .await?
+        }
+        None => client.kv_cas(key, expected, Some(&encode(info))).await?,
+    })
+}
+
+/// [`acquire`]'s loop; `lease` may be replaced by a new one if it ended meanwhile.
+async fn take(
+    client: &Client,
+    vdi: &str,
+    owner: &str,
+    host: &str,
+    lease: &mut Option<(u64, u64)>,
+    resume: Option<u64>,
+) -> Result<LockInfo, LockError> {
     let key = keys::lock(vdi);
     loop {
         if let Some(raw) = client.kv_get(&key).await? {
-            let info = decode(vdi, &raw)?;
-            if info.owner == owner {
+            let cur = decode(vdi, &raw)?;
+            if cur.owner != owner {
+                return Err(held(cur));
+            }
+            if cur.lease.is_none() && lease.is_none() {
+                return Ok(cur);
+            }
+            // Ours: moved onto the new lease (or made persistent), its old lease revoked.
+            let info = LockInfo {
+                lease: lease.map(|l| l.0),
+                ttl_secs: lease.map(|l| l.1),
+                ..cur.clone()
+            };
+            if put(client, &key, Some(&raw), &info).await? {
+                if let Some(old) = cur.lease.filter(|&old| Some(old) != info.lease) {
+                    client.lease_revoke(old).await?;
+                }
                 return Ok(info);
             }
-            return Err(held(info));
+            renew_or_replace(client, lease).await?;
+            continue;
         }
-        let gen = bump_gen(client, vdi).await?;
+        let gen = match resume {
+            Some(g) if g == generation(client, vdi).await? => g,
+            _ => bump_gen(client, vdi).await?,
+        };
         let info = LockInfo {
             vdi: vdi.to_string(),
             owner: owner.to_string(),
             host: host.to_string(),
             since: now_secs(),
             gen,
+            lease: lease.map(|l| l.0),
+            ttl_secs: lease.map(|l| l.1),
         };
-        if client.kv_cas(&key, None, Some(&encode(&info))).await? {
+        if put(client, &key, None, &info).await? {
             return Ok(info);
         }
-        // Someone else got there first (or our own earlier attempt did): decide again.
+        // Someone else got there first (or our own earlier attempt did, or our lease ended):
+        // decide again.
+        renew_or_replace(client, lease).await?;
     }
 }
 
-/// Releases `owner`'s lock of `vdi`. A VDI that is not locked, or locked by another owner,
-/// is left alone.
+/// After a refused write: a lease that ended (a cluster out of reach for its TTL) is
+/// replaced, so that the next attempt can succeed.
+async fn renew_or_replace(
+    client: &Client,
+    lease: &mut Option<(u64, u64)>,
+) -> Result<(), LockError> {
+    if let Some((id, secs)) = *lease {
+        if !client.lease_keepalive(id).await? {
+            let new = client.lease_grant(Duration::from_secs(secs)).await?;
+            *lease = Some((new, secs));
+        }
+    }
+    Ok(())
+}
+
+/// Renews the lease of `held` (a lock [`acquire`] returned); see [`Renewal`]. Errors (no
+/// node reachable) leave the lock as it was: try again before the TTL runs out.
+pub async fn keepalive(client: &Client, held: &LockInfo) -> Result<Renewal, LockError> {
+    let Some(lease) = held.lease else {
+        return Ok(Renewal::Alive);
+    };
+    if client.lease_keepalive(lease).await? {
+        return Ok(Renewal::Alive);
+    }
+    let vdi = held.vdi.as_str();
+    let key = keys::lock(vdi);
+    let secs = held.ttl_secs.unwrap_or(DEFAULT_TTL.as_secs());
+    let mut new_lease: Option<u64> = None;
+    let res = async {
+        loop {
+            let cur = match client.kv_get(&key).await? {
+                Some(raw) => Some((decode(vdi, &raw)?, raw)),
+                None => None,
+            };
+            match &cur {
+                Some((info, _)) if info.owner != held.owner || info.gen != held.gen => {
+                    return Ok(Renewal::Lost(Some(info.clone())));
+                }
+                // The same attachment under another lease (our own attempt below landed, or
+                // the owner took it again) or made persistent: held.
+                Some((info, _)) if info.lease != Some(lease) => {
+                    return Ok(Renewal::Retaken(info.clone()));
+                }
+                _ => {}
+            }
+            let gen_now = parse_gen(vdi, client.kv_get(&keys::gen(vdi)).await?.as_deref())?;
+            if gen_now != held.gen {
+                return Ok(Renewal::Lost(cur.map(|c| c.0)));
+            }
+            let id = match new_lease {
+                Some(id) => id,
+                None => {
+                    let id = client.lease_grant(Duration::from_secs(secs)).await?;
+                    new_lease = Some(id);
+                    id
+                }
+            };
+            let info = LockInfo {
+                lease: Some(id),
+                ttl_secs: Some(secs),
+                ..held.clone()
+            };
+            let expected = cur.as_ref().map(|c| c.1.as_str());
+            if client
+                .kv_cas_leased(&key, expected, &encode(&info), id)
+                .await?
+            {
+                return Ok(Renewal::Retaken(info));
+            }
+            // The lock changed meanwhile (or our own attempt landed), or the new lease ended
+            // already (then a new one): decide again.
+            if !client.lease_keepalive(id).await? {
+                new_lease = None;
+            }
+        }
+    }
+    .await;
+    match (&res, new_lease) {
+        (Ok(Renewal::Retaken(i)), Some(id)) if i.lease == Some(id) => {}
+        (_, Some(id)) => {
+            let _ = client.lease_revoke(id).await;
+        }
+        _ => {}
+    }
+    res
+}
+
+/// Releases `owner`'s lock of `vdi` (revoking its lease). A VDI that is not locked, or
+/// locked by another owner, is left alone.
 pub async fn release(client: &Client, vdi: &str, owner: &str) -> Result<(), LockError> {
     validate_name(vdi)?;
     let key = keys::lock(vdi);
@@ -190,10 +404,14 @@ pub async fn release(client: &Client, vdi: &str, owner: &str) -> Result<(), Lock
         let Some(raw) = client.kv_get(&key).await? else {
             return Ok(());
         };
-        if decode(vdi, &raw)?.owner != owner {
+        let info = decode(vdi, &raw)?;
+        if info.owner != owner {
             return Ok(());
         }
         if client.kv_cas(&key, Some(&raw), None).await? {
+            if let Some(lease) = info.lease {
+                client.lease_revoke(lease).await?;
+            }
             return Ok(());
         }
     }
@@ -233,7 +451,16 @@ pub async fn break_lock(client: &Client, vdi: &str) -> Result<Option<LockInfo>, 
             return Ok(None);
         };
         if client.kv_cas(&key, Some(&raw), None).await? {
-            let info = decode(vdi, &raw).unwrap_or_else(|e| {
+            let info = decode(vdi, &raw);
+            if let Ok(LockInfo {
+                lease: Some(lease), ..
+            }) = &info
+            {
+                // Its holder, if alive, finds its lease ended at its next renewal, and the lock
+                // free: it takes it back unless someone attached meanwhile.
+                client.lease_revoke(*lease).await?;
+            }
+            let info = info.unwrap_or_else(|e| {
                 tracing::warn!("{e}");
                 LockInfo {
                     vdi: vdi.to_string(),
@@ -241,6 +468,8 @@ pub async fn break_lock(client: &Client, vdi: &str) -> Result<Option<LockInfo>, 
                     host: "?".into(),
                     since: 0,
                     gen: 0,
+                    lease: None,
+                    ttl_secs: None,
                 }
             });
             return Ok(Some(info));
@@ -274,6 +503,8 @@ mod tests {
             host: "hv1".into(),
             since: 1_700_000_000,
             gen: 3,
+            lease: None,
+            ttl_secs: None,
         }
     }
 
@@ -290,6 +521,17 @@ mod tests {
         let i = info();
         let raw = encode(&i);
         assert_eq!(decode("disk0", &raw).unwrap(), i);
+        assert!(
+            !raw.contains("lease"),
+            "a persistent lock's record is as before: {raw}"
+        );
+        let leased = LockInfo {
+            lease: Some(u64::MAX - 1),
+            ttl_secs: Some(15),
+            ..info()
+        };
+        assert_eq!(decode("disk0", &encode(&leased)).unwrap(), leased);
+        assert!(leased.leased() && !i.leased());
         let e = decode("disk0", "{not json").unwrap_err();
         assert!(matches!(e, LockError::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("dog vdi lock break disk0"), "{e}");

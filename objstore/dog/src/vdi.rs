@@ -74,9 +74,13 @@ pub enum VdiCmd {
 pub enum LockCmd {
     /// List every attachment lock.
     List,
-    /// Free a VDI's lock whoever holds it (only when its host is dead or gone).
+    /// Free a VDI's lock whoever holds it, persistent or lease-bound (a lease-bound lock of a
+    /// dead host frees itself within its TTL). A live holder that finds its lock broken takes
+    /// it back if nobody attached meanwhile, and stops writing otherwise.
     Break { name: String },
-    /// Take a VDI's lock for OWNER (for scripts and tests; sheepfs takes its own).
+    /// Take a VDI's lock for OWNER (for scripts and tests; sheepfs takes its own). Without
+    /// --ttl the lock is persistent: it stays until released or broken.
+    #[command(alias = "take")]
     Acquire {
         name: String,
         /// Who takes the lock; the same owner may take it again.
@@ -85,6 +89,10 @@ pub enum LockCmd {
         /// The host to record (default: this host's name).
         #[arg(long)]
         host: Option<String>,
+        /// Bind the lock to a lease of this TTL (e.g. 15s): nothing renews it after dog
+        /// exits, so it frees itself that long after.
+        #[arg(long, value_parser = parse_ttl)]
+        ttl: Option<std::time::Duration>,
     },
     /// Release OWNER's lock of a VDI; a lock held by another owner is left alone (for scripts
     /// and tests).
@@ -127,22 +135,50 @@ fn table(list: &[VdiInfo]) -> String {
     s
 }
 
+/// A lease TTL: a human duration (e.g. 15s), 1 s to 1 day, rounded up to whole seconds.
+fn parse_ttl(s: &str) -> Result<std::time::Duration, String> {
+    let d = objstore_proto::duration::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() || d > std::time::Duration::from_secs(86_400) {
+        return Err(format!("'{s}': a lock TTL is from 1s to 1 day"));
+    }
+    Ok(d)
+}
+
+/// How a lock ends: `lease 15s` (frees itself that long after its holder stops renewing it)
+/// or `persistent` (until released or broken).
+fn lock_kind(l: &LockInfo) -> String {
+    match (l.lease, l.ttl_secs) {
+        (Some(_), Some(t)) => format!("lease {t}s"),
+        (Some(_), None) => "lease".to_string(),
+        (None, _) => "persistent".to_string(),
+    }
+}
+
 fn lock_table(list: &[LockInfo]) -> String {
     let mut s = format!(
-        "{:<24} {:<20} {:<24} {:<23} {:>6}\n",
-        "VDI", "Host", "Owner", "Since", "Gen"
+        "{:<24} {:<20} {:<24} {:<23} {:>6} {:<12}\n",
+        "VDI", "Host", "Owner", "Since", "Gen", "Kind"
     );
     for l in list {
         s += &format!(
-            "{:<24} {:<20} {:<24} {:<23} {:>6}\n",
+            "{:<24} {:<20} {:<24} {:<23} {:>6} {:<12}\n",
             l.vdi,
             l.host,
             l.owner,
             lock::format_utc(l.since),
-            l.gen
+            l.gen,
+            lock_kind(l)
         );
     }
     s
+}
+
+/// A lock as `dog vdi lock list --json` shows it: the record, and whether it is lease-bound.
+#[derive(serde::Serialize)]
+struct LockRow<'a> {
+    #[serde(flatten)]
+    info: &'a LockInfo,
+    leased: bool,
 }
 
 /// This host's name, for the lock record.
@@ -163,7 +199,14 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
     match cmd {
         LockCmd::List => {
             let list = lock::list(client).await?;
-            ctx.print(&list, || lock_table(&list));
+            let rows: Vec<LockRow> = list
+                .iter()
+                .map(|info| LockRow {
+                    info,
+                    leased: info.leased(),
+                })
+                .collect();
+            ctx.print(&rows, || lock_table(&list));
         }
         LockCmd::Break { name } => {
             let freed = lock::break_lock(client, &name).await?;
@@ -181,16 +224,22 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
                 },
             );
         }
-        LockCmd::Acquire { name, owner, host } => {
+        LockCmd::Acquire {
+            name,
+            owner,
+            host,
+            ttl,
+        } => {
             let host = host.unwrap_or_else(hostname);
-            let info = lock::acquire(client, &name, &owner, &host).await?;
+            let info = lock::acquire(client, &name, &owner, &host, ttl).await?;
             ctx.print(&info, || {
                 format!(
-                    "VDI '{name}' is locked by {} (owner {}) since {}, gen {}\n",
+                    "VDI '{name}' is locked by {} (owner {}) since {}, gen {} ({})\n",
                     info.host,
                     info.owner,
                     lock::format_utc(info.since),
-                    info.gen
+                    info.gen,
+                    lock_kind(&info)
                 )
             });
         }

@@ -58,8 +58,10 @@ fn one_owner_at_a_time() {
     assert_eq!(acquire(&c, "v", "A", "hostA"), a);
     assert_eq!(acquire(&c, "v", "A", "elsewhere"), a);
 
-    // Listed, as JSON and as a table.
-    assert_eq!(locks(&c), vec![a.clone()]);
+    // Listed, as JSON (with whether it is lease-bound) and as a table.
+    let mut listed = a.clone();
+    listed["leased"] = false.into();
+    assert_eq!(locks(&c), vec![listed.clone()]);
     let table = text(c.dog_ok(&["vdi", "lock", "list"]));
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 2, "{table}");
@@ -70,6 +72,7 @@ fn one_owner_at_a_time() {
     assert_eq!(row[..3], ["v", "hostA", "A"], "{table}");
     assert_eq!(row[5], "UTC", "{table}");
     assert_eq!(row[6], "2", "{table}");
+    assert_eq!(row[7], "persistent", "{table}");
 
     // A locked VDI cannot be deleted; the data stays.
     let e = c.dog_err(&["vdi", "delete", "v"]);
@@ -103,7 +106,7 @@ fn one_owner_at_a_time() {
     // Another owner's release leaves the lock alone.
     let out = text(c.dog_ok(&["vdi", "lock", "release", "v", "--owner", "B"]));
     assert!(out.contains("nothing released"), "{out}");
-    assert_eq!(locks(&c), vec![a.clone()]);
+    assert_eq!(locks(&c), vec![listed.clone()]);
 
     // The owner's release frees it; releasing again is harmless.
     let r = c.dog_json(&["vdi", "lock", "release", "v", "--owner", "A"]);
@@ -179,4 +182,57 @@ fn bad_input() {
     let host = l["host"].as_str().unwrap();
     assert!(!host.is_empty(), "{l}");
     assert_ne!(host, "unknown-host", "{l}");
+}
+
+#[test]
+fn leased_locks_free_themselves_and_break() {
+    let c = Cluster::start(&bins(), 1);
+    c.dog_ok(&["cluster", "format", "--copies", "1"]);
+    c.dog_ok(&["vdi", "create", "v", "8M"]);
+    c.dog_ok(&["vdi", "create", "w", "8M"]);
+    let take = |name: &str, owner: &str, ttl: &str| {
+        c.dog_json(&[
+            "vdi", "lock", "take", name, "--owner", owner, "--host", "h", "--ttl", ttl,
+        ])
+    };
+    // A lease nobody renews (dog exits): the lock frees itself after its TTL.
+    let a = take("v", "A", "1s");
+    assert_eq!(a["ttl_secs"], 1, "{a}");
+    assert!(a["lease"].as_u64().is_some_and(|l| l != 0), "{a}");
+    let persistent = acquire(&c, "w", "P", "h");
+    assert!(persistent.get("lease").is_none(), "{persistent}");
+    let l = locks(&c);
+    assert_eq!(
+        l.iter()
+            .map(|l| (l["vdi"].as_str().unwrap(), l["leased"].as_bool().unwrap()))
+            .collect::<Vec<_>>(),
+        vec![("v", true), ("w", false)]
+    );
+    let table = text(c.dog_ok(&["vdi", "lock", "list"]));
+    assert!(table.contains("Kind"), "{table}");
+    assert!(
+        table.contains("lease 1s") && table.contains("persistent"),
+        "{table}"
+    );
+    testkit::wait_until(
+        "the unrenewed lock to free itself",
+        std::time::Duration::from_secs(10),
+        || locks(&c).len() == 1,
+    );
+    assert_eq!(locks(&c)[0]["vdi"], "w", "the persistent lock stays");
+    // Free again: the next attachment gets a new generation.
+    let b = take("v", "B", "30s");
+    assert_eq!(b["gen"], a["gen"].as_u64().unwrap() + 1, "{b}");
+    // Break frees a leased lock at once (and ends its lease).
+    let out = c.dog_json(&["vdi", "lock", "break", "v"]);
+    assert_eq!(out["freed"]["owner"], "B", "{out}");
+    assert_eq!(locks(&c).len(), 1);
+    // The same owner taking its persistent lock again with a TTL moves it onto a lease.
+    let p2 = c.dog_json(&[
+        "vdi", "lock", "acquire", "w", "--owner", "P", "--host", "h", "--ttl", "30s",
+    ]);
+    assert_eq!(p2["gen"], persistent["gen"], "{p2}");
+    assert!(p2["lease"].as_u64().is_some(), "{p2}");
+    let e = c.dog_err(&["vdi", "lock", "take", "v", "--owner", "C", "--ttl", "0s"]);
+    assert!(e.contains("TTL"), "{e}");
 }

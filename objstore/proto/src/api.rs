@@ -24,6 +24,28 @@ pub struct KvCasRequest {
     pub new: Option<String>,
 }
 
+/// `KvCasLeased` request body: like [`KvCasRequest`], with a value (never a delete) bound to
+/// lease `lease`; refused (`Conflict`) also when the lease ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KvCasLeasedRequest {
+    pub key: String,
+    pub expected: Option<String>,
+    pub new: String,
+    pub lease: u64,
+}
+
+/// `LeaseGrant` request body: a lease that ends `ttl_secs` (at least 1) after its last renewal.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LeaseGrantRequest {
+    pub ttl_secs: u64,
+}
+
+/// `LeaseGrant` response body, and `LeaseKeepalive` and `LeaseRevoke` request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseId {
+    pub lease: u64,
+}
+
 /// `NodeStatus` response body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeStatus {

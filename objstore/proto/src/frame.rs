@@ -68,6 +68,10 @@ opcodes! {
     KvCas = 0x13, Client;
     KvList = 0x14, Client;
     NodeStatus = 0x15, Client;
+    LeaseGrant = 0x16, Client;
+    LeaseKeepalive = 0x17, Client;
+    LeaseRevoke = 0x18, Client;
+    KvCasLeased = 0x19, Client;
     // node <-> node
     PeerList = 0x81, Peer;
     PeerRead = 0x82, Peer;

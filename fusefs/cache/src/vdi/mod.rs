@@ -171,9 +171,19 @@ impl<B: Backend> CachedVdi<B> {
         r
     }
 
+    /// Fails once this mount lost the VDI's lock (another attachment came: see
+    /// [`crate::attach`]): what this handle would write or read may be out of date.
+    pub(crate) fn check_lock(&self) -> Result<(), CacheError> {
+        match self.inner.attach.lost(self.vid()) {
+            Some(name) => Err(CacheError::LockLost { name }),
+            None => Ok(()),
+        }
+    }
+
     /// fsync: this VDI's dirty data to the cluster, flushed there.
     pub async fn flush(&self) -> Result<(), CacheError> {
         self.pass_gate().await;
+        self.check_lock()?;
         if self.mode() == CacheMode::Writeback {
             let vid = self.vid();
             self.inner

@@ -67,7 +67,10 @@ impl<B: Backend> CachedVdi<B> {
     /// [`CachedVdi::read_missed`]). Called on the FUSE thread: a hit costs no hop to the
     /// runtime.
     pub fn read_hit(&self, offset: u64, len: u64) -> Result<Vec<u8>, Missed> {
-        if !self.gate_open.load(Ordering::Acquire) || self.mode() == CacheMode::Off {
+        if !self.gate_open.load(Ordering::Acquire)
+            || self.mode() == CacheMode::Off
+            || self.inner.attach.any_lost.load(Ordering::Relaxed)
+        {
             return Err(Missed::default());
         }
         // Every piece is checked before the buffer is allocated: a miss costs none.
@@ -119,6 +122,7 @@ impl<B: Backend> CachedVdi<B> {
         missed: Missed,
     ) -> Result<Bytes, CacheError> {
         self.pass_gate().await;
+        self.check_lock()?;
         if self.mode() == CacheMode::Off {
             return Ok(self.vdi.read_at(offset, len).await?);
         }

@@ -19,6 +19,7 @@ impl<B: Backend> CachedVdi<B> {
         if !self.gate_open.load(Ordering::Acquire)
             || self.mode() != CacheMode::Writeback
             || offset + data.len() as u64 > self.vdi.size()
+            || self.inner.attach.any_lost.load(Ordering::Relaxed)
         {
             return false;
         }
@@ -91,6 +92,7 @@ impl<B: Backend> CachedVdi<B> {
     /// Writes `data` at `offset` per the VDI's mode.
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
         self.pass_gate().await;
+        self.check_lock()?;
         match self.mode() {
             CacheMode::Off => {
                 self.bypassing(self.vdi.write_at(offset, data.clone()))
@@ -240,6 +242,7 @@ impl<B: Backend> CachedVdi<B> {
     /// part and keep their other bytes (and dirty state).
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         self.pass_gate().await;
+        self.check_lock()?;
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
         let last_whole = end / BLOCK * BLOCK;

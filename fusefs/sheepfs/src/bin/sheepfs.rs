@@ -77,6 +77,20 @@ struct Args {
     /// data out. 0 caches every stream on its first pass.
     #[arg(long, value_parser = size_arg, default_value = "16M")]
     cache_sequential_cutoff: u64,
+    /// With a cache: the VDIs it attaches read-write are locked under a lease of this TTL
+    /// (whole seconds, 1s to 1h), renewed every third of it through any node. If this
+    /// sheepfs dies, or cannot reach the cluster for that long, its locks free themselves:
+    /// another host may then attach the VDI without 'dog vdi lock break'.
+    #[arg(long, value_parser = lock_ttl_arg, default_value = "15s")]
+    lock_ttl: Duration,
+}
+
+fn lock_ttl_arg(s: &str) -> Result<Duration, String> {
+    let d = duration_arg(s)?;
+    if d.subsec_nanos() != 0 || d.as_secs() < 1 || d.as_secs() > 3600 {
+        return Err(format!("'{s}': a lock TTL is whole seconds from 1s to 1h"));
+    }
+    Ok(d)
 }
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
@@ -234,6 +248,7 @@ fn serve(args: Args) -> anyhow::Result<()> {
                     .min(args.cache_size),
                 max_dirty_age: Duration::from_secs(args.cache_max_dirty_age),
                 sequential_cutoff: args.cache_sequential_cutoff,
+                lock_ttl: args.lock_ttl,
             };
             let _guard = rt.enter();
             let cache = Cache::open(cfg, client.clone())

@@ -25,7 +25,7 @@
 //!   handed to it and waited for, bounded by [`CALL_TIMEOUT`].
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -75,7 +75,11 @@ impl EtcdSpec {
 
 /// What the node's tasks and its calls share.
 struct Inner {
-    client: Client,
+    /// One client per endpoint: the balanced channel of one client for all keeps sending some
+    /// calls to a dead member. A call that could not reach `clients[current]` moves on to the
+    /// next ([`is_unsent`]).
+    clients: Vec<Client>,
+    current: AtomicUsize,
     prefix: String,
     /// For messages: the endpoints as given.
     endpoints: String,
@@ -118,6 +122,19 @@ fn unreachable(endpoints: &str, reason: impl ToString) -> DriverError {
     }
 }
 
+/// A call that never reached a working member (connection refused, no leader there): nothing
+/// was applied, so it is safe to send again to another member.
+fn is_unsent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::Unavailable => {
+            let m = s.message();
+            m.contains("connect") || m.contains("no leader") || m.contains("not capable")
+        }
+        _ => false,
+    }
+}
+
 /// Errors of the store itself (not of reaching it) that a caller can act on.
 fn is_lease_not_found(e: &etcd_client::Error) -> bool {
     let m = e.to_string();
@@ -125,6 +142,21 @@ fn is_lease_not_found(e: &etcd_client::Error) -> bool {
 }
 
 impl Inner {
+    /// The client of the member in use.
+    fn client(&self) -> Client {
+        self.clients[self.current.load(Ordering::SeqCst) % self.clients.len()].clone()
+    }
+
+    /// Moves on to the next member after `from` failed (unless another call already did).
+    fn rotate(&self, from: usize) {
+        let _ = self.current.compare_exchange(
+            from,
+            (from + 1) % self.clients.len(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+
     fn key(&self, rel: &str) -> String {
         format!("{}/{rel}", self.prefix)
     }
@@ -184,7 +216,7 @@ impl Inner {
         }
         let opts = (rev > 0).then(|| GetOptions::new().with_revision(rev));
         let resp = self
-            .client
+            .client()
             .kv_client()
             .get(self.key(&format!("epochs/{epoch:010}")), opts)
             .await?;
@@ -202,7 +234,7 @@ impl Inner {
     /// Reads the live node set and the newest view at one revision; makes the next epoch when
     /// they differ (one transaction, retried a few times against other nodes doing the same).
     async fn reconcile(&self) -> Result<View, etcd_client::Error> {
-        let mut kv = self.client.kv_client();
+        let mut kv = self.client().kv_client();
         for _ in 0..16 {
             let nodes = kv
                 .get(self.key("nodes/"), Some(GetOptions::new().with_prefix()))
@@ -286,9 +318,9 @@ impl Inner {
     async fn register(self: &Arc<Self>, me: &NodeInfo) -> Result<(), etcd_client::Error> {
         let sent = self.now_ms();
         let ttl = self.ttl.as_secs().max(1) as i64;
-        let grant = self.client.lease_client().grant(ttl, None).await?;
+        let grant = self.client().lease_client().grant(ttl, None).await?;
         let lease = grant.id();
-        self.client
+        self.client()
             .kv_client()
             .put(
                 self.key(&format!("nodes/{:016x}", me.id)),
@@ -323,11 +355,12 @@ async fn keepalive(inner: Arc<Inner>, lease: i64, mut stop: watch::Receiver<bool
         }
         let started = Instant::now();
         let sent = inner.now_ms();
+        let member = inner.current.load(Ordering::SeqCst);
         // Opening the stream renews once (and fails with "lease not found" when it ended);
         // each later round sends one renewal and reads its answer: the TTL, 0 once ended.
         let round = async {
             match stream.as_mut() {
-                None => match inner.client.lease_client().keep_alive(lease).await {
+                None => match inner.client().lease_client().keep_alive(lease).await {
                     Ok(s) => {
                         stream = Some(s);
                         Ok(Some(inner.ttl.as_secs() as i64))
@@ -358,10 +391,12 @@ async fn keepalive(inner: Arc<Inner>, lease: i64, mut stop: watch::Receiver<bool
             }
             Ok(Err(e)) => {
                 inner.unreachable_now(&e.to_string());
+                inner.rotate(member);
                 stream = None;
             }
             Err(_) => {
                 inner.unreachable_now("keepalive timed out");
+                inner.rotate(member);
                 stream = None;
             }
         }
@@ -383,8 +418,9 @@ async fn watch_membership(inner: Arc<Inner>) {
         if from > 0 {
             opts = opts.with_start_revision(from);
         }
+        let member = inner.current.load(Ordering::SeqCst);
         let stream = inner
-            .client
+            .client()
             .watch_client()
             .watch(format!("{}/", inner.prefix), Some(opts))
             .await;
@@ -392,6 +428,7 @@ async fn watch_membership(inner: Arc<Inner>) {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!("etcd watch: {e}");
+                inner.rotate(member);
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
@@ -424,6 +461,8 @@ async fn watch_membership(inner: Arc<Inner>) {
                 }
             }
         }
+        // The stream ended: its member died, lost its leader, or the history was compacted.
+        inner.rotate(member);
         tokio::time::sleep(RETRY).await;
     }
 }
@@ -462,13 +501,18 @@ impl EtcdDriver {
             .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
-        let client = run_on(&rt, &endpoints, async move {
-            Client::connect(eps, Some(connect)).await
+        let clients = run_on(&rt, &endpoints, async move {
+            let mut clients = Vec::new();
+            for ep in eps {
+                clients.push(Client::connect([ep], Some(connect.clone())).await?);
+            }
+            Ok::<_, etcd_client::Error>(clients)
         })?
         .map_err(|e| unreachable(&endpoints, e))?;
         Ok(EtcdDriver {
             inner: Arc::new(Inner {
-                client,
+                clients,
+                current: AtomicUsize::new(0),
                 prefix: spec.prefix.clone(),
                 endpoints,
                 ttl: opts.lease_ttl.max(Duration::from_secs(1)),
@@ -485,21 +529,43 @@ impl EtcdDriver {
     }
 
     /// Runs `f` on the driver's runtime and waits for it, at most [`CALL_TIMEOUT`].
+    /// A call that reached no working member is sent again to the next one ([`is_unsent`]);
+    /// one that got no answer in time moves later calls on to the next member.
     fn call<T: Send + 'static>(
         &self,
-        f: impl FnOnce(Arc<Inner>) -> Fut<T>,
+        f: impl Fn(Arc<Inner>) -> Fut<T> + Send + 'static,
     ) -> Result<T, DriverError> {
         let inner = self.inner.clone();
-        let fut = f(inner.clone());
+        let i2 = inner.clone();
+        let at = Arc::new(AtomicUsize::new(0));
+        let at2 = at.clone();
+        let attempts = async move {
+            let mut tries = 0;
+            loop {
+                let from = i2.current.load(Ordering::SeqCst);
+                at2.store(from, Ordering::SeqCst);
+                match f(i2.clone()).await {
+                    Err(e) if is_unsent(&e) && tries + 1 < 2 * i2.clients.len() => {
+                        tracing::debug!("etcd member {from}: {e}; trying the next one");
+                        i2.rotate(from);
+                        tries += 1;
+                    }
+                    r => return r,
+                }
+            }
+        };
         match run_on(&self.rt, &inner.endpoints, async move {
-            tokio::time::timeout(CALL_TIMEOUT, fut).await
+            tokio::time::timeout(CALL_TIMEOUT, attempts).await
         })? {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(inner.err(e)),
-            Err(_) => Err(unreachable(
-                &inner.endpoints,
-                format!("no answer within {CALL_TIMEOUT:?}"),
-            )),
+            Err(_) => {
+                inner.rotate(at.load(Ordering::SeqCst));
+                Err(unreachable(
+                    &inner.endpoints,
+                    format!("no answer within {CALL_TIMEOUT:?}"),
+                ))
+            }
         }
     }
 
@@ -529,9 +595,10 @@ impl EtcdDriver {
         };
         let txn = Txn::new().when([cmp]).and_then([op]);
         let res = self.call(move |inner| {
+            let txn = txn.clone();
             Box::pin(async move {
                 inner
-                    .client
+                    .client()
                     .kv_client()
                     .txn(txn)
                     .await
@@ -596,8 +663,8 @@ impl Driver for EtcdDriver {
                 let txn = Txn::new()
                     .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(key.clone(), id, None)]);
-                inner.client.kv_client().txn(txn).await?;
-                let resp = inner.client.kv_client().get(key, None).await?;
+                inner.client().kv_client().txn(txn).await?;
+                let resp = inner.client().kv_client().get(key, None).await?;
                 let kv = resp.kvs().first().ok_or_else(|| {
                     etcd_client::Error::InvalidArgs("cluster id vanished after its creation".into())
                 })?;
@@ -610,6 +677,7 @@ impl Driver for EtcdDriver {
         let me = me.clone();
         let start_watch = !self.watch_started.swap(true, Ordering::SeqCst);
         self.call(move |inner| {
+            let me = me.clone();
             Box::pin(async move {
                 inner.register(&me).await?;
                 if start_watch {
@@ -633,6 +701,7 @@ impl Driver for EtcdDriver {
         if let (true, Some(me)) = (lost, me) {
             tracing::warn!("membership (etcd): joining again with a new lease");
             self.call(move |inner| {
+                let me = me.clone();
                 Box::pin(async move {
                     inner.register(&me).await?;
                     inner.reconcile().await
@@ -659,7 +728,7 @@ impl Driver for EtcdDriver {
         if let Some(lease) = lease {
             self.call(move |inner| {
                 Box::pin(async move {
-                    inner.client.lease_client().revoke(lease).await?;
+                    inner.client().lease_client().revoke(lease).await?;
                     inner.reconcile().await
                 })
             })?;
@@ -674,7 +743,7 @@ impl Driver for EtcdDriver {
                     return Ok(Some(View::default()));
                 }
                 let resp = inner
-                    .client
+                    .client()
                     .kv_client()
                     .get(inner.key(&format!("epochs/{epoch:010}")), None)
                     .await?;
@@ -691,8 +760,9 @@ impl Driver for EtcdDriver {
     fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, DriverError> {
         let k = self.kv_key(key);
         self.call(move |inner| {
+            let k = k.clone();
             Box::pin(async move {
-                let resp = inner.client.kv_client().get(k, None).await?;
+                let resp = inner.client().kv_client().get(k, None).await?;
                 Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
             })
         })
@@ -711,9 +781,10 @@ impl Driver for EtcdDriver {
         let base = self.kv_key("");
         let k = self.kv_key(prefix);
         self.call(move |inner| {
+            let (k, base) = (k.clone(), base.clone());
             Box::pin(async move {
                 let resp = inner
-                    .client
+                    .client()
                     .kv_client()
                     .get(k, Some(GetOptions::new().with_prefix()))
                     .await?;
@@ -744,7 +815,7 @@ impl Driver for EtcdDriver {
         let secs = ttl.as_secs().max(1) as i64;
         self.call(move |inner| {
             Box::pin(async move {
-                let r = inner.client.lease_client().grant(secs, None).await?;
+                let r = inner.client().lease_client().grant(secs, None).await?;
                 Ok(r.id() as u64)
             })
         })
@@ -754,7 +825,7 @@ impl Driver for EtcdDriver {
         self.call(move |inner| {
             Box::pin(async move {
                 // Opening the stream renews once; it fails when the lease ended.
-                match inner.client.lease_client().keep_alive(lease as i64).await {
+                match inner.client().lease_client().keep_alive(lease as i64).await {
                     Ok(_) => Ok(true),
                     Err(e) if is_lease_not_found(&e) => Ok(false),
                     Err(e) => Err(e),
@@ -766,7 +837,7 @@ impl Driver for EtcdDriver {
     fn lease_revoke(&self, lease: u64) -> Result<(), DriverError> {
         self.call(move |inner| {
             Box::pin(async move {
-                match inner.client.lease_client().revoke(lease as i64).await {
+                match inner.client().lease_client().revoke(lease as i64).await {
                     Ok(_) => Ok(()),
                     Err(e) if is_lease_not_found(&e) => Ok(()),
                     Err(e) => Err(e),

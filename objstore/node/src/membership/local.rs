@@ -5,17 +5,32 @@
 //! STATE_DIR/cluster_id              created on first use
 //! STATE_DIR/nodes/<id>.json         {info, pid, heartbeat_ms}: rewritten at every tick
 //! STATE_DIR/epochs/<epoch>.json     one View per epoch, written once (tmp, fsync, rename)
-//! STATE_DIR/kv/<blake3(key)>        the key-value store: [u32 BE key length][key][value]
+//! STATE_DIR/kv/<blake3(key)>        the key-value store: [u32 BE key length][key][value], or
+//!                                   for a key bound to a lease [u32 BE key length | 1 << 31]
+//!                                   [u64 BE lease id][key][value]
+//! STATE_DIR/leases/<id:016x>.json   {ttl_ms, deadline_ms}: one lease, rewritten at every renewal
 //! ```
 //! A node is alive while its process exists (checked with `kill(pid, 0)`, so SIGKILL is seen at
 //! the next tick of any node) and its heartbeat is younger than [`super::DEAD_AFTER`].
+//!
+//! Leases: every node of the store runs on this host, so one clock (unix milliseconds) decides
+//! for all. A lease is alive while its file exists and its deadline is in the future. A key
+//! bound to a lease that ended is absent to every read and is removed by the first one that
+//! sees it (under the lock), and every tick removes leases past their deadline with their
+//! keys, so nothing needs reading for a dead host's lock to vanish. Lease files are written
+//! without fsync (as heartbeats): after a crash of the host, leases and the keys bound to them
+//! are gone, as their holders are.
+//!
+//! Record format: a record of an unbound key is byte for byte what earlier versions wrote, and
+//! every record they wrote reads back unbound. A bound record (bit 31 of the key length set)
+//! is new: an earlier binary refuses it as unreadable.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -47,20 +62,63 @@ fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Bit 31 of a record's key length: a lease id follows the length.
+const BOUND: u32 = 1 << 31;
+
 /// A key's file holds the key itself (any length, any bytes) followed by the value; the
-/// file is named by the key's hash so names stay short whatever the key.
-fn kv_encode(key: &str, value: &[u8]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(4 + key.len() + value.len());
-    b.extend_from_slice(&(key.len() as u32).to_be_bytes());
+/// file is named by the key's hash so names stay short whatever the key. A key bound to a
+/// lease carries the lease's id between the length and the key.
+fn kv_encode(key: &str, value: &[u8], lease: Option<u64>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12 + key.len() + value.len());
+    match lease {
+        Some(id) => {
+            b.extend_from_slice(&(key.len() as u32 | BOUND).to_be_bytes());
+            b.extend_from_slice(&id.to_be_bytes());
+        }
+        None => b.extend_from_slice(&(key.len() as u32).to_be_bytes()),
+    }
     b.extend_from_slice(key.as_bytes());
     b.extend_from_slice(value);
     b
 }
 
-fn kv_decode(raw: &[u8]) -> Option<(String, Vec<u8>)> {
-    let len = u32::from_be_bytes(raw.get(..4)?.try_into().ok()?) as usize;
-    let key = std::str::from_utf8(raw.get(4..4 + len)?).ok()?.to_string();
-    Some((key, raw[4 + len..].to_vec()))
+/// One key-value record: key, value, and the lease it is bound to.
+struct Record {
+    key: String,
+    value: Vec<u8>,
+    lease: Option<u64>,
+}
+
+fn kv_decode(raw: &[u8]) -> Option<Record> {
+    let word = u32::from_be_bytes(raw.get(..4)?.try_into().ok()?);
+    let (lease, start) = if word & BOUND != 0 {
+        let id = u64::from_be_bytes(raw.get(4..12)?.try_into().ok()?);
+        (Some(id), 12)
+    } else {
+        (None, 4)
+    };
+    let len = (word & !BOUND) as usize;
+    let key = std::str::from_utf8(raw.get(start..start + len)?)
+        .ok()?
+        .to_string();
+    Some(Record {
+        key,
+        value: raw[start + len..].to_vec(),
+        lease,
+    })
+}
+
+/// One lease's file.
+#[derive(Serialize, Deserialize)]
+struct LeaseRecord {
+    ttl_ms: u64,
+    deadline_ms: u64,
+}
+
+/// A lease's TTL as the contract has it: whole seconds, at least one.
+fn whole_secs(ttl: Duration) -> Duration {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
 }
 
 impl LocalDriver {
@@ -69,7 +127,7 @@ impl LocalDriver {
             dir: dir.to_path_buf(),
             me: Mutex::new(None),
         };
-        for sub in ["nodes", "epochs", "kv"] {
+        for sub in ["nodes", "epochs", "kv", "leases"] {
             fs::create_dir_all(dir.join(sub)).map_err(|e| d.io("create directory", e))?;
         }
         Ok(d)
@@ -209,6 +267,7 @@ impl LocalDriver {
     /// Heartbeat, then a new epoch if the live set changed. Caller holds the lock.
     fn refresh(&self) -> Result<View, DriverError> {
         self.heartbeat()?;
+        self.expire_leases()?;
         let live = self.live_nodes()?;
         let latest = self.latest_epoch()?;
         let view = self.read_view(latest)?.unwrap_or_default();
@@ -234,6 +293,127 @@ impl LocalDriver {
             .join("kv")
             .join(blake3::hash(key.as_bytes()).to_hex().as_str())
     }
+
+    fn lease_path(&self, id: u64) -> PathBuf {
+        self.dir.join("leases").join(format!("{id:016x}.json"))
+    }
+
+    /// The lease's record, None if it does not exist (never made, revoked, or removed).
+    fn read_lease(&self, id: u64) -> Result<Option<LeaseRecord>, DriverError> {
+        let path = self.lease_path(id);
+        match fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| self.corrupt(&path, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("read lease", e)),
+        }
+    }
+
+    fn lease_alive(&self, id: u64) -> Result<bool, DriverError> {
+        Ok(self
+            .read_lease(id)?
+            .is_some_and(|l| l.deadline_ms > now_ms()))
+    }
+
+    /// The record of `key` as stored, bound or not, alive or not.
+    fn read_record(&self, key: &str) -> Result<Option<Record>, DriverError> {
+        let path = self.kv_path(key);
+        match fs::read(&path) {
+            Ok(b) => match kv_decode(&b) {
+                Some(r) if r.key == key => Ok(Some(r)),
+                _ => Err(self.corrupt(&path, format!("does not hold key {key:?}"))),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io("read key", e)),
+        }
+    }
+
+    /// The record of `key` if it is live; a record bound to a lease that ended is removed.
+    /// Caller holds the lock.
+    fn read_live(&self, key: &str) -> Result<Option<Record>, DriverError> {
+        match self.read_record(key)? {
+            Some(Record {
+                lease: Some(id), ..
+            }) if !self.lease_alive(id)? => {
+                self.end_lease(id)?;
+                Ok(None)
+            }
+            r => Ok(r),
+        }
+    }
+
+    /// Removes lease `id` and every key bound to it. Caller holds the lock.
+    fn end_lease(&self, id: u64) -> Result<(), DriverError> {
+        for e in fs::read_dir(self.dir.join("kv")).map_err(|e| self.io("list keys", e))? {
+            let path = e.map_err(|e| self.io("list keys", e))?.path();
+            if !is_record_name(&path) {
+                continue;
+            }
+            let bound = fs::read(&path)
+                .ok()
+                .and_then(|b| kv_decode(&b))
+                .is_some_and(|r| r.lease == Some(id));
+            if bound {
+                tracing::debug!(
+                    "membership: lease {id:016x} ended: removing {}",
+                    path.display()
+                );
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(self.io("delete key", e)),
+                }
+            }
+        }
+        match fs::remove_file(self.lease_path(id)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.io("delete lease", e)),
+        }
+    }
+
+    /// Ends every lease past its deadline. Caller holds the lock.
+    fn expire_leases(&self) -> Result<(), DriverError> {
+        let now = now_ms();
+        let mut ended = Vec::new();
+        for e in fs::read_dir(self.dir.join("leases")).map_err(|e| self.io("list leases", e))? {
+            let name = e.map_err(|e| self.io("list leases", e))?.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|s| s.strip_suffix(".json"))
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+            else {
+                continue; // a temporary file
+            };
+            // An unreadable lease file (a torn write after a crash) ends the lease.
+            let deadline = self.read_lease(id).ok().flatten().map(|l| l.deadline_ms);
+            if deadline.is_none_or(|d| d <= now) {
+                ended.push(id);
+            }
+        }
+        for id in ended {
+            tracing::info!("membership: lease {id:016x} expired");
+            self.end_lease(id)?;
+        }
+        Ok(())
+    }
+
+    fn write_lease(&self, id: u64, ttl_ms: u64) -> Result<(), DriverError> {
+        let rec = LeaseRecord {
+            ttl_ms,
+            deadline_ms: now_ms() + ttl_ms,
+        };
+        let data = serde_json::to_vec(&rec).expect("serializable");
+        self.write_atomic(&self.lease_path(id), &data, false)
+    }
+}
+
+/// A key-value record's file name: 64 hex digits (not a temporary file).
+fn is_record_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 impl Driver for LocalDriver {
@@ -241,25 +421,6 @@ impl Driver for LocalDriver {
         format!("local:{}", self.dir.display())
     }
 
-    // Leases: being built (helper branch "leases"); refused until then.
-    fn kv_cas_leased(
-        &self,
-        _k: &str,
-        _e: Option<&[u8]>,
-        _n: &[u8],
-        _l: u64,
-    ) -> Result<bool, DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
-    fn lease_grant(&self, _ttl: std::time::Duration) -> Result<u64, DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
-    fn lease_keepalive(&self, _lease: u64) -> Result<bool, DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
-    fn lease_revoke(&self, _lease: u64) -> Result<(), DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
     fn cluster_id(&self) -> Result<String, DriverError> {
         self.locked(|| {
             let path = self.dir.join("cluster_id");
@@ -300,14 +461,15 @@ impl Driver for LocalDriver {
     }
 
     fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, DriverError> {
-        let path = self.kv_path(key);
-        match fs::read(&path) {
-            Ok(b) => match kv_decode(&b) {
-                Some((k, v)) if k == key => Ok(Some(v)),
-                _ => Err(self.corrupt(&path, format!("does not hold key {key:?}"))),
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(self.io("read key", e)),
+        match self.read_record(key)? {
+            Some(Record {
+                lease: Some(id), ..
+            }) if !self.lease_alive(id)? => {
+                // Its lease ended: remove it under the lock (a renewal or a new value may have
+                // come in between: read again there).
+                self.locked(|| Ok(self.read_live(key)?.map(|r| r.value)))
+            }
+            r => Ok(r.map(|r| r.value)),
         }
     }
 
@@ -318,13 +480,14 @@ impl Driver for LocalDriver {
         new: Option<&[u8]>,
     ) -> Result<bool, DriverError> {
         self.locked(|| {
-            let cur = self.kv_get(key)?;
-            if cur.as_deref() != expected {
+            let cur = self.read_live(key)?;
+            if cur.as_ref().map(|r| r.value.as_slice()) != expected {
                 return Ok(false);
             }
             let path = self.kv_path(key);
             match new {
-                Some(v) => self.write_atomic(&path, &kv_encode(key, v), true)?,
+                // An unbound record: a plain write unbinds the key from its lease.
+                Some(v) => self.write_atomic(&path, &kv_encode(key, v, None), true)?,
                 None => {
                     if cur.is_some() {
                         fs::remove_file(&path).map_err(|e| self.io("delete key", e))?;
@@ -337,13 +500,10 @@ impl Driver for LocalDriver {
 
     fn kv_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, DriverError> {
         let mut out = Vec::new();
+        let mut ended = Vec::new();
         for e in fs::read_dir(self.dir.join("kv")).map_err(|e| self.io("list keys", e))? {
             let path = e.map_err(|e| self.io("list keys", e))?.path();
-            let is_record = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()));
-            if !is_record {
+            if !is_record_name(&path) {
                 continue; // a temporary file, or something that is not ours
             }
             let raw = match fs::read(&path) {
@@ -352,13 +512,77 @@ impl Driver for LocalDriver {
                 Err(e) => return Err(self.io("read key", e)),
             };
             match kv_decode(&raw) {
-                Some((k, v)) if k.starts_with(prefix) => out.push((k, v)),
+                Some(r) if r.key.starts_with(prefix) => match r.lease {
+                    Some(id) if !self.lease_alive(id)? => ended.push(r.key),
+                    _ => out.push((r.key, r.value)),
+                },
                 Some(_) => {}
                 None => return Err(self.corrupt(&path, "unreadable key-value record")),
             }
         }
+        if !ended.is_empty() {
+            // Remove them under the lock; one renewed or rewritten in between stays listed.
+            self.locked(|| {
+                for key in ended {
+                    if let Some(r) = self.read_live(&key)? {
+                        out.push((r.key, r.value));
+                    }
+                }
+                Ok(())
+            })?;
+        }
         out.sort();
         Ok(out)
+    }
+
+    fn kv_cas_leased(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+        lease: u64,
+    ) -> Result<bool, DriverError> {
+        self.locked(|| {
+            if !self.lease_alive(lease)? {
+                return Ok(false);
+            }
+            let cur = self.read_live(key)?;
+            if cur.as_ref().map(|r| r.value.as_slice()) != expected {
+                return Ok(false);
+            }
+            self.write_atomic(&self.kv_path(key), &kv_encode(key, new, Some(lease)), true)?;
+            Ok(true)
+        })
+    }
+
+    fn lease_grant(&self, ttl: Duration) -> Result<u64, DriverError> {
+        let ttl_ms = whole_secs(ttl).as_millis() as u64;
+        self.locked(|| loop {
+            let id = rand::random::<u64>();
+            if id == 0 || self.read_lease(id)?.is_some() {
+                continue;
+            }
+            self.write_lease(id, ttl_ms)?;
+            return Ok(id);
+        })
+    }
+
+    fn lease_keepalive(&self, lease: u64) -> Result<bool, DriverError> {
+        self.locked(|| match self.read_lease(lease)? {
+            Some(l) if l.deadline_ms > now_ms() => {
+                self.write_lease(lease, l.ttl_ms)?;
+                Ok(true)
+            }
+            Some(_) => {
+                self.end_lease(lease)?;
+                Ok(false)
+            }
+            None => Ok(false),
+        })
+    }
+
+    fn lease_revoke(&self, lease: u64) -> Result<(), DriverError> {
+        self.locked(|| self.end_lease(lease))
     }
 }
 
@@ -432,5 +656,89 @@ mod tests {
         assert!(a.kv_cas(&long, None, Some(b"v")).unwrap());
         assert_eq!(a.kv_get(&long).unwrap(), Some(b"v".to_vec()));
         assert_eq!(a.kv_list("lock/").unwrap(), vec![(long, b"v".to_vec())]);
+    }
+
+    #[test]
+    fn leases() {
+        let d = tempfile::tempdir().unwrap();
+        let a = LocalDriver::open(d.path()).unwrap();
+        let b = LocalDriver::open(d.path()).unwrap();
+        let ttl = Duration::from_secs(1);
+        let l = a.lease_grant(ttl).unwrap();
+        assert_ne!(l, 0);
+        assert!(a.kv_cas_leased("lock/x", None, b"1", l).unwrap());
+        assert!(!a.kv_cas_leased("lock/x", None, b"2", l).unwrap(), "a cas");
+        assert_eq!(b.kv_get("lock/x").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(b.kv_list("lock/").unwrap().len(), 1);
+        // Renewals (from another node) keep it alive past its first deadline.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(500));
+            assert!(b.lease_keepalive(l).unwrap());
+        }
+        assert_eq!(a.kv_get("lock/x").unwrap(), Some(b"1".to_vec()));
+        // Left alone, it ends, and its key with it, for every read.
+        std::thread::sleep(Duration::from_millis(1100));
+        assert_eq!(b.kv_list("lock/").unwrap(), vec![]);
+        assert_eq!(a.kv_get("lock/x").unwrap(), None);
+        assert!(!a.lease_keepalive(l).unwrap(), "an ended lease stays ended");
+        assert!(!a.kv_cas_leased("lock/x", None, b"3", l).unwrap());
+        assert_eq!(a.kv_get("lock/x").unwrap(), None);
+
+        // Revoke removes its keys at once, and only its keys.
+        let l2 = a.lease_grant(Duration::from_secs(30)).unwrap();
+        assert!(a.kv_cas_leased("lock/y", None, b"y", l2).unwrap());
+        assert!(a.kv_cas_leased("lock/z", None, b"z", l2).unwrap());
+        assert!(a.kv_cas("lock/w", None, Some(b"w")).unwrap());
+        // A plain cas unbinds a key: it survives the lease.
+        assert!(a.kv_cas("lock/z", Some(b"z"), Some(b"z2")).unwrap());
+        b.lease_revoke(l2).unwrap();
+        b.lease_revoke(l2).unwrap(); // unknown: not an error
+        assert!(!a.lease_keepalive(l2).unwrap());
+        assert_eq!(
+            a.kv_list("lock/").unwrap(),
+            vec![
+                ("lock/w".into(), b"w".to_vec()),
+                ("lock/z".into(), b"z2".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn tick_expires_leases_unread() {
+        let d = tempfile::tempdir().unwrap();
+        let a = LocalDriver::open(d.path()).unwrap();
+        a.join(&node(1, 7000)).unwrap();
+        let l = a.lease_grant(Duration::from_millis(200)).unwrap(); // rounds up to 1 s
+        assert!(a.kv_cas_leased("lock/x", None, b"1", l).unwrap());
+        std::thread::sleep(Duration::from_millis(500));
+        a.tick().unwrap();
+        assert!(
+            a.read_record("lock/x").unwrap().is_some(),
+            "1 s, not 200 ms"
+        );
+        std::thread::sleep(Duration::from_millis(700));
+        a.tick().unwrap();
+        assert!(a.read_record("lock/x").unwrap().is_none());
+        assert!(a.read_lease(l).unwrap().is_none());
+    }
+
+    #[test]
+    fn records_of_earlier_versions_read_unbound() {
+        // [u32 BE key length][key][value], as written before leases.
+        let mut old = 5u32.to_be_bytes().to_vec();
+        old.extend_from_slice(b"vdi/xvalue");
+        let r = kv_decode(&old).unwrap();
+        assert_eq!(
+            (r.key.as_str(), r.value.as_slice(), r.lease),
+            ("vdi/x", &b"value"[..], None)
+        );
+        assert_eq!(kv_encode("vdi/x", b"value", None), old);
+        let bound = kv_encode("vdi/x", b"value", Some(0x0102_0304_0506_0708));
+        assert_eq!(&bound[..12], &[0x80, 0, 0, 5, 1, 2, 3, 4, 5, 6, 7, 8]);
+        let r = kv_decode(&bound).unwrap();
+        assert_eq!(
+            (r.key.as_str(), r.lease),
+            ("vdi/x", Some(0x0102_0304_0506_0708))
+        );
     }
 }

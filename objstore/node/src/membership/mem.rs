@@ -6,9 +6,14 @@
 //! older than [`super::DEAD_AFTER`] is dropped by the next tick of any node. Under a paused
 //! clock (the fault simulator) this is deterministic: the same ticks at the same simulated
 //! times give the same epochs. It keeps the contract of [`super::Driver`]; calls never block.
+//!
+//! Leases run on the same clock: a lease past its deadline is ended, with the keys bound to
+//! it, by the next call that touches the store. Lease ids count up from 1 (deterministic
+//! under the simulator, unlike the local driver's random ids).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -22,15 +27,50 @@ struct Shared {
     /// Registered nodes by id, with the time of their last tick.
     nodes: BTreeMap<u64, (NodeInfo, Instant)>,
     kv: BTreeMap<String, Vec<u8>>,
+    /// Keys bound to a lease, with its id.
+    bound: BTreeMap<String, u64>,
+    /// Live leases: their TTL and deadline.
+    leases: BTreeMap<u64, (Duration, Instant)>,
+    last_lease: u64,
 }
 
 impl Shared {
+    /// Ends every lease past its deadline, with its keys.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let ended: Vec<u64> = self
+            .leases
+            .iter()
+            .filter(|(_, (_, deadline))| *deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ended {
+            tracing::debug!("membership (memory): lease {id} expired");
+            self.end_lease(id);
+        }
+    }
+
+    fn end_lease(&mut self, id: u64) {
+        self.leases.remove(&id);
+        let keys: Vec<String> = self
+            .bound
+            .iter()
+            .filter(|(_, l)| **l == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            self.bound.remove(&k);
+            self.kv.remove(&k);
+        }
+    }
+
     fn latest(&self) -> View {
         self.views.last().cloned().unwrap_or_default()
     }
 
     /// Drops silent nodes, then makes one new epoch if the live set changed.
     fn refresh(&mut self) -> View {
+        self.expire();
         let now = Instant::now();
         self.nodes
             .retain(|_, (_, beat)| now.saturating_duration_since(*beat) < DEAD_AFTER);
@@ -95,25 +135,6 @@ impl Driver for MemDriver {
         format!("memory:{}", self.cluster.id)
     }
 
-    // Leases: being built (helper branch "leases"); refused until then.
-    fn kv_cas_leased(
-        &self,
-        _k: &str,
-        _e: Option<&[u8]>,
-        _n: &[u8],
-        _l: u64,
-    ) -> Result<bool, DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
-    fn lease_grant(&self, _ttl: std::time::Duration) -> Result<u64, DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
-    fn lease_keepalive(&self, _lease: u64) -> Result<bool, DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
-    fn lease_revoke(&self, _lease: u64) -> Result<(), DriverError> {
-        Err(DriverError::UnknownDriver("leases (not built yet)".into()))
-    }
     fn cluster_id(&self) -> Result<String, DriverError> {
         Ok(self.cluster.id.clone())
     }
@@ -169,7 +190,9 @@ impl Driver for MemDriver {
     }
 
     fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, DriverError> {
-        Ok(self.cluster.shared.lock().unwrap().kv.get(key).cloned())
+        let mut st = self.cluster.shared.lock().unwrap();
+        st.expire();
+        Ok(st.kv.get(key).cloned())
     }
 
     fn kv_cas(
@@ -179,9 +202,12 @@ impl Driver for MemDriver {
         new: Option<&[u8]>,
     ) -> Result<bool, DriverError> {
         let mut st = self.cluster.shared.lock().unwrap();
+        st.expire();
         if st.kv.get(key).map(Vec::as_slice) != expected {
             return Ok(false);
         }
+        // A plain write unbinds the key from its lease.
+        st.bound.remove(key);
         match new {
             Some(v) => st.kv.insert(key.to_string(), v.to_vec()),
             None => st.kv.remove(key),
@@ -190,7 +216,8 @@ impl Driver for MemDriver {
     }
 
     fn kv_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, DriverError> {
-        let st = self.cluster.shared.lock().unwrap();
+        let mut st = self.cluster.shared.lock().unwrap();
+        st.expire();
         Ok(st
             .kv
             .range(prefix.to_string()..)
@@ -198,12 +225,57 @@ impl Driver for MemDriver {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
+
+    fn kv_cas_leased(
+        &self,
+        key: &str,
+        expected: Option<&[u8]>,
+        new: &[u8],
+        lease: u64,
+    ) -> Result<bool, DriverError> {
+        let mut st = self.cluster.shared.lock().unwrap();
+        st.expire();
+        if !st.leases.contains_key(&lease) || st.kv.get(key).map(Vec::as_slice) != expected {
+            return Ok(false);
+        }
+        st.kv.insert(key.to_string(), new.to_vec());
+        st.bound.insert(key.to_string(), lease);
+        Ok(true)
+    }
+
+    fn lease_grant(&self, ttl: Duration) -> Result<u64, DriverError> {
+        // Whole seconds, at least one, as the contract has it.
+        let ttl = Duration::from_secs((ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1));
+        let mut st = self.cluster.shared.lock().unwrap();
+        st.expire();
+        st.last_lease += 1;
+        let id = st.last_lease;
+        st.leases.insert(id, (ttl, Instant::now() + ttl));
+        Ok(id)
+    }
+
+    fn lease_keepalive(&self, lease: u64) -> Result<bool, DriverError> {
+        let mut st = self.cluster.shared.lock().unwrap();
+        st.expire();
+        match st.leases.get_mut(&lease) {
+            Some((ttl, deadline)) => {
+                *deadline = Instant::now() + *ttl;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn lease_revoke(&self, lease: u64) -> Result<(), DriverError> {
+        let mut st = self.cluster.shared.lock().unwrap();
+        st.end_lease(lease);
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn node(id: u64, incarnation: u64) -> NodeInfo {
         NodeInfo {
@@ -273,5 +345,56 @@ mod tests {
         assert!(a.kv_cas("vdi/x", Some(b"2"), None).unwrap());
         assert_eq!(a.kv_get("vdi/x").unwrap(), None);
         assert_eq!(a.cluster_id().unwrap(), "c");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases() {
+        let m = MemMembership::new("c");
+        let (a, b) = (m.driver(), m.driver());
+        let sec = Duration::from_secs(1);
+        let l = a.lease_grant(2 * sec).unwrap();
+        assert_ne!(l, 0);
+        assert!(a.kv_cas_leased("lock/x", None, b"1", l).unwrap());
+        assert!(!a.kv_cas_leased("lock/x", None, b"2", l).unwrap(), "a cas");
+        assert_eq!(b.kv_get("lock/x").unwrap(), Some(b"1".to_vec()));
+        // Renewals (from another node) keep it alive past its first deadline.
+        for _ in 0..4 {
+            tokio::time::advance(sec).await;
+            assert!(b.lease_keepalive(l).unwrap());
+        }
+        assert_eq!(a.kv_list("lock/").unwrap().len(), 1);
+        // Left alone, it ends with its key.
+        tokio::time::advance(2 * sec).await;
+        assert_eq!(b.kv_list("lock/").unwrap(), vec![]);
+        assert_eq!(a.kv_get("lock/x").unwrap(), None);
+        assert!(!a.lease_keepalive(l).unwrap(), "an ended lease stays ended");
+        assert!(!a.kv_cas_leased("lock/x", None, b"3", l).unwrap());
+        assert_eq!(a.kv_get("lock/x").unwrap(), None);
+
+        // Revoke removes its keys at once, and only its keys; a plain cas unbinds a key.
+        let l2 = a.lease_grant(30 * sec).unwrap();
+        assert_ne!(l2, l);
+        assert!(a.kv_cas_leased("lock/y", None, b"y", l2).unwrap());
+        assert!(a.kv_cas_leased("lock/z", None, b"z", l2).unwrap());
+        assert!(a.kv_cas("lock/w", None, Some(b"w")).unwrap());
+        assert!(a.kv_cas("lock/z", Some(b"z"), Some(b"z2")).unwrap());
+        b.lease_revoke(l2).unwrap();
+        b.lease_revoke(l2).unwrap(); // unknown: not an error
+        assert!(!a.lease_keepalive(l2).unwrap());
+        assert_eq!(
+            a.kv_list("lock/").unwrap(),
+            vec![
+                ("lock/w".into(), b"w".to_vec()),
+                ("lock/z".into(), b"z2".to_vec())
+            ]
+        );
+        // A TTL under a second is a second.
+        let l3 = a.lease_grant(Duration::from_millis(100)).unwrap();
+        assert!(a.kv_cas_leased("lock/v", None, b"v", l3).unwrap());
+        tokio::time::advance(Duration::from_millis(900)).await;
+        assert!(a.kv_get("lock/v").unwrap().is_some());
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(a.tick().is_ok());
+        assert!(a.kv_get("lock/v").unwrap().is_none());
     }
 }

@@ -15,7 +15,9 @@ use super::recovery::PullFailed;
 use super::replicate::{split_peer_write, Change};
 use super::{Epoch, Node};
 use crate::store::{ObjState, StoreError, Version};
-use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
+use objstore_proto::api::{
+    FormatRequest, KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId, NodeStatus,
+};
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
@@ -479,8 +481,81 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .collect();
             Ok(Reply::json(&list))
         }
+        Opcode::KvCasLeased => {
+            let req: KvCasLeasedRequest = json(&payload)?;
+            if req.key == keys::CONFIG {
+                return Err(Failure::invalid(
+                    "the cluster format is set only by the Format operation",
+                ));
+            }
+            let d = node.driver.clone();
+            let ok = node
+                .blocking(move || {
+                    d.kv_cas_leased(
+                        &req.key,
+                        req.expected.as_deref().map(str::as_bytes),
+                        req.new.as_bytes(),
+                        req.lease,
+                    )
+                })
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
+            if ok {
+                Ok(Reply::empty())
+            } else {
+                Err(Failure::new(
+                    ResultCode::Conflict,
+                    "the key changed, or the lease ended",
+                ))
+            }
+        }
+        Opcode::LeaseGrant => {
+            let req: LeaseGrantRequest = json(&payload)?;
+            if req.ttl_secs == 0 || req.ttl_secs > MAX_LEASE_TTL_SECS {
+                return Err(Failure::invalid(format!(
+                    "lease TTL {} s: expected 1 to {MAX_LEASE_TTL_SECS} s",
+                    req.ttl_secs
+                )));
+            }
+            let d = node.driver.clone();
+            let ttl = Duration::from_secs(req.ttl_secs);
+            let lease = node
+                .blocking(move || d.lease_grant(ttl))
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
+            Ok(Reply::json(&LeaseId { lease }))
+        }
+        Opcode::LeaseKeepalive => {
+            let LeaseId { lease } = json(&payload)?;
+            let d = node.driver.clone();
+            let alive = node
+                .blocking(move || d.lease_keepalive(lease))
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
+            if alive {
+                Ok(Reply::empty())
+            } else {
+                Err(Failure::new(ResultCode::NotFound, "the lease ended"))
+            }
+        }
+        Opcode::LeaseRevoke => {
+            let LeaseId { lease } = json(&payload)?;
+            let d = node.driver.clone();
+            node.blocking(move || d.lease_revoke(lease))
+                .await
+                .map_err(driver_failure)?
+                .map_err(driver_failure)?;
+            Ok(Reply::empty())
+        }
     }
 }
+
+/// The longest lease `LeaseGrant` makes: a day (a lease that must outlive its holder longer
+/// is no lease: take a plain key).
+const MAX_LEASE_TTL_SECS: u64 = 86_400;
 
 /// Checks the request's epoch and waits for this epoch's recovery plan.
 async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
