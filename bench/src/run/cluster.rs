@@ -107,7 +107,10 @@ impl Cluster {
 
     /// Runs dog; its stdout, or an error with its stderr.
     pub fn dog(&self, args: &[&str]) -> Result<Vec<u8>> {
-        output(self.nodes.dog_command(args), &format!("dog {}", args.join(" ")))
+        output(
+            self.nodes.dog_command(args),
+            &format!("dog {}", args.join(" ")),
+        )
     }
 
     pub fn format(&self, copies: usize, object_size: u64) -> Result<()> {

@@ -13,8 +13,8 @@ use super::cluster::{output, Bins, Cluster, Mount};
 use super::fio::{Engine, FioJob, FioResult};
 use super::plan::{seq_job, Step};
 use super::proc::{check_interrupt, Watched};
-use super::settings::Membership;
 use super::record::{Outcome, Recorder};
+use super::settings::Membership;
 
 /// Name of the VDI the fio jobs run on.
 pub const VDI: &str = "bench";

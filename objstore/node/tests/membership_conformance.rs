@@ -888,9 +888,12 @@ fn member_loss(s: &mut Store) {
     let v3 = ok("c joins", c.join(&node(3, 1)));
     assert_eq!(v3.epoch, v2.epoch + 1, "{v3:?}");
     ok("c leaves", c.leave());
+    // a's watch (moved off the dead member) sees both changes.
     let v4 = tick_until(&*a, "c's leave", Duration::from_secs(3), |v| {
-        v.node(3).is_none()
+        v.epoch > v3.epoch
     });
     assert_eq!(v4.epoch, v3.epoch + 1, "{v4:?}");
+    assert_eq!(ids(&v4), vec![1, 2]);
+    assert_eq!(ok("view_at", a.view_at(v3.epoch)), Some(v3));
     drop(ticker);
 }
