@@ -358,6 +358,7 @@ fn crash(s: &mut Store) {
         v.node(3).is_none()
     });
     let took = crashed.elapsed();
+    eprintln!("{}: a crashed node left the view after {took:?}", s.name);
     assert!(
         took <= limit,
         "c dropped {took:?} after it stopped; the contract says {limit:?}"
