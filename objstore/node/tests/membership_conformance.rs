@@ -164,6 +164,13 @@ fn etcd_member_loss() {
     }
 }
 
+#[test]
+fn etcd_leader_loss() {
+    if let Some(mut s) = etcd_store_of(3) {
+        leader_loss(&mut s);
+    }
+}
+
 // ---- helpers ----
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -896,5 +903,50 @@ fn member_loss(s: &mut Store) {
     assert_eq!(v4.epoch, v3.epoch + 1, "{v4:?}");
     assert_eq!(ids(&v4), vec![1, 2]);
     assert_eq!(ok("view_at", a.view_at(v3.epoch)), Some(v3));
+    drop(ticker);
+}
+
+/// The raft leader of a 3-member etcd killed under live nodes with a short lease TTL: the
+/// others elect a new one (about a second here), the nodes keep their leases and the view
+/// (no epoch without them), and calls work again right after.
+fn leader_loss(s: &mut Store) {
+    let ttl = Duration::from_secs(2);
+    let a = s.driver_with(DriverOptions { lease_ttl: ttl });
+    let b = s.driver_with(DriverOptions { lease_ttl: ttl });
+    ok("a joins", a.join(&node(1, 1)));
+    let v2 = ok("b joins", b.join(&node(2, 1)));
+    tick_until(&*a, "b's join", Duration::from_secs(2), |v| {
+        v.epoch == v2.epoch
+    });
+    let ticker = Ticker::new(vec![a.clone(), b.clone()]);
+    let leader = testkit::or_panic(s.etcd().try_wait_leader());
+    s.etcd().kill(leader);
+    let killed = Instant::now();
+    let next = testkit::or_panic(s.etcd().try_wait_leader());
+    assert_ne!(next, leader);
+    eprintln!("a new etcd leader after {:?}", killed.elapsed());
+    // Calls work again within a few seconds (some may fail during the election).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = a.kv_cas("vdi/after", None, Some(b"x")) {
+        assert!(
+            Instant::now() < deadline,
+            "kv_cas fails 5 s after the leader died: {}",
+            chain(&e)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Well past the TTL: still both members, in the same epoch.
+    std::thread::sleep(ttl * 2);
+    for (name, d) in [("a", &a), ("b", &b)] {
+        assert!(
+            d.member_until().is_some_and(|u| u > Instant::now()),
+            "{name} is no longer surely a member after the leader's death"
+        );
+        assert_eq!(
+            ok("tick", d.tick()),
+            v2,
+            "{name}: the leader's death changed the view"
+        );
+    }
     drop(ticker);
 }

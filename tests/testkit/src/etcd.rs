@@ -347,6 +347,34 @@ impl Etcd {
             .map_err(|e| e.context(format!("restarting etcd m{i}")))
     }
 
+    /// The index of the member that is the raft leader now, as the running members report it
+    /// (`POST /v3/maintenance/status` on the JSON gateway): `None` while there is none, or no
+    /// running member answers.
+    pub fn leader(&self) -> Option<usize> {
+        let status: Vec<(usize, serde_json::Value)> = (0..self.members.len())
+            .filter(|&i| self.members[i].proc.is_some())
+            .filter_map(|i| Some((i, member_status(&self.members[i].client_addr())?)))
+            .collect();
+        let leader = status
+            .iter()
+            .find_map(|(_, s)| s["leader"].as_str().filter(|l| *l != "0"))?
+            .to_string();
+        status
+            .iter()
+            .find(|(_, s)| s["header"]["member_id"].as_str() == Some(leader.as_str()))
+            .map(|(i, _)| *i)
+    }
+
+    /// Waits until some running member is the leader and returns its index.
+    pub fn try_wait_leader(&self) -> Result<usize> {
+        let mut leader = None;
+        try_wait_until("an etcd leader", START_TIMEOUT, || {
+            leader = self.leader();
+            Ok(leader.is_some())
+        })?;
+        Ok(leader.expect("set when the wait ends"))
+    }
+
     /// The last `bytes` of member `i`'s log.
     pub fn log_tail(&self, i: usize, bytes: u64) -> String {
         log_tail(&self.log(i), bytes)
@@ -359,25 +387,40 @@ fn nanos() -> u128 {
         .map_or(0, |d| d.as_nanos())
 }
 
+/// One HTTP/1.1 request to `addr` (`Connection: close`); the whole response.
+fn http(addr: &str, request_line: &str, body: &str) -> std::io::Result<String> {
+    let sock: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?;
+    let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(1)))?;
+    write!(
+        s,
+        "{request_line} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// A member's status from the JSON gateway (`header.member_id`, `leader`, ...).
+fn member_status(addr: &str) -> Option<serde_json::Value> {
+    let resp = http(addr, "POST /v3/maintenance/status", "{}").ok()?;
+    let (head, body) = resp.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    serde_json::from_str(body).ok()
+}
+
 /// `GET /health` on `addr` over plain HTTP/1.1: true when etcd says `"health":"true"` (it has
 /// a leader and answers a read through raft).
 pub fn healthy(addr: &str) -> bool {
-    let probe = || -> std::io::Result<String> {
-        let sock: std::net::SocketAddr = addr
-            .parse()
-            .map_err(|e| std::io::Error::other(format!("{addr}: {e}")))?;
-        let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(1))?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        s.set_write_timeout(Some(Duration::from_secs(1)))?;
-        write!(
-            s,
-            "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(body)
-    };
-    probe().is_ok_and(|b| b.starts_with("HTTP/1.1 200") && b.contains("\"health\":\"true\""))
+    http(addr, "GET /health", "")
+        .is_ok_and(|b| b.starts_with("HTTP/1.1 200") && b.contains("\"health\":\"true\""))
 }
 
 #[cfg(test)]
@@ -422,10 +465,13 @@ mod tests {
         }
         let mut e = EtcdCluster::start(3);
         assert_eq!(e.endpoints().len(), 3);
-        e.kill(1);
+        let leader = e.try_wait_leader().unwrap();
+        e.kill(leader);
         e.try_wait_healthy().unwrap();
-        assert!(e.healthy(0) && e.healthy(2));
-        e.start_member(1);
+        let next = e.try_wait_leader().unwrap();
+        assert_ne!(next, leader, "a killed member is still the leader");
+        assert!((0..3).filter(|&i| i != leader).all(|i| e.healthy(i)));
+        e.start_member(leader);
         e.try_wait_healthy().unwrap();
         assert!((0..3).all(|i| e.healthy(i)));
     }
