@@ -69,6 +69,7 @@ impl Cluster {
             log: NodeLog::Arg("warn".into()),
             proc: daemon(Duration::from_secs(10)),
             timeout: START,
+            ..ClusterOptions::default()
         };
         Ok(Cluster(testkit::cluster::Cluster::try_start_with(
             bins, n, opts,

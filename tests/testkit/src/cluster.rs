@@ -97,16 +97,24 @@ pub struct ClusterOptions {
     pub proc: ProcOptions,
     /// How long a node may take to serve, and the cluster to list every member.
     pub timeout: Duration,
+    /// The membership driver, as `sheep --cluster` takes it (e.g. an
+    /// [`crate::etcd::Etcd::cluster_spec`]); `None`: `local:` on [`Cluster::state_dir`].
+    pub driver: Option<String>,
+    /// `sheep --lease-ttl` (whole seconds); `None`: sheep's default.
+    pub lease_ttl: Option<Duration>,
 }
 
 impl Default for ClusterOptions {
-    /// What tests use: a temporary directory, `RUST_LOG=info`, SIGKILL on drop, 20 s.
+    /// What tests use: a temporary directory, `RUST_LOG=info`, SIGKILL on drop, 20 s, the
+    /// `local` driver.
     fn default() -> ClusterOptions {
         ClusterOptions {
             dir: None,
             log: NodeLog::Env("info".into()),
             proc: ProcOptions::default(),
             timeout: Duration::from_secs(20),
+            driver: None,
+            lease_ttl: None,
         }
     }
 }
@@ -169,8 +177,9 @@ impl Cluster {
         Cluster::try_start_with(bins, n, ClusterOptions::default())
     }
 
-    /// Starts `n` nodes sharing one local membership store and waits until all are members.
-    /// On an error, the nodes started so far are stopped.
+    /// Starts `n` nodes sharing one membership store (`local` unless
+    /// [`ClusterOptions::driver`] names another) and waits until all are members. On an error,
+    /// the nodes started so far are stopped.
     pub fn try_start_with(bins: &Bins, n: usize, opts: ClusterOptions) -> Result<Cluster> {
         Cluster::try_start_with_args(bins, vec![Vec::new(); n], opts)
     }
@@ -211,8 +220,18 @@ impl Cluster {
         Ok(c)
     }
 
+    /// The `local` driver's state directory (unused with another driver).
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
+    }
+
+    /// What every node gets as `--cluster`: [`ClusterOptions::driver`], else `local:` on
+    /// [`Cluster::state_dir`].
+    pub fn driver_spec(&self) -> String {
+        match &self.opts.driver {
+            Some(spec) => spec.clone(),
+            None => format!("local:{}", self.state_dir().display()),
+        }
     }
 
     pub fn node_dir(&self, i: usize) -> PathBuf {
@@ -247,8 +266,12 @@ impl Cluster {
                 .arg("--listen")
                 .arg(&addr)
                 .arg("--cluster")
-                .arg(format!("local:{}", self.state_dir().display()))
-                .args(&self.node_args[i]);
+                .arg(self.driver_spec());
+            if let Some(ttl) = self.opts.lease_ttl {
+                cmd.arg("--lease-ttl")
+                    .arg(format!("{}s", ttl.as_secs().max(1)));
+            }
+            cmd.args(&self.node_args[i]);
             let by_log = match &self.opts.log {
                 NodeLog::Env(filter) => {
                     cmd.env("RUST_LOG", filter);
