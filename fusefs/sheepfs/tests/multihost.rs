@@ -202,9 +202,14 @@ impl Hosts {
 
     /// sheepfs in the client's namespace, given every node's address.
     fn mount(&mut self, extra: &[&str]) {
-        let dir = self.c.dir.path().join("mnt");
-        let log = self.c.dir.path().join("sheepfs.log");
-        let mut cmd = self.net.command(self.client(), SHEEPFS);
+        self.mount = Some(self.mount_in(self.client(), "mnt", extra));
+    }
+
+    /// sheepfs in namespace `ns` on `c.dir/NAME`, given every node's address.
+    fn mount_in(&self, ns: usize, name: &str, extra: &[&str]) -> Mount {
+        let dir = self.c.dir.path().join(name);
+        let log = self.c.dir.path().join(format!("sheepfs-{name}.log"));
+        let mut cmd = self.net.command(ns, SHEEPFS);
         cmd.arg("--cluster").arg(self.c.addresses());
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let spawn = move |dir: &Path| {
@@ -214,13 +219,13 @@ impl Hosts {
                 .env("RUST_LOG", "info");
             cmd
         };
-        self.mount = Some(or_panic(Mount::try_spawn(
+        or_panic(Mount::try_spawn(
             "sheepfs",
             spawn,
             &dir,
             &log,
             MountOptions::default(),
-        )));
+        ))
     }
 
     fn path(&self, name: &str) -> String {
@@ -367,19 +372,41 @@ fn a_node_cut_off_acknowledges_no_write_and_converges_after_heal() {
     let d1 = pseudo_random(8 * MIB, 1);
     h.c.write_vdi("v", 0, &d1);
     let cut = 2;
+    // A client on the node's host with the VDI open, as a qemu there would have it: it
+    // reaches only that node once it is cut off.
+    let timeout = format!("{}s", (TTL * 2).as_secs());
+    let local = h.mount_in(cut, "mnt-cut", &["--timeout", &timeout]);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(local.path("v"))
+        .unwrap();
     let cut_addr = h.c.addr(cut);
     let addr0 = h.c.addr(0);
     let (before, _) = epoch(&h.c, &addr0).unwrap();
 
     h.net.cut(cut);
     let cut_at = Instant::now();
-    // A client that reaches only the cut node, trying for twice the lease TTL.
+    // The open file, writing for twice the lease TTL: neither the write nor the fsync after
+    // it may succeed.
     let d2 = pseudo_random(4 * MIB, 2);
-    let timeout = format!("{}s", (TTL * 2).as_secs());
+    {
+        use std::os::unix::fs::FileExt;
+        let w = file.write_all_at(&d2, 0).and_then(|()| file.sync_all());
+        let e = w.expect_err("a write through a node cut off from everyone was acknowledged");
+        eprintln!(
+            "the cut host's write failed after {:?}: {e}; end of its sheepfs log:\n{}",
+            cut_at.elapsed(),
+            local.log_tail()
+        );
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    }
+    // dog there, trying for twice the lease TTL (`--force`: past the check for a cache
+    // attached to the VDI, which the cut node cannot ask the store about).
     let attempt = h.dog_in(
         cut,
         &cut_addr,
-        &["--timeout", &timeout, "vdi", "write", "v", "0"],
+        &["--timeout", &timeout, "vdi", "write", "--force", "v", "0"],
         &d2,
     );
     assert!(
@@ -397,8 +424,20 @@ fn a_node_cut_off_acknowledges_no_write_and_converges_after_heal() {
         epoch(&h.c, &addr0).is_some_and(|(e, n)| e > before && n == 2)
     });
     // Past its lease, still nothing is acknowledged there (it answers Busy, or not at all).
-    let late = h.dog_in(cut, &cut_addr, &["--timeout", "3s", "vdi", "write", "v", "0"], &d2);
-    assert!(!late.status.success(), "the cut node acknowledged a write past its lease");
+    let late = h.dog_in(
+        cut,
+        &cut_addr,
+        &["--timeout", "3s", "vdi", "write", "--force", "v", "0"],
+        &d2,
+    );
+    assert!(
+        !late.status.success(),
+        "the cut node acknowledged a write past its lease"
+    );
+    eprintln!(
+        "past its lease, the cut node's write failed: {}",
+        String::from_utf8_lossy(&late.stderr).trim()
+    );
     // The majority writes over the region the cut node was asked to write.
     let d3 = pseudo_random(4 * MIB, 3);
     h.c.write_vdi("v", 0, &d3);
@@ -413,6 +452,15 @@ fn a_node_cut_off_acknowledges_no_write_and_converges_after_heal() {
         assert!(got.stdout[4 * MIB..] == d1[4 * MIB..], "node {i}: data before the cut");
     }
     assert_consistent(&h.c, "v");
+    // The cut host's client, connected again, reads what the majority wrote.
+    let mut got = vec![0u8; 8 * MIB];
+    {
+        use std::os::unix::fs::FileExt;
+        file.read_exact_at(&mut got, 0).unwrap();
+    }
+    assert!(got[..4 * MIB] == d3[..], "the cut host's client reads stale data");
+    drop(file);
+    drop(local);
 }
 
 fn rolling_restart(extra: &[&str]) {
