@@ -14,6 +14,7 @@ use objstore_client::transport::{Listener, Reader, Writer};
 use super::recovery::PullFailed;
 use super::replicate::{split_peer_write, Change};
 use super::{Epoch, Node};
+use crate::membership::DriverError;
 use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{FormatRequest, KvCasRequest, NodeStatus};
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
@@ -240,6 +241,18 @@ fn driver_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(ResultCode::Io, format!("membership store: {e}"))
 }
 
+/// A store that cannot be reached now (etcd down or cut off) is an outage the client waits
+/// out within its timeout (`Busy`), as I/O waits out a lease past its end; any other store
+/// error is final.
+fn store_failure(e: DriverError) -> Failure {
+    match e {
+        DriverError::Unreachable { .. } => {
+            Failure::new(ResultCode::Busy, format!("membership store: {e}"))
+        }
+        e => driver_failure(e),
+    }
+}
+
 async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
     let oid = ObjectId(h.oid);
     match h.opcode {
@@ -426,7 +439,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .blocking(move || d.kv_get(&key))
                 .await
                 .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+                .map_err(store_failure)?;
             match v {
                 Some(v) => Ok(Reply::bytes(Bytes::from(v))),
                 None => Err(Failure::new(ResultCode::NotFound, "no such key")),
@@ -450,7 +463,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 })
                 .await
                 .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+                .map_err(store_failure)?;
             if ok {
                 Ok(Reply::empty())
             } else {
@@ -464,7 +477,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .blocking(move || d.kv_list(&prefix))
                 .await
                 .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+                .map_err(store_failure)?;
             let list: Vec<(String, String)> = list
                 .into_iter()
                 .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
@@ -549,7 +562,7 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
         .blocking(move || d.kv_cas(keys::CONFIG, None, Some(&raw)))
         .await
         .map_err(driver_failure)?
-        .map_err(driver_failure)?;
+        .map_err(store_failure)?;
     if !ok {
         let cur = node.config();
         return Err(Failure::new(
