@@ -188,11 +188,20 @@ pub(super) async fn blocking<T: Send + 'static>(
 ) -> Result<T, Failure> {
     match node.blocking(f).await {
         Ok(r) => r.map_err(Failure::from),
-        Err(e) => Err(Failure::new(
-            ResultCode::Io,
-            format!("store task failed: {e}"),
-        )),
+        Err(e) => Err(task_failure(e)),
     }
+}
+
+/// A store task that did not finish. Cancelled means it never ran: the node is shutting down
+/// (its runtime drops blocking tasks not yet started), so the client tries again elsewhere
+/// (`ShuttingDown`) instead of failing the I/O; a panic is an I/O error.
+fn task_failure(e: tokio::task::JoinError) -> Failure {
+    let code = if e.is_cancelled() {
+        ResultCode::ShuttingDown
+    } else {
+        ResultCode::Io
+    };
+    Failure::new(code, format!("store task failed: {e}"))
 }
 
 /// The version a client expects an object at (the first 8 bytes of a `WriteObj` or `RemoveObj`
@@ -337,10 +346,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     Ok(Reply::empty())
                 }
                 Ok(Err(e)) => Err(e.into()),
-                Err(e) => Err(Failure::new(
-                    ResultCode::Io,
-                    format!("store task failed: {e}"),
-                )),
+                Err(e) => Err(task_failure(e)),
             }
         }
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
