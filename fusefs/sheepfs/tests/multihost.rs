@@ -109,8 +109,14 @@ fn nodes_on_distinct_loopback_addresses_serve() {
     let data = pseudo_random(16 * MIB, 23);
     c.write_vdi("v", 0, &data);
     for i in 0..3 {
-        let got = c.dog_at(&c.addr(i), &["vdi", "read", "v", "0", &(16 * MIB).to_string()]);
-        assert!(got.status.success() && got.stdout == data, "read through node {i}");
+        let got = c.dog_at(
+            &c.addr(i),
+            &["vdi", "read", "v", "0", &(16 * MIB).to_string()],
+        );
+        assert!(
+            got.status.success() && got.stdout == data,
+            "read through node {i}"
+        );
     }
     assert_consistent(&c, "v");
 }
@@ -258,10 +264,12 @@ impl Hosts {
         out
     }
 
-    /// Restarts node `i` (SIGTERM, then started again on its data) and waits until all
-    /// nodes are members and recovered.
-    fn restart(&mut self, i: usize) {
-        if let Some(mut p) = self.c.nodes[i].take() {
+    /// Restarts node `i` (SIGTERM, or SIGKILL when `hard`, then started again at once on its
+    /// data) and waits until all nodes are members and recovered.
+    fn restart(&mut self, i: usize, hard: bool) {
+        if hard {
+            self.c.kill9(i);
+        } else if let Some(mut p) = self.c.nodes[i].take() {
             assert!(
                 p.terminate(Duration::from_secs(20)),
                 "sheep{i} did not stop on SIGTERM"
@@ -274,7 +282,8 @@ impl Hosts {
 }
 
 /// fio write-and-verify runs, one after another in the client's namespace, until stopped:
-/// every run must end with no error (an EIO fails fio at once).
+/// every run must end with no error (an EIO fails fio at once). An fsync every 32 writes, as
+/// a guest flushes: with the cache too, the load reaches the nodes.
 struct Load {
     stop: Arc<AtomicBool>,
     runs: Arc<AtomicU64>,
@@ -295,7 +304,7 @@ impl Load {
                 cmd.args(&wrap[1..]).arg("fio").args(fio_verify_args(
                     &file,
                     "32M",
-                    &["--do_verify=1", "--number_ios=1000"],
+                    &["--do_verify=1", "--number_ios=1000", "--fsync=32"],
                 ));
                 // Killed with this thread (the test gone).
                 testkit::die_with_parent(&mut cmd, libc::SIGKILL);
@@ -351,7 +360,10 @@ fn client_in_another_namespace_mounts_and_verifies() {
     h.c.write_vdi("d", 0, &data);
     h.mount(&[]);
     let got = std::fs::read(h.path("d")).unwrap();
-    assert!(got == data, "the mount in another namespace reads other bytes");
+    assert!(
+        got == data,
+        "the mount in another namespace reads other bytes"
+    );
     h.c.dog_ok(&["vdi", "create", "f", "32M"]);
     let load = Load::start(&h, &h.path("f"));
     load.wait_runs(1, Duration::from_secs(120));
@@ -359,7 +371,11 @@ fn client_in_another_namespace_mounts_and_verifies() {
     assert_consistent(&h.c, "f");
     // The client really is elsewhere: in its namespace, no node is on 127.0.0.1 or its own IP.
     let out = h.dog_in(h.client(), &h.c.addr(0), &["node", "list"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -446,10 +462,19 @@ fn a_node_cut_off_acknowledges_no_write_and_converges_after_heal() {
     h.c.wait_members(3);
     h.c.wait_recovered();
     for i in 0..3 {
-        let got = h.c.dog_at(&h.c.addr(i), &["vdi", "read", "v", "0", &(8 * MIB).to_string()]);
+        let got = h.c.dog_at(
+            &h.c.addr(i),
+            &["vdi", "read", "v", "0", &(8 * MIB).to_string()],
+        );
         assert!(got.status.success(), "read through node {i}");
-        assert!(got.stdout[..4 * MIB] == d3[..], "node {i}: the majority's write is lost");
-        assert!(got.stdout[4 * MIB..] == d1[4 * MIB..], "node {i}: data before the cut");
+        assert!(
+            got.stdout[..4 * MIB] == d3[..],
+            "node {i}: the majority's write is lost"
+        );
+        assert!(
+            got.stdout[4 * MIB..] == d1[4 * MIB..],
+            "node {i}: data before the cut"
+        );
     }
     assert_consistent(&h.c, "v");
     // The cut host's client, connected again, reads what the majority wrote.
@@ -458,12 +483,15 @@ fn a_node_cut_off_acknowledges_no_write_and_converges_after_heal() {
         use std::os::unix::fs::FileExt;
         file.read_exact_at(&mut got, 0).unwrap();
     }
-    assert!(got[..4 * MIB] == d3[..], "the cut host's client reads stale data");
+    assert!(
+        got[..4 * MIB] == d3[..],
+        "the cut host's client reads stale data"
+    );
     drop(file);
     drop(local);
 }
 
-fn rolling_restart(extra: &[&str]) {
+fn rolling_restart(hard: bool, extra: &[&str]) {
     let mut h = Hosts::start(3, 1);
     h.c.dog_ok(&["vdi", "create", "f", "32M"]);
     h.mount(extra);
@@ -471,7 +499,7 @@ fn rolling_restart(extra: &[&str]) {
     load.wait_runs(1, Duration::from_secs(120));
     for i in 0..3 {
         let t = Instant::now();
-        h.restart(i);
+        h.restart(i, hard);
         eprintln!("node {i} restarted and recovered in {:?}", t.elapsed());
         // The load went on across it.
         load.wait_runs(1, Duration::from_secs(120));
@@ -486,7 +514,17 @@ fn rolling_restart_under_fio_verify() {
     if netns_missing() {
         return;
     }
-    rolling_restart(&[]);
+    rolling_restart(false, &[]);
+}
+
+/// Each node killed with SIGKILL and started again at once, before its old lease ends (its
+/// new lease takes its key over).
+#[test]
+fn rolling_kill9_restart_under_fio_verify() {
+    if netns_missing() {
+        return;
+    }
+    rolling_restart(true, &[]);
 }
 
 #[test]
@@ -496,7 +534,7 @@ fn rolling_restart_under_fio_verify_with_the_cache() {
     }
     let cache = tempfile::tempdir().unwrap();
     let dir = cache.path().to_string_lossy().into_owned();
-    rolling_restart(&["--cache-dir", &dir, "--cache-size", "64M"]);
+    rolling_restart(false, &["--cache-dir", &dir, "--cache-size", "64M"]);
 }
 
 #[test]
@@ -519,7 +557,11 @@ fn etcd_restarted_under_load_within_and_past_the_lease_ttl() {
     eprintln!("etcd down for {:?} (within the lease TTL)", t.elapsed());
     load.wait_runs(1, Duration::from_secs(120));
     let (e1, n1) = epoch(&h.c, &addr0).unwrap();
-    assert_eq!((e1, n1), (e0, 3), "a node lost its lease to an etcd restart within the TTL");
+    assert_eq!(
+        (e1, n1),
+        (e0, 3),
+        "a node lost its lease to an etcd restart within the TTL"
+    );
 
     // Past the TTL: the nodes' leases run out, their I/O waits; back in time for the client.
     let t = Instant::now();

@@ -191,7 +191,13 @@ impl Netns {
         let bridge = format!("{BRIDGE_PREFIX}{tag}");
         ip(&["link", "add", &bridge, "type", "bridge"])?;
         me.bridge = bridge.clone();
-        ip(&["addr", "add", &format!("{}/24", me.bridge_ip()), "dev", &bridge])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", me.bridge_ip()),
+            "dev",
+            &bridge,
+        ])?;
         ip(&["link", "set", &bridge, "up"])?;
         // The subnet is ours now: others see it in the root namespace's addresses.
         drop(lock);
@@ -337,9 +343,11 @@ mod tests {
         ns.cut(1);
         assert!(!ping(&ns, 0, &ns.ip(1)), "ns1 reachable while cut");
         ns.heal(1);
-        crate::wait_until("ns1 to be reachable again", std::time::Duration::from_secs(10), || {
-            ping(&ns, 0, &ns.ip(1))
-        });
+        crate::wait_until(
+            "ns1 to be reachable again",
+            std::time::Duration::from_secs(10),
+            || ping(&ns, 0, &ns.ip(1)),
+        );
         drop(ns);
         let list = String::from_utf8_lossy(&ip(&["netns", "list"]).unwrap()).into_owned();
         for n in names {
