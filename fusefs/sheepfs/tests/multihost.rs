@@ -559,6 +559,7 @@ fn etcd_restarted_under_load_within_and_past_the_lease_ttl() {
     }
     let mut h = Hosts::start(3, 1);
     h.c.dog_ok(&["vdi", "create", "f", "32M"]);
+    h.c.dog_ok(&["vdi", "create", "w", "4M"]);
     h.mount(&[]);
     let load = Load::start(&h, &h.path("f"));
     load.wait_runs(1, Duration::from_secs(120));
@@ -579,16 +580,52 @@ fn etcd_restarted_under_load_within_and_past_the_lease_ttl() {
     );
 
     // Past the TTL: the nodes' leases run out, their I/O waits; back in time for the client.
+    // A write issued once every lease has ended (as a guest's, on a file it holds open) is
+    // acknowledged only after etcd is back.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(h.path("w"))
+        .unwrap();
+    let block = pseudo_random(64 << 10, 9);
     let t = Instant::now();
     h.etcd.stop(0);
     let runs = load.runs();
-    std::thread::sleep(TTL + Duration::from_secs(3)); // the outage itself, not a wait
+    std::thread::sleep(TTL + Duration::from_millis(500)); // the outage itself, not a wait
+    let writer = {
+        let block = block.clone();
+        std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            let r = file.write_all_at(&block, 0).and_then(|()| file.sync_all());
+            (r, Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(2500)); // the outage itself, not a wait
     let stalled = load.runs() - runs;
+    let restarting = Instant::now();
     h.etcd.start_member(0);
     let back = Instant::now();
     eprintln!(
         "etcd down for {:?} (past the lease TTL): {stalled} fio run(s) completed meanwhile",
         t.elapsed()
+    );
+    let (written, done) = writer.join().unwrap();
+    written
+        .expect("a write during etcd's outage failed (etcd came back within the client's timeout)");
+    assert!(
+        done > restarting,
+        "a write issued past every node's lease was acknowledged {:?} before etcd came back",
+        restarting - done
+    );
+    eprintln!(
+        "the write issued during the outage was acknowledged {:?} after etcd was back",
+        done.saturating_duration_since(back)
+    );
+    let got =
+        h.c.dog_ok(&["vdi", "read", "w", "0", &block.len().to_string()]);
+    assert!(
+        got == block,
+        "the write made during the outage reads back otherwise"
     );
     load.wait_runs(1, Duration::from_secs(120));
     eprintln!(
