@@ -5,7 +5,8 @@
 //! - In network namespaces (`testkit::netns`, root only), one sheep per namespace, etcd on the
 //!   bridge, a client (`sheepfs`, fio, dog) in another namespace: the mount serves what dog
 //!   wrote and what fio verifies; a node cut off from everyone acknowledges no write and, once
-//!   healed, converges with the majority's data; a rolling restart of every node and etcd's
+//!   healed, converges with the majority's data (and a client elsewhere under fio verify
+//!   pauses and goes on); a rolling restart of every node and etcd's
 //!   restart (within and past the lease TTL) under fio verify give no error, no EIO.
 //!
 //! Skipped, loudly, when etcd is missing, or (for the namespace tests) when not root or
@@ -504,6 +505,42 @@ fn a_node_cut_off_acknowledges_no_write_and_converges_after_heal() {
     );
     drop(file);
     drop(local);
+}
+
+/// A node cut off while a client elsewhere runs fio verify on the mount: its I/O pauses until
+/// the others drop the node, then goes on; healed, the node joins again and recovers; no error.
+#[test]
+fn a_node_cut_off_under_fio_verify_costs_a_pause_and_no_error() {
+    if netns_missing() {
+        return;
+    }
+    let mut h = Hosts::start(3, 1);
+    h.c.dog_ok(&["vdi", "create", "f", "32M"]);
+    h.mount(&[]);
+    let load = Load::start(&h, &h.path("f"));
+    load.wait_runs(1, Duration::from_secs(120));
+    let addr0 = h.c.addr(0);
+    let (before, _) = epoch(&h.c, &addr0).unwrap();
+    h.net.cut(1);
+    let t = Instant::now();
+    wait_until("an epoch without the cut node", TTL * 4, || {
+        epoch(&h.c, &addr0).is_some_and(|(e, n)| e > before && n == 2)
+    });
+    eprintln!("the cut node left the view {:?} after the cut", t.elapsed());
+    load.wait_runs(1, Duration::from_secs(120));
+    eprintln!("a fio run completed {:?} after the cut", t.elapsed());
+    h.net.heal(1);
+    let t = Instant::now();
+    h.c.wait_members(3);
+    eprintln!(
+        "the healed node was back in the view {:?} after the heal",
+        t.elapsed()
+    );
+    h.c.wait_recovered();
+    load.wait_runs(1, Duration::from_secs(120));
+    let ios = load.finish();
+    eprintln!("a node cut off and healed: {ios} verified reads, no error");
+    assert_consistent(&h.c, "f");
 }
 
 fn rolling_restart(hard: bool, extra: &[&str]) {
