@@ -6,8 +6,8 @@
 //!   bridge, a client (`sheepfs`, fio, dog) in another namespace: the mount serves what dog
 //!   wrote and what fio verifies; a node cut off from everyone acknowledges no write and, once
 //!   healed, converges with the majority's data (and a client elsewhere under fio verify
-//!   pauses and goes on); a rolling restart of every node and etcd's
-//!   restart (within and past the lease TTL) under fio verify give no error, no EIO.
+//!   pauses and goes on); a rolling restart of every node and etcd's restart (within and
+//!   past the lease TTL) under fio verify give no error, no EIO.
 //!
 //! Skipped, loudly, when etcd is missing, or (for the namespace tests) when not root or
 //! without `ip netns`.
