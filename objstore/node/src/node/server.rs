@@ -591,3 +591,37 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
     );
     Ok(Reply::empty())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_store_is_waited_out_and_other_store_errors_are_final() {
+        let e = DriverError::Unreachable {
+            endpoints: "http://10.0.0.1:2379".into(),
+            reason: "tcp connect error".into(),
+        };
+        let f = store_failure(e);
+        assert_eq!(f.code, ResultCode::Busy);
+        assert!(f.message.contains("10.0.0.1:2379"), "{}", f.message);
+        let f = store_failure(DriverError::LeaseExpired);
+        assert_eq!(f.code, ResultCode::Io);
+    }
+
+    #[test]
+    fn a_store_task_cancelled_by_shutdown_is_retried_elsewhere() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cancelled = rt.block_on(async {
+            let t = tokio::spawn(std::future::pending::<()>());
+            t.abort();
+            t.await.unwrap_err()
+        });
+        assert_eq!(task_failure(cancelled).code, ResultCode::ShuttingDown);
+        let panicked = rt.block_on(async { tokio::spawn(async { panic!("boom") }).await });
+        assert_eq!(task_failure(panicked.unwrap_err()).code, ResultCode::Io);
+    }
+}
