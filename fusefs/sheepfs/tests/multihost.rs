@@ -10,7 +10,8 @@
 //!   past the lease TTL) under fio verify give no error, no EIO.
 //!
 //! Skipped, loudly, when etcd is missing, or (for the namespace tests) when not root or
-//! without `ip netns`.
+//! without `ip netns`. To look into a failure, see [`debugging`] (`MULTIHOST_KEEP`,
+//! `MULTIHOST_SHEEP_LOG`).
 
 mod common;
 
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::{fio_verify_args, SHEEPFS};
 use serde_json::Value;
-use testkit::cluster::{Bins, Cluster, ClusterOptions, NodeHost};
+use testkit::cluster::{Bins, Cluster, ClusterOptions, NodeHost, NodeLog};
 use testkit::etcd::{etcd_binary, Etcd};
 use testkit::mount::{Mount, MountOptions};
 use testkit::netns::{self, Netns};
@@ -66,6 +67,18 @@ fn options(etcd: &Etcd, hosts: Vec<NodeHost>) -> ClusterOptions {
         lease_ttl: Some(TTL),
         hosts,
         ..ClusterOptions::default()
+    }
+}
+
+/// For a failure to look into: `MULTIHOST_KEEP=DIR` keeps each cluster's directory (data,
+/// node logs, sheepfs logs) as `DIR-TAG`; `MULTIHOST_SHEEP_LOG=FILTER` sets the nodes'
+/// `RUST_LOG` (keep `info` in it: a start counts once the log says the node serves).
+fn debugging(o: &mut ClusterOptions, tag: &str) {
+    if let Ok(d) = std::env::var("MULTIHOST_KEEP") {
+        o.dir = Some(format!("{d}-{tag}").into());
+    }
+    if let Ok(f) = std::env::var("MULTIHOST_SHEEP_LOG") {
+        o.log = NodeLog::Env(f);
     }
 }
 
@@ -125,11 +138,10 @@ fn nodes_on_distinct_loopback_addresses_serve() {
 /// A node's join to a cluster of six, and the epoch that drops a node killed with SIGKILL:
 /// each within the lease TTL and a second. `hosts` places seven nodes (the 7th joins).
 fn join_and_kill9(etcd: &Etcd, hosts: Vec<NodeHost>, where_: &str) {
-    let mut c = or_panic(Cluster::try_start_with(
-        &Bins::fresh(),
-        6,
-        options(etcd, hosts),
-    ));
+    let mut o = options(etcd, hosts);
+    let tag = o.hosts[0].ip.clone();
+    debugging(&mut o, &tag);
+    let mut c = or_panic(Cluster::try_start_with(&Bins::fresh(), 6, o));
     c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
     c.dog_ok(&["vdi", "create", "v", "8M"]);
     c.write_vdi("v", 0, &pseudo_random(8 * MIB, 6));
@@ -202,11 +214,9 @@ impl Hosts {
         let net = Netns::new(nodes + clients);
         let etcd = or_panic(Etcd::try_start_on(&net.bridge_ip(), 1));
         let hosts = (0..nodes).map(|i| net.host(i)).collect();
-        let c = or_panic(Cluster::try_start_with(
-            &Bins::fresh(),
-            nodes,
-            options(&etcd, hosts),
-        ));
+        let mut o = options(&etcd, hosts);
+        debugging(&mut o, net.name(0));
+        let c = or_panic(Cluster::try_start_with(&Bins::fresh(), nodes, o));
         c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
         Hosts {
             mount: None,
