@@ -310,10 +310,17 @@ impl Hosts {
 /// fio write-and-verify runs, one after another in the client's namespace, until stopped:
 /// every run must end with no error (an EIO fails fio at once). An fsync every 32 writes, as
 /// a guest flushes: with the cache too, the load reaches the nodes.
+/// Dropped unfinished (the test failed), it stops after the run under way.
 struct Load {
     stop: Arc<AtomicBool>,
     runs: Arc<AtomicU64>,
-    thread: JoinHandle<Result<u64, String>>,
+    thread: Option<JoinHandle<Result<u64, String>>>,
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Load {
@@ -350,7 +357,11 @@ impl Load {
             }
             Ok(ios)
         });
-        Load { stop, runs, thread }
+        Load {
+            stop,
+            runs,
+            thread: Some(thread),
+        }
     }
 
     fn runs(&self) -> u64 {
@@ -361,14 +372,15 @@ impl Load {
     fn wait_runs(&self, n: u64, timeout: Duration) {
         let want = self.runs() + n;
         wait_until(&format!("{n} more fio run(s)"), timeout, || {
-            self.runs() >= want || self.thread.is_finished()
+            self.runs() >= want || self.thread.as_ref().is_none_or(JoinHandle::is_finished)
         });
     }
 
     /// Stops after the run under way; the verified reads of every run, or the first failure.
-    fn finish(self) -> u64 {
+    fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::SeqCst);
-        match self.thread.join().expect("fio thread panicked") {
+        let thread = self.thread.take().expect("finished once");
+        match thread.join().expect("fio thread panicked") {
             Ok(ios) => ios,
             Err(e) => panic!("{e}"),
         }
@@ -395,12 +407,24 @@ fn client_in_another_namespace_mounts_and_verifies() {
     load.wait_runs(1, Duration::from_secs(120));
     assert!(load.finish() >= 1000);
     assert_consistent(&h.c, "f");
-    // The client really is elsewhere: in its namespace, no node is on 127.0.0.1 or its own IP.
+    // The client really is another host: it reaches node 0 at its address on the bridge, and
+    // nothing at that port on its own loopback.
     let out = h.dog_in(h.client(), &h.c.addr(0), &["node", "list"], &[]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let local = format!("127.0.0.1:{}", h.c.ports[0]);
+    let out = h.dog_in(
+        h.client(),
+        &local,
+        &["--timeout", "2s", "node", "list"],
+        &[],
+    );
+    assert!(
+        !out.status.success(),
+        "a node answered on the client's own loopback"
     );
 }
 
