@@ -102,6 +102,19 @@ pub struct ClusterOptions {
     pub driver: Option<String>,
     /// `sheep --lease-ttl` (whole seconds); `None`: sheep's default.
     pub lease_ttl: Option<Duration>,
+    /// Where node `i` runs ([`NodeHost`]); a node past the end of the list, or every node when
+    /// it is empty: on 127.0.0.1 in this network namespace.
+    pub hosts: Vec<NodeHost>,
+}
+
+/// Where a node runs, as another host would: the IP it listens on and a command prefix its
+/// `sheep` runs under (e.g. [`crate::netns::Netns::wrap`]: `nsenter --net=... --`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeHost {
+    /// The IP `sheep --listen` binds; empty: 127.0.0.1.
+    pub ip: String,
+    /// A command `sheep` runs under (its program first); empty: none.
+    pub wrap: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -115,6 +128,7 @@ impl Default for ClusterOptions {
             timeout: Duration::from_secs(20),
             driver: None,
             lease_ttl: None,
+            hosts: Vec::new(),
         }
     }
 }
@@ -238,8 +252,30 @@ impl Cluster {
         self.dir.path().join(format!("node{i}"))
     }
 
+    /// Node `i`'s address, `IP:PORT` (its [`NodeHost::ip`], 127.0.0.1 by default).
     pub fn addr(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.ports[i])
+        match self.opts.hosts.get(i).map(|h| h.ip.as_str()) {
+            Some(ip) if !ip.is_empty() => format!("{ip}:{}", self.ports[i]),
+            _ => format!("127.0.0.1:{}", self.ports[i]),
+        }
+    }
+
+    /// Adds node `n` (the next index) with the extra `sheep` arguments `args`, started where
+    /// [`ClusterOptions::hosts`]`[n]` says; waits until it serves, not until it is a member.
+    /// Returns its index.
+    pub fn try_add_node(&mut self, args: Vec<String>) -> Result<usize> {
+        let i = self.nodes.len();
+        self.nodes.push(None);
+        self.node_args.push(args);
+        self.ports.push(try_free_port()?);
+        self.try_start_node(i)?;
+        Ok(i)
+    }
+
+    /// Like [`Cluster::try_add_node`]; panics if the node cannot start.
+    #[track_caller]
+    pub fn add_node(&mut self, args: Vec<String>) -> usize {
+        or_panic(self.try_add_node(args))
     }
 
     fn node_log(&self, i: usize) -> PathBuf {
@@ -260,7 +296,14 @@ impl Cluster {
         let first_start = self.nodes[i].is_none() && !self.node_dir(i).exists();
         for attempt in 0.. {
             let addr = self.addr(i);
-            let mut cmd = Command::new(&self.bins.sheep);
+            let mut cmd = match self.opts.hosts.get(i).map(|h| h.wrap.as_slice()) {
+                Some([prog, args @ ..]) => {
+                    let mut c = Command::new(prog);
+                    c.args(args).arg(&self.bins.sheep);
+                    c
+                }
+                _ => Command::new(&self.bins.sheep),
+            };
             cmd.arg("--dir")
                 .arg(self.node_dir(i))
                 .arg("--listen")

@@ -40,6 +40,8 @@ pub fn etcd_binary() -> Option<PathBuf> {
 
 struct Member {
     name: String,
+    /// The IP it listens on (client and peer).
+    host: String,
     client_port: u16,
     peer_port: u16,
     proc: Option<Proc>,
@@ -47,10 +49,10 @@ struct Member {
 
 impl Member {
     fn client_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.client_port)
+        format!("{}:{}", self.host, self.client_port)
     }
     fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("http://{}:{}", self.host, self.peer_port)
     }
 }
 
@@ -84,6 +86,13 @@ impl Etcd {
     /// not bind its port (another test took it meanwhile) every member starts again on new
     /// ports, a few times.
     pub fn try_start(n: usize) -> Result<Etcd> {
+        Etcd::try_start_on("127.0.0.1", n)
+    }
+
+    /// Like [`Etcd::try_start`], every member listening on `host` (an IP of this network
+    /// namespace, e.g. [`crate::netns::Netns::bridge_ip`], so nodes in other namespaces reach
+    /// it) instead of 127.0.0.1.
+    pub fn try_start_on(host: &str, n: usize) -> Result<Etcd> {
         let bin = etcd_binary().ok_or_else(|| {
             Error::Binaries(
                 "etcd is missing: install etcd-server (scripts/install-deps.sh) or set ETCD_BIN"
@@ -105,6 +114,7 @@ impl Etcd {
                 .map(|i| {
                     Ok(Member {
                         name: format!("m{i}"),
+                        host: host.to_string(),
                         client_port: try_free_port()?,
                         peer_port: try_free_port()?,
                         proc: None,
@@ -144,12 +154,12 @@ impl Etcd {
         self.members.is_empty()
     }
 
-    /// Every member's client address, `127.0.0.1:PORT`.
+    /// Every member's client address, `HOST:PORT` (127.0.0.1 unless [`Etcd::try_start_on`]).
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::client_addr).collect()
     }
 
-    /// Member `i`'s client URL, `http://127.0.0.1:PORT`.
+    /// Member `i`'s client URL, `http://HOST:PORT`.
     pub fn client_url(&self, i: usize) -> String {
         format!("http://{}", self.members[i].client_addr())
     }
