@@ -39,6 +39,8 @@ use objstore_proto::view::{NodeInfo, View};
 
 /// The longest a single call (a read, a transaction, a lease grant) may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one member may take to answer before the call goes to the next.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1200);
 /// Pause before opening a watch or keepalive stream again after it failed.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -89,6 +91,8 @@ struct Inner {
     /// [`Driver::member_until`] in ms since `base`, once `joined`.
     until_ms: AtomicU64,
     joined: AtomicBool,
+    /// The membership watch runs (started by the first join).
+    watching: AtomicBool,
     /// etcd answered the newest keepalive (for logging transitions once).
     reachable: AtomicBool,
     state: Mutex<State>,
@@ -112,7 +116,6 @@ pub struct EtcdDriver {
     rt: tokio::runtime::Handle,
     /// Dropping it ends the runtime thread (and every task: a dropped driver stops renewing).
     _stop: tokio::sync::oneshot::Sender<()>,
-    watch_started: AtomicBool,
 }
 
 fn unreachable(endpoints: &str, reason: impl ToString) -> DriverError {
@@ -519,21 +522,23 @@ impl EtcdDriver {
                 base: Instant::now(),
                 until_ms: AtomicU64::new(0),
                 joined: AtomicBool::new(false),
+                watching: AtomicBool::new(false),
                 reachable: AtomicBool::new(true),
                 state: Mutex::default(),
             }),
             rt,
             _stop: stop_tx,
-            watch_started: AtomicBool::new(false),
         })
     }
 
     /// Runs `f` on the driver's runtime and waits for it, at most [`CALL_TIMEOUT`].
     /// A call that reached no working member is sent again to the next one ([`is_unsent`]);
-    /// one that got no answer in time moves later calls on to the next member.
+    /// one without an answer within [`ATTEMPT_TIMEOUT`] too, with `maybe_applied` set (a
+    /// member that died or lost its leader mid-call may or may not have applied it: a
+    /// compare-and-swap checks before sending again).
     fn call<T: Send + 'static>(
         &self,
-        f: impl Fn(Arc<Inner>) -> Fut<T> + Send + 'static,
+        f: impl Fn(Arc<Inner>, bool) -> Fut<T> + Send + 'static,
     ) -> Result<T, DriverError> {
         let inner = self.inner.clone();
         let i2 = inner.clone();
@@ -541,17 +546,28 @@ impl EtcdDriver {
         let at2 = at.clone();
         let attempts = async move {
             let mut tries = 0;
+            let mut maybe_applied = false;
             loop {
                 let from = i2.current.load(Ordering::SeqCst);
                 at2.store(from, Ordering::SeqCst);
-                match f(i2.clone()).await {
-                    Err(e) if is_unsent(&e) && tries + 1 < 2 * i2.clients.len() => {
+                let more = tries + 1 < 2 * i2.clients.len();
+                match tokio::time::timeout(ATTEMPT_TIMEOUT, f(i2.clone(), maybe_applied)).await {
+                    Ok(Err(e)) if is_unsent(&e) && more => {
                         tracing::debug!("etcd member {from}: {e}; trying the next one");
-                        i2.rotate(from);
-                        tries += 1;
                     }
-                    r => return r,
+                    Err(_) if more => {
+                        tracing::debug!("etcd member {from}: no answer; trying the next one");
+                        maybe_applied = true;
+                    }
+                    Ok(r) => return r,
+                    Err(_) => {
+                        return Err(etcd_client::Error::InvalidArgs(format!(
+                            "no answer from any member within {ATTEMPT_TIMEOUT:?}"
+                        )))
+                    }
                 }
+                i2.rotate(from);
+                tries += 1;
             }
         };
         match run_on(&self.rt, &inner.endpoints, async move {
@@ -594,9 +610,25 @@ impl EtcdDriver {
             None => TxnOp::delete(k.clone(), None),
         };
         let txn = Txn::new().when([cmp]).and_then([op]);
-        let res = self.call(move |inner| {
-            let txn = txn.clone();
+        let want = new.map(|v| v.to_vec());
+        let res = self.call(move |inner, maybe_applied| {
+            let (txn, k, want) = (txn.clone(), k.clone(), want.clone());
             Box::pin(async move {
+                if maybe_applied {
+                    // The attempt before got no answer: if the key already holds what this
+                    // call writes (bound to its lease), it landed.
+                    let cur = inner.client().kv_client().get(k, None).await?;
+                    let landed = match (cur.kvs().first(), &want) {
+                        (Some(kv), Some(v)) => {
+                            kv.value() == v.as_slice() && lease.is_none_or(|l| kv.lease() == l)
+                        }
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    if landed {
+                        return Ok(true);
+                    }
+                }
                 inner
                     .client()
                     .kv_client()
@@ -656,7 +688,7 @@ impl Driver for EtcdDriver {
     }
 
     fn cluster_id(&self) -> Result<String, DriverError> {
-        self.call(|inner| {
+        self.call(|inner, _| {
             Box::pin(async move {
                 let key = inner.key("cluster_id");
                 let id = format!("{:016x}", rand::random::<u64>());
@@ -675,12 +707,11 @@ impl Driver for EtcdDriver {
 
     fn join(&self, me: &NodeInfo) -> Result<View, DriverError> {
         let me = me.clone();
-        let start_watch = !self.watch_started.swap(true, Ordering::SeqCst);
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             let me = me.clone();
             Box::pin(async move {
                 inner.register(&me).await?;
-                if start_watch {
+                if !inner.watching.swap(true, Ordering::SeqCst) {
                     tokio::spawn(watch_membership(inner.clone()));
                 }
                 loop {
@@ -700,7 +731,7 @@ impl Driver for EtcdDriver {
         };
         if let (true, Some(me)) = (lost, me) {
             tracing::warn!("membership (etcd): joining again with a new lease");
-            self.call(move |inner| {
+            self.call(move |inner, _| {
                 let me = me.clone();
                 Box::pin(async move {
                     inner.register(&me).await?;
@@ -726,7 +757,7 @@ impl Driver for EtcdDriver {
         }
         self.inner.joined.store(false, Ordering::SeqCst);
         if let Some(lease) = lease {
-            self.call(move |inner| {
+            self.call(move |inner, _| {
                 Box::pin(async move {
                     inner.client().lease_client().revoke(lease).await?;
                     inner.reconcile().await
@@ -737,7 +768,7 @@ impl Driver for EtcdDriver {
     }
 
     fn view_at(&self, epoch: u32) -> Result<Option<View>, DriverError> {
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             Box::pin(async move {
                 if epoch == 0 {
                     return Ok(Some(View::default()));
@@ -759,7 +790,7 @@ impl Driver for EtcdDriver {
 
     fn kv_get(&self, key: &str) -> Result<Option<Vec<u8>>, DriverError> {
         let k = self.kv_key(key);
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             let k = k.clone();
             Box::pin(async move {
                 let resp = inner.client().kv_client().get(k, None).await?;
@@ -780,7 +811,7 @@ impl Driver for EtcdDriver {
     fn kv_list(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, DriverError> {
         let base = self.kv_key("");
         let k = self.kv_key(prefix);
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             let (k, base) = (k.clone(), base.clone());
             Box::pin(async move {
                 let resp = inner
@@ -813,7 +844,7 @@ impl Driver for EtcdDriver {
 
     fn lease_grant(&self, ttl: Duration) -> Result<u64, DriverError> {
         let secs = ttl.as_secs().max(1) as i64;
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             Box::pin(async move {
                 let r = inner.client().lease_client().grant(secs, None).await?;
                 Ok(r.id() as u64)
@@ -822,7 +853,7 @@ impl Driver for EtcdDriver {
     }
 
     fn lease_keepalive(&self, lease: u64) -> Result<bool, DriverError> {
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             Box::pin(async move {
                 // Opening the stream renews once; it fails when the lease ended.
                 match inner.client().lease_client().keep_alive(lease as i64).await {
@@ -835,7 +866,7 @@ impl Driver for EtcdDriver {
     }
 
     fn lease_revoke(&self, lease: u64) -> Result<(), DriverError> {
-        self.call(move |inner| {
+        self.call(move |inner, _| {
             Box::pin(async move {
                 match inner.client().lease_client().revoke(lease as i64).await {
                     Ok(_) => Ok(()),
