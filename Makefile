@@ -12,6 +12,7 @@ build:
 	$(CARGO) build --release --workspace --bins
 
 ## run: build, start 3 sheep on 127.0.0.1:7000-7002 under ./run, format, create VDI demo.
+## CLUSTER=etcd make run: the same on the etcd driver, with a local etcd under ./run/etcd.
 run: build
 	./scripts/run-cluster.sh
 

@@ -7,8 +7,11 @@ set -euo pipefail
 # sheepfs tests use fio, qemu-img/qemu-io (qemu-utils) and fusermount3 (fuse3); benchmarks
 # compare with bindfs. Never install Debian's "fuse" (2.x, removes fuse3) or qemu-system-x86
 # (removes qemu-utils 10). `bench report` draws its PNG charts with the DejaVu Sans TTF that
-# fonts-dejavu-core installs (read at run time: nothing is needed to build).
-PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core)
+# fonts-dejavu-core installs (read at run time: nothing is needed to build). The etcd
+# membership driver's tests (objstore/node/tests/membership_conformance.rs, testkit's etcd
+# harness) start real etcd servers: etcd-server gives /usr/bin/etcd. protobuf-compiler gives
+# protoc, which the etcd-client crate's build script needs to generate its gRPC code.
+PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler)
 
 command -v cargo >/dev/null || { echo "install-deps: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }
 

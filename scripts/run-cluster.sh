@@ -2,20 +2,34 @@
 # `make run`: a 3-node cluster on 127.0.0.1:7000-7002 with the local membership driver, state
 # under ./run, and sheepfs mounted at ./mnt with a 1G writeback object cache in ./run/cache. Reuses what a previous run left (data, format,
 # VDIs); FRESH=1 starts empty. Ctrl-C unmounts and stops every node cleanly.
+# `CLUSTER=etcd make run`: the same on the etcd driver: a one-member etcd (/usr/bin/etcd, or
+# $ETCD_BIN) with its data in ./run/etcd, its log in ./run/etcd.log, client port 2379 (or a
+# free one, kept for later runs in ./run/etcd.ports), and the nodes started with
+# --cluster etcd://127.0.0.1:PORT/sheep. A run's data belongs to one driver: switching needs
+# FRESH=1. BIN_DIR picks the binaries (default target/release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/release
+BIN=${BIN_DIR:-target/release}
 RUN=${RUN_DIR:-run}
 PORTS=(7000 7001 7002)
 MNT=${MNT_DIR:-mnt}
 DOG="$BIN/dog --address 127.0.0.1:${PORTS[0]}"
+CLUSTER=${CLUSTER:-local}
+case "$CLUSTER" in
+    local | etcd) ;;
+    *) echo "run: CLUSTER=$CLUSTER: expected local or etcd" >&2; exit 1 ;;
+esac
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 stop_leftovers() {
     for pidfile in "$RUN"/*.pid; do
         [ -e "$pidfile" ] || continue
         pid=$(cat "$pidfile")
-        if kill -0 "$pid" 2>/dev/null && grep -q sheep "/proc/$pid/cmdline" 2>/dev/null; then
-            echo "stopping sheep $pid left by a previous run"
+        prog=sheep
+        [ "$(basename "$pidfile")" = etcd.pid ] && prog=etcd
+        if kill -0 "$pid" 2>/dev/null && grep -q "$prog" "/proc/$pid/cmdline" 2>/dev/null; then
+            echo "stopping $prog $pid left by a previous run"
             kill -TERM "$pid" 2>/dev/null || true
             for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
             kill -KILL "$pid" 2>/dev/null || true
@@ -35,14 +49,28 @@ stop_leftovers
 [ "${FRESH:-0}" = 1 ] && rm -rf "$RUN"
 mkdir -p "$RUN"
 
+# The nodes' data directories belong to the cluster of one membership store.
+if [ -e "$RUN/driver" ] && [ "$(cat "$RUN/driver")" != "$CLUSTER" ]; then
+    echo "run: $RUN holds a cluster on the $(cat "$RUN/driver") driver; FRESH=1 CLUSTER=$CLUSTER make run starts empty" >&2
+    exit 1
+fi
+echo "$CLUSTER" >"$RUN/driver"
+
 for port in "${PORTS[@]}"; do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    if port_in_use "$port"; then
         echo "run: port $port is in use by another program; stop it first (ss -ltnp 'sport = :$port')" >&2
         exit 1
     fi
 done
 
 pids=()
+etcd_pid=
+stop_etcd() {
+    [ -n "$etcd_pid" ] || return 0
+    kill -TERM "$etcd_pid" 2>/dev/null || true
+    wait "$etcd_pid" 2>/dev/null || true
+    rm -f "$RUN/etcd.pid"
+}
 stop() {
     trap - INT TERM EXIT
     echo
@@ -56,14 +84,69 @@ stop() {
         kill -TERM "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
+    # etcd last: the nodes leave through it.
+    stop_etcd
     rm -f "$RUN"/*.pid
     echo "stopped; data stays in $RUN (FRESH=1 make run starts empty)"
 }
 trap stop INT TERM EXIT
 
+etcd_healthy() {
+    timeout 2 bash -c '
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" >&3
+        grep -q "\"health\":\"true\"" <&3' _ "$1" 2>/dev/null
+}
+
+# Picks etcd's client and peer ports: those of the last run (its data names its peer URL),
+# else 2379 and 2380, else free ones above 23790.
+etcd_ports() {
+    if [ -s "$RUN/etcd.ports" ]; then
+        read -r ETCD_PORT ETCD_PEER_PORT <"$RUN/etcd.ports"
+        for p in "$ETCD_PORT" "$ETCD_PEER_PORT"; do
+            if port_in_use "$p"; then
+                echo "run: port $p (etcd's, from $RUN/etcd.ports) is in use by another program; stop it first (ss -ltnp 'sport = :$p')" >&2
+                exit 1
+            fi
+        done
+        return
+    fi
+    local free=()
+    for p in 2379 2380 $(seq 23790 23999); do
+        port_in_use "$p" || free+=("$p")
+        [ ${#free[@]} -eq 2 ] && break
+    done
+    [ ${#free[@]} -eq 2 ] || { echo "run: no free port for etcd" >&2; exit 1; }
+    ETCD_PORT=${free[0]} ETCD_PEER_PORT=${free[1]}
+    echo "$ETCD_PORT $ETCD_PEER_PORT" >"$RUN/etcd.ports"
+}
+
+SPEC="local:$RUN/state"
+if [ "$CLUSTER" = etcd ]; then
+    ETCD=${ETCD_BIN:-/usr/bin/etcd}
+    [ -x "$ETCD" ] || { echo "run: $ETCD is missing: install etcd-server (make deps)" >&2; exit 1; }
+    etcd_ports
+    "$ETCD" --name sheep-run --data-dir "$RUN/etcd" \
+        --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+        --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+        --initial-cluster "sheep-run=http://127.0.0.1:$ETCD_PEER_PORT" --initial-cluster-state new \
+        --logger zap --log-outputs stderr >>"$RUN/etcd.log" 2>&1 &
+    etcd_pid=$!
+    echo "$etcd_pid" >"$RUN/etcd.pid"
+    echo -n "waiting for etcd on 127.0.0.1:$ETCD_PORT"
+    for _ in $(seq 100); do
+        etcd_healthy "$ETCD_PORT" && break
+        kill -0 "$etcd_pid" 2>/dev/null || { echo; echo "run: etcd exited; see $RUN/etcd.log" >&2; tail -n 5 "$RUN/etcd.log" >&2; exit 1; }
+        echo -n .; sleep 0.2
+    done
+    echo
+    etcd_healthy "$ETCD_PORT" || { echo "run: etcd is not healthy; see $RUN/etcd.log" >&2; exit 1; }
+    SPEC="etcd://127.0.0.1:$ETCD_PORT/sheep"
+fi
+
 for i in "${!PORTS[@]}"; do
     "$BIN/sheep" --dir "$RUN/node$i" --listen "127.0.0.1:${PORTS[$i]}" \
-        --cluster "local:$RUN/state" >>"$RUN/node$i.log" 2>&1 &
+        --cluster "$SPEC" >>"$RUN/node$i.log" 2>&1 &
     pids+=($!)
     echo $! >"$RUN/node$i.pid"
 done
@@ -72,7 +155,7 @@ echo -n "waiting for 3 nodes"
 for _ in $(seq 100); do
     if $DOG cluster info --json 2>/dev/null | grep -q '"nodes": 3'; then break; fi
     for pid in "${pids[@]}"; do
-        kill -0 "$pid" 2>/dev/null || { echo; echo "run: a sheep exited; see $RUN/node*.log" >&2; tail -5 "$RUN"/node*.log >&2; exit 1; }
+        kill -0 "$pid" 2>/dev/null || { echo; echo "run: a sheep exited; see $RUN/node*.log" >&2; tail -n 5 "$RUN"/node*.log >&2; exit 1; }
     done
     echo -n .; sleep 0.2
 done
@@ -90,7 +173,13 @@ mkdir -p "$MNT"
 pids=("$!" "${pids[@]}")
 echo $! >"$RUN/sheepfs.pid"
 for _ in $(seq 100); do is_mounted && break; sleep 0.1; done
-is_mounted || { echo "run: sheepfs did not mount; see $RUN/sheepfs.log" >&2; tail -5 "$RUN/sheepfs.log" >&2; exit 1; }
+is_mounted || { echo "run: sheepfs did not mount; see $RUN/sheepfs.log" >&2; tail -n 5 "$RUN/sheepfs.log" >&2; exit 1; }
+
+ETCD_NOTE=
+if [ "$CLUSTER" = etcd ]; then
+    ETCD_NOTE="
+etcd (pid $etcd_pid, data in $RUN/etcd, log in $RUN/etcd.log) serves on 127.0.0.1:$ETCD_PORT."
+fi
 
 $DOG cluster info
 echo
@@ -99,9 +188,9 @@ echo
 ls -l "$MNT"
 cat <<MSG
 
-The cluster is up: 3 sheep on 127.0.0.1:7000-7002 (logs in $RUN/node*.log), and sheepfs
-shows every VDI as a file in $MNT (log in $RUN/sheepfs.log), through a 1G writeback cache in
-$RUN/cache.
+The cluster is up: 3 sheep on 127.0.0.1:7000-7002 (logs in $RUN/node*.log) with --cluster
+$SPEC, and sheepfs shows every VDI as a file in $MNT (log in $RUN/sheepfs.log), through a 1G
+writeback cache in $RUN/cache.$ETCD_NOTE
 Try, in another terminal:
   qemu-img info $MNT/demo
   qemu-io -f raw -t none --native-aio -c "write -P 0xab 0 1M" -c "read -P 0xab 0 1M" $MNT/demo
@@ -119,6 +208,8 @@ Try, in another terminal:
   $BIN/dog vdi object demo 0
   kill -9 \$(cat $RUN/node2.pid); $BIN/dog node recovery     # a node dies; data stays
   $BIN/dog --help
-Press Ctrl-C here to stop the cluster.
+Press Ctrl-C here to stop the cluster: sheepfs, then the nodes, then etcd (CLUSTER=etcd).
+If this terminal is gone: kill \$(cat $RUN/sheepfs.pid) \$(cat $RUN/node*.pid) and then
+kill \$(cat $RUN/etcd.pid) (with CLUSTER=etcd); the next make run stops what is left too.
 MSG
 wait

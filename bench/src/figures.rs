@@ -47,6 +47,13 @@ pub struct Config {
     pub rounds: usize,
     /// "full", "quick" or "smoke".
     pub profile: String,
+    /// The membership driver: "local" or "etcd" (reports before it: local).
+    #[serde(default = "local")]
+    pub membership: String,
+}
+
+fn local() -> String {
+    "local".into()
 }
 
 /// One measured figure.

@@ -33,7 +33,7 @@ use anyhow::{bail, Context, Result};
 use crate::figures::{Config, Report, REPORT_VERSION};
 use cluster::{mounts_under, unmount, Bins};
 use record::Recorder;
-use settings::{parse_size_arg, Group, Profile, Settings};
+use settings::{parse_size_arg, Group, Membership, Profile, Settings};
 use stages::OffStage;
 
 /// Options of `bench run`.
@@ -76,6 +76,10 @@ pub struct RunArgs {
     /// objsize, scaling and metadata groups check no goal and are left out.
     #[arg(long)]
     pub key_only: bool,
+    /// The membership driver of the clusters: local (a shared state directory) or etcd (a
+    /// one-member etcd per cluster, from /usr/bin/etcd): compare the two with `bench compare`.
+    #[arg(long, value_enum, default_value = "local")]
+    pub membership: Membership,
     /// Scratch space; a fresh directory is made inside and removed after. It must be on the
     /// disk the cache should use [default: the target directory this executable is in].
     #[arg(long)]
@@ -122,6 +126,7 @@ fn config(s: &Settings) -> Config {
         runtime_s: s.runtime_s,
         rounds: s.rounds,
         profile: s.profile.name().into(),
+        membership: s.membership.name().into(),
     }
 }
 

@@ -28,6 +28,7 @@ pub fn empty() -> Report {
             runtime_s: 10,
             rounds: 3,
             profile: "full".into(),
+            membership: "local".into(),
         },
         figures: Vec::new(),
     }

@@ -23,6 +23,7 @@ pub use testkit::cluster::Bins;
 pub use testkit::mount::{is_mounted, mounts_under, unmount};
 
 use super::proc::Watched;
+use super::settings::Membership;
 
 /// How long the daemons may take to start.
 const START: Duration = Duration::from_secs(30);
@@ -58,42 +59,58 @@ pub fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
     Ok((v, t0.elapsed().as_secs_f64()))
 }
 
-/// N sheep sharing one local membership store, under a directory the runner names.
-pub struct Cluster(testkit::cluster::Cluster);
+/// N sheep sharing one membership store, under a directory the runner names. Fields drop in
+/// order: the nodes before their etcd.
+pub struct Cluster {
+    nodes: testkit::cluster::Cluster,
+    /// Kept running while the nodes are (dropped after them).
+    _etcd: Option<testkit::etcd::Etcd>,
+}
 
 impl Cluster {
-    /// Starts `n` nodes in `dir` and waits until all are members.
-    pub fn start(bins: &Bins, dir: &Path, n: usize) -> Result<Cluster> {
+    /// Starts `n` nodes in `dir` (and an etcd for them if asked) and waits until all are
+    /// members.
+    pub fn start(bins: &Bins, dir: &Path, n: usize, membership: Membership) -> Result<Cluster> {
+        let etcd = match membership {
+            Membership::Local => None,
+            Membership::Etcd => Some(testkit::etcd::Etcd::try_start(1)?),
+        };
         let opts = ClusterOptions {
             dir: Some(dir.into()),
             log: NodeLog::Arg("warn".into()),
             proc: daemon(Duration::from_secs(10)),
             timeout: START,
+            driver: etcd.as_ref().map(|e| e.cluster_spec("/bench")),
+            ..ClusterOptions::default()
         };
-        Ok(Cluster(testkit::cluster::Cluster::try_start_with(
-            bins, n, opts,
-        )?))
+        Ok(Cluster {
+            nodes: testkit::cluster::Cluster::try_start_with(bins, n, opts)?,
+            _etcd: etcd,
+        })
     }
 
     /// An error with the end of its log if a node has exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        Ok(self.0.check_alive()?)
+        Ok(self.nodes.check_alive()?)
     }
 
     pub fn node_dirs(&self) -> Vec<PathBuf> {
-        (0..self.0.nodes.len())
-            .map(|i| self.0.node_dir(i))
+        (0..self.nodes.nodes.len())
+            .map(|i| self.nodes.node_dir(i))
             .collect()
     }
 
     /// Every node's address, comma-separated (for `--cluster` and `--address`).
     pub fn addresses(&self) -> String {
-        self.0.addresses()
+        self.nodes.addresses()
     }
 
     /// Runs dog; its stdout, or an error with its stderr.
     pub fn dog(&self, args: &[&str]) -> Result<Vec<u8>> {
-        output(self.0.dog_command(args), &format!("dog {}", args.join(" ")))
+        output(
+            self.nodes.dog_command(args),
+            &format!("dog {}", args.join(" ")),
+        )
     }
 
     pub fn format(&self, copies: usize, object_size: u64) -> Result<()> {
@@ -116,14 +133,14 @@ impl Cluster {
     /// `dog vdi write NAME < src`.
     pub fn write_vdi(&self, name: &str, src: &Path) -> Result<()> {
         let input = File::open(src).with_context(|| format!("opening {}", src.display()))?;
-        let mut cmd = self.0.dog_command(&["vdi", "write", name]);
+        let mut cmd = self.nodes.dog_command(&["vdi", "write", name]);
         cmd.stdin(input);
         output(cmd, &format!("dog vdi write {name}")).map(drop)
     }
 
     /// `dog vdi read NAME > dst` (`None`: to /dev/null).
     pub fn read_vdi(&self, name: &str, dst: Option<&Path>) -> Result<()> {
-        let mut cmd = self.0.dog_command(&["vdi", "read", name]);
+        let mut cmd = self.nodes.dog_command(&["vdi", "read", name]);
         match dst {
             Some(p) => {
                 cmd.stdout(File::create(p).with_context(|| format!("creating {}", p.display()))?)
@@ -135,7 +152,7 @@ impl Cluster {
 
     /// The nodes, for CPU and RSS accounting: "sheep0", "sheep1", ...
     pub fn watched(&self) -> Vec<Watched> {
-        self.0
+        self.nodes
             .nodes
             .iter()
             .flatten()
@@ -147,7 +164,7 @@ impl Cluster {
     }
 
     pub fn bins(&self) -> &Bins {
-        &self.0.bins
+        &self.nodes.bins
     }
 }
 

@@ -78,6 +78,7 @@ impl MainRig {
             nodes: s.nodes,
             copies: s.copies,
             object_size: s.object_size,
+            membership: s.membership,
         };
         let base = OffRig::start(bins, dir, shape, s.size, s.runtime_s, Fill::From(&raw))?;
         base.cluster.create_vdi(FLUSH_VDI, s.size)?;

@@ -35,7 +35,7 @@ fn timed_figure(rec: &mut Recorder, fig: &Figure, f: impl FnOnce() -> Result<()>
 pub fn run(s: &Settings, bins: &Bins, dir: &Path, rec: &mut Recorder) -> Result<()> {
     let n = s.matrix.metadata_vdis;
     eprintln!("bench: metadata: {n} VDIs on {} nodes", s.nodes);
-    let cluster = Cluster::start(bins, dir, s.nodes)?;
+    let cluster = Cluster::start(bins, dir, s.nodes, s.membership)?;
     cluster.format(s.copies, s.object_size)?;
     let fig = |job: &str, target: &str, unit: &str| {
         let mut f = template(

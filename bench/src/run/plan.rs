@@ -428,6 +428,7 @@ mod tests {
             groups: Group::all().iter().copied().collect(),
             key_only: false,
             matrix: Matrix::of(profile),
+            membership: Default::default(),
         }
     }
 

@@ -14,6 +14,7 @@ use super::fio::{Engine, FioJob, FioResult};
 use super::plan::{seq_job, Step};
 use super::proc::{check_interrupt, Watched};
 use super::record::{Outcome, Recorder};
+use super::settings::Membership;
 
 /// Name of the VDI the fio jobs run on.
 pub const VDI: &str = "bench";
@@ -32,6 +33,7 @@ pub struct Shape {
     pub nodes: usize,
     pub copies: usize,
     pub object_size: u64,
+    pub membership: Membership,
 }
 
 /// Fields drop in order: the mount before the cluster.
@@ -53,7 +55,7 @@ impl OffRig {
         runtime_s: u64,
         fill: Fill,
     ) -> Result<OffRig> {
-        let cluster = Cluster::start(bins, dir, shape.nodes)?;
+        let cluster = Cluster::start(bins, dir, shape.nodes, shape.membership)?;
         cluster.format(shape.copies, shape.object_size)?;
         cluster.create_vdi(VDI, size)?;
         if let Fill::From(src) = fill {

@@ -13,6 +13,25 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
+/// The membership driver of every cluster the bench starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Membership {
+    /// The nodes share a state directory (the default, as `make run`).
+    #[default]
+    Local,
+    /// A one-member etcd started for each cluster (as `CLUSTER=etcd make run`).
+    Etcd,
+}
+
+impl Membership {
+    pub fn name(self) -> &'static str {
+        match self {
+            Membership::Local => "local",
+            Membership::Etcd => "etcd",
+        }
+    }
+}
+
 /// How much to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Profile {
@@ -199,6 +218,7 @@ pub struct Settings {
     /// Only the key steps (goal figures and their references).
     pub key_only: bool,
     pub matrix: Matrix,
+    pub membership: Membership,
 }
 
 impl Settings {
@@ -227,6 +247,7 @@ impl Settings {
             rounds: args.rounds.unwrap_or(rounds),
             groups,
             key_only: args.key_only,
+            membership: args.membership,
             matrix: Matrix::of(args.profile),
         };
         s.validate()?;

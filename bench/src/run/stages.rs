@@ -35,6 +35,7 @@ impl OffStage {
                     nodes: s.nodes,
                     copies: s.copies,
                     object_size: obj,
+                    membership: s.membership,
                 };
                 let mut steps = Vec::new();
                 for &bs in &s.matrix.objsize_bs {
@@ -66,6 +67,7 @@ impl OffStage {
                     nodes,
                     copies,
                     object_size: s.object_size,
+                    membership: s.membership,
                 };
                 let suffix = format!("n{nodes}c{copies}");
                 let (rr, rr_job) = iops_job(IopsRw::Read, Engine::Libaio(16));

@@ -225,6 +225,7 @@ impl Client {
                 cluster_id: String::new(),
                 config: None,
                 view: Default::default(),
+                membership: String::new(),
             })),
             order: (0..ORDER_SHARDS).map(|_| Default::default()).collect(),
             suspects: Mutex::default(),

@@ -218,20 +218,87 @@ impl Pool {
         }
     }
 
+    /// The open connection to `addr`, or a new one. The map is not held while connecting: a
+    /// connect to a host cut off (its SYNs dropped) lasts its whole `timeout`, and must not
+    /// hold up requests to every other node meanwhile. Two tasks connecting at once may both
+    /// connect; the first to finish is kept, the other's connection is closed.
     pub async fn get(&self, addr: SocketAddr, timeout: Duration) -> Result<Arc<Conn>, ConnError> {
-        let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(&addr) {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
+        if let Some(c) = self.open(addr).await {
+            return Ok(c);
         }
         let c = Arc::new(Conn::connect_via(&*self.transport, addr, timeout).await?);
+        let mut conns = self.conns.lock().await;
+        if let Some(old) = conns.get(&addr) {
+            if !old.is_closed() {
+                return Ok(old.clone());
+            }
+        }
         conns.insert(addr, c.clone());
         Ok(c)
+    }
+
+    async fn open(&self, addr: SocketAddr) -> Option<Arc<Conn>> {
+        let conns = self.conns.lock().await;
+        conns.get(&addr).filter(|c| !c.is_closed()).cloned()
     }
 
     /// Forgets a connection that failed, so the next call opens a new one.
     pub async fn drop_conn(&self, addr: SocketAddr) {
         self.conns.lock().await.remove(&addr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{Reader, Tcp, Transport, Writer};
+    use futures::future::BoxFuture;
+
+    /// TCP, except that a connect to `cut` never completes (a host whose SYNs are dropped).
+    struct OneCut {
+        cut: SocketAddr,
+    }
+
+    impl Transport for OneCut {
+        fn connect(
+            &self,
+            addr: SocketAddr,
+        ) -> BoxFuture<'static, std::io::Result<(Reader, Writer)>> {
+            if addr == self.cut {
+                Box::pin(std::future::pending())
+            } else {
+                Tcp.connect(addr)
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connect_to_a_cut_host_holds_up_no_other_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let good = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let cut: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let pool = Arc::new(Pool::new(Arc::new(OneCut { cut })));
+        let p = pool.clone();
+        let stuck = tokio::spawn(async move { p.get(cut, Duration::from_secs(30)).await });
+        // Let the stuck connect start and take whatever it takes.
+        tokio::task::yield_now().await;
+        let c = tokio::time::timeout(
+            Duration::from_secs(5),
+            pool.get(good, Duration::from_secs(5)),
+        )
+        .await
+        .expect("a connect to a healthy node waited for the cut one")
+        .unwrap();
+        assert_eq!(c.addr(), good);
+        // The same open connection is handed out again.
+        let again = pool.get(good, Duration::from_secs(5)).await.unwrap();
+        assert!(Arc::ptr_eq(&c, &again));
+        stuck.abort();
     }
 }

@@ -67,6 +67,8 @@ struct InfoOut {
     formatted_at: Option<u64>,
     nodes: usize,
     zones: usize,
+    /// The membership driver the node asked uses.
+    membership: String,
 }
 
 pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
@@ -118,6 +120,7 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 formatted_at: info.config.map(|c| c.formatted_at),
                 nodes: info.view.nodes.len(),
                 zones: info.view.zones(),
+                membership: info.membership.clone(),
             };
             ctx.print(&out, || {
                 let mut s = format!("Cluster {}\nStatus: {status}", out.cluster_id);
@@ -145,6 +148,9 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                     );
                 } else {
                     s += "\nNot formatted: run 'dog cluster format --copies N'";
+                }
+                if !out.membership.is_empty() {
+                    s += &format!("\nMembership: {}", out.membership);
                 }
                 s += &format!(
                     "\nEpoch: {}\nNodes: {} in {} zone(s)\n",
@@ -286,26 +292,37 @@ async fn node_rows(ctx: &Ctx) -> anyhow::Result<Vec<NodeOut>> {
         .collect())
 }
 
+/// A node's membership lease for `dog node list`: `-` without one (local driver), the time
+/// left, or `expired` (the node serves no I/O until it reaches etcd again).
+fn lease_left(ms: Option<i64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms <= 0 => "expired".into(),
+        Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
+    }
+}
+
 pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
     let rows = node_rows(ctx).await?;
     match cmd {
         NodeCmd::List => ctx.print(&rows, || {
             let mut s = format!(
-                "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11}\n",
-                "Id", "Address", "Zone", "VNodes", "Objects", "Disk", "Free"
+                "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8}\n",
+                "Id", "Address", "Zone", "VNodes", "Objects", "Disk", "Free", "Lease"
             );
             for r in &rows {
                 match &r.status {
                     Some(st) => {
                         s += &format!(
-                            "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11}\n",
+                            "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8}\n",
                             r.id,
                             r.addr,
                             r.zone,
                             r.vnodes,
                             st.objects,
                             format_size(st.disk_total),
-                            format_size(st.disk_free)
+                            format_size(st.disk_free),
+                            lease_left(st.lease_left_ms)
                         )
                     }
                     None => {

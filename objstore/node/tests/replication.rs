@@ -1,8 +1,9 @@
 //! The replication rules of issue 22, proven in one process (memory stores, an in-memory
 //! network): versions decide which copy is current, a node back alone waits for the nodes that
 //! took the last writes, deletes are durable tombstones, a change that failed somewhere
-//! converges, two writers leave identical replicas, and a failed flush is restored from a
-//! replica instead of acknowledged.
+//! converges, two writers leave identical replicas, a failed flush is restored from a
+//! replica instead of acknowledged, and a new epoch's recovery listing waits for the changes of
+//! the previous epoch still in flight.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -374,4 +375,111 @@ fn primaries_forwarding_to_each_other_do_not_wait_on_each_other() {
     });
     assert_eq!(c.replicas_agree(a), 3);
     assert_eq!(c.replicas_agree(b), 3);
+}
+
+/// The recovery listing fence ("Fencing" in docs/architecture.md): a node answers the listing
+/// of a new epoch only once no change of an older epoch is still being applied on it. A write
+/// is held inside the store of each of its three owners (the primary's own write and both
+/// forwarded ones) while a fourth node joins: the new epoch makes that node an owner of the
+/// object, and its recovery lists the old owners while the write is still in flight. Then the
+/// write is released and acknowledged. Without the fence the listings answer at once with the
+/// version before the write, the new owner pulls that and stays there: an owner of the new
+/// epoch without an acknowledged write, its copy different from the others under another
+/// version. With it the listings wait for the write, and every owner ends with it.
+#[test]
+fn a_recovery_listing_waits_for_the_previous_epochs_changes_in_flight() {
+    let mut c = MemCluster::start(4).expect("start");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let opts = ClientOptions {
+        timeout: Duration::from_secs(20),
+        request_timeout: Duration::from_secs(20),
+    };
+    let cl = Arc::new(rt.block_on(c.client(opts)).expect("client"));
+    rt.block_on(cl.format(3, None, MIB)).unwrap();
+    // An object node 3 owns while it is a member; with it down, nodes 0-2 own it.
+    let o = (10..1000)
+        .map(oid)
+        .find(|&o| owner_rank(&c, 0, o, 3).is_some())
+        .unwrap();
+    c.crash(3);
+    c.wait_members(3);
+    c.wait_recovered();
+    rt.block_on(cl.write_obj(o, 0, Bytes::from_static(b"old")))
+        .unwrap();
+    let old = c.store(0).meta(o).unwrap().version;
+    let before = c.epoch(0).unwrap();
+
+    // The next write, caught inside every owner's store.
+    for i in 0..3 {
+        c.store(i).hold(Op::Write, o);
+    }
+    let held_at = Instant::now();
+    let write = rt.spawn({
+        let cl = cl.clone();
+        async move { cl.write_obj(o, 0, Bytes::from_static(b"new")).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..3).any(|i| c.store(i).held() == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the write never reached every owner's store"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // Node 3 joins: a new epoch, in which its recovery lists nodes 0-2.
+    c.start_node(3).unwrap();
+    c.wait_members(4);
+    let after = c.epoch(3).unwrap();
+    assert!(after > before);
+    assert!(owner_rank(&c, 3, o, 3).is_some());
+    // Without the fence node 3's round ends at once (it pulled the old version); with it, its
+    // listings wait for the write. Either way the listings were asked for within the second.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        let st = c.node(3).unwrap().recovery_status();
+        if st.epoch == after && matches!(st.state, RecoveryState::Done | RecoveryState::Collecting)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        (0..3).all(|i| c.store(i).held() == 1),
+        "the write left a store before its release"
+    );
+    // Released before the primary gives up on its replicas (FORWARD_TIMEOUT, 3 s): the write
+    // is acknowledged on its first attempt, in the epoch it was checked against.
+    assert!(
+        held_at.elapsed() < Duration::from_secs(3),
+        "the write was held {:?}: too slow a run to tell",
+        held_at.elapsed()
+    );
+    for i in 0..3 {
+        c.store(i).release();
+    }
+    rt.block_on(write)
+        .unwrap()
+        .expect("the held write is acknowledged");
+    let new = c.store(0).meta(o).unwrap().version;
+    assert!(new > old);
+    assert_eq!(
+        new.0 >> 32,
+        u64::from(before),
+        "the write's version is of the old epoch"
+    );
+
+    c.wait_recovered();
+    let ep = c.node(3).unwrap().epoch();
+    for owner in ep.ring.replicas(o, 3) {
+        let i = (0..4).find(|&i| c.addr(i) == owner.addr).unwrap();
+        assert_eq!(
+            c.store(i).meta(o).map(|s| s.version),
+            Some(new),
+            "node {i}, an owner of {o} at epoch {after}, misses the write acknowledged at epoch {before}"
+        );
+        assert_eq!(c.store(i).read(o, 0, 3).unwrap(), b"new");
+    }
+    assert!(c.replicas_agree(o) >= 3);
+    assert_eq!(&rt.block_on(cl.read_obj(o, 0, 3)).unwrap()[..], b"new");
 }

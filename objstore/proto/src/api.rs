@@ -58,6 +58,10 @@ pub struct NodeStatus {
     pub disk_total: u64,
     pub disk_free: u64,
     pub recovery: RecoveryStatus,
+    /// Milliseconds left of the node's membership lease (etcd): past 0 it serves no I/O until
+    /// it reaches etcd again. None: the driver has no lease (local).
+    #[serde(default)]
+    pub lease_left_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -101,6 +101,9 @@ pub struct ClusterInfo {
     pub cluster_id: String,
     pub config: Option<ClusterConfig>,
     pub view: View,
+    /// The membership driver, for people (`etcd://...`, `local:...`); empty from old nodes.
+    #[serde(default)]
+    pub membership: String,
 }
 
 impl ClusterInfo {

@@ -97,16 +97,38 @@ pub struct ClusterOptions {
     pub proc: ProcOptions,
     /// How long a node may take to serve, and the cluster to list every member.
     pub timeout: Duration,
+    /// The membership driver, as `sheep --cluster` takes it (e.g. an
+    /// [`crate::etcd::Etcd::cluster_spec`]); `None`: `local:` on [`Cluster::state_dir`].
+    pub driver: Option<String>,
+    /// `sheep --lease-ttl` (whole seconds); `None`: sheep's default.
+    pub lease_ttl: Option<Duration>,
+    /// Where node `i` runs ([`NodeHost`]); a node past the end of the list, or every node when
+    /// it is empty: on 127.0.0.1 in this network namespace.
+    pub hosts: Vec<NodeHost>,
+}
+
+/// Where a node runs, as another host would: the IP it listens on and a command prefix its
+/// `sheep` runs under (e.g. [`crate::netns::Netns::wrap`]: `nsenter --net=... --`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeHost {
+    /// The IP `sheep --listen` binds; empty: 127.0.0.1.
+    pub ip: String,
+    /// A command `sheep` runs under (its program first); empty: none.
+    pub wrap: Vec<String>,
 }
 
 impl Default for ClusterOptions {
-    /// What tests use: a temporary directory, `RUST_LOG=info`, SIGKILL on drop, 20 s.
+    /// What tests use: a temporary directory, `RUST_LOG=info`, SIGKILL on drop, 20 s, the
+    /// `local` driver.
     fn default() -> ClusterOptions {
         ClusterOptions {
             dir: None,
             log: NodeLog::Env("info".into()),
             proc: ProcOptions::default(),
             timeout: Duration::from_secs(20),
+            driver: None,
+            lease_ttl: None,
+            hosts: Vec::new(),
         }
     }
 }
@@ -169,8 +191,9 @@ impl Cluster {
         Cluster::try_start_with(bins, n, ClusterOptions::default())
     }
 
-    /// Starts `n` nodes sharing one local membership store and waits until all are members.
-    /// On an error, the nodes started so far are stopped.
+    /// Starts `n` nodes sharing one membership store (`local` unless
+    /// [`ClusterOptions::driver`] names another) and waits until all are members. On an error,
+    /// the nodes started so far are stopped.
     pub fn try_start_with(bins: &Bins, n: usize, opts: ClusterOptions) -> Result<Cluster> {
         Cluster::try_start_with_args(bins, vec![Vec::new(); n], opts)
     }
@@ -211,16 +234,48 @@ impl Cluster {
         Ok(c)
     }
 
+    /// The `local` driver's state directory (unused with another driver).
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
+    }
+
+    /// What every node gets as `--cluster`: [`ClusterOptions::driver`], else `local:` on
+    /// [`Cluster::state_dir`].
+    pub fn driver_spec(&self) -> String {
+        match &self.opts.driver {
+            Some(spec) => spec.clone(),
+            None => format!("local:{}", self.state_dir().display()),
+        }
     }
 
     pub fn node_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(format!("node{i}"))
     }
 
+    /// Node `i`'s address, `IP:PORT` (its [`NodeHost::ip`], 127.0.0.1 by default).
     pub fn addr(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.ports[i])
+        match self.opts.hosts.get(i).map(|h| h.ip.as_str()) {
+            Some(ip) if !ip.is_empty() => format!("{ip}:{}", self.ports[i]),
+            _ => format!("127.0.0.1:{}", self.ports[i]),
+        }
+    }
+
+    /// Adds node `n` (the next index) with the extra `sheep` arguments `args`, started where
+    /// [`ClusterOptions::hosts`]`[n]` says; waits until it serves, not until it is a member.
+    /// Returns its index.
+    pub fn try_add_node(&mut self, args: Vec<String>) -> Result<usize> {
+        let i = self.nodes.len();
+        self.nodes.push(None);
+        self.node_args.push(args);
+        self.ports.push(try_free_port()?);
+        self.try_start_node(i)?;
+        Ok(i)
+    }
+
+    /// Like [`Cluster::try_add_node`]; panics if the node cannot start.
+    #[track_caller]
+    pub fn add_node(&mut self, args: Vec<String>) -> usize {
+        or_panic(self.try_add_node(args))
     }
 
     fn node_log(&self, i: usize) -> PathBuf {
@@ -241,14 +296,25 @@ impl Cluster {
         let first_start = self.nodes[i].is_none() && !self.node_dir(i).exists();
         for attempt in 0.. {
             let addr = self.addr(i);
-            let mut cmd = Command::new(&self.bins.sheep);
+            let mut cmd = match self.opts.hosts.get(i).map(|h| h.wrap.as_slice()) {
+                Some([prog, args @ ..]) => {
+                    let mut c = Command::new(prog);
+                    c.args(args).arg(&self.bins.sheep);
+                    c
+                }
+                _ => Command::new(&self.bins.sheep),
+            };
             cmd.arg("--dir")
                 .arg(self.node_dir(i))
                 .arg("--listen")
                 .arg(&addr)
                 .arg("--cluster")
-                .arg(format!("local:{}", self.state_dir().display()))
-                .args(&self.node_args[i]);
+                .arg(self.driver_spec());
+            if let Some(ttl) = self.opts.lease_ttl {
+                cmd.arg("--lease-ttl")
+                    .arg(format!("{}s", ttl.as_secs().max(1)));
+            }
+            cmd.args(&self.node_args[i]);
             let by_log = match &self.opts.log {
                 NodeLog::Env(filter) => {
                     cmd.env("RUST_LOG", filter);

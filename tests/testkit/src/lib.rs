@@ -9,7 +9,11 @@
 //!   printed if the test is panicking.
 //! - [`wait_until`] / [`try_wait_until`]: polls a condition with a deadline.
 //! - [`free_port`]: a loopback port nobody listens on.
-//! - [`cluster::Cluster`]: a local cluster of real `sheep` processes driven through real `dog`.
+//! - [`cluster::Cluster`]: a local cluster of real `sheep` processes driven through real `dog`,
+//!   on the `local` membership driver or any `--cluster` spec (etcd).
+//! - [`etcd::Etcd`]: real etcd servers (one member or a cluster) on loopback ports.
+//! - [`netns::Netns`]: network namespaces on a bridge as separate hosts (root only), one cut
+//!   off and healed at will; a cluster's node placed in one by [`cluster::NodeHost`].
 //! - [`mount::Mount`]: a real FUSE mount (`sheepfs`, `bindfs`), unmounted and stopped on drop.
 //! - [`build`]: the binaries under test, built fresh, or taken from a named directory.
 //! - [`replicas::check`]: every copy of every object of a VDI read from disk and compared.
@@ -18,7 +22,9 @@
 pub mod build;
 pub mod cluster;
 mod error;
+pub mod etcd;
 pub mod mount;
+pub mod netns;
 pub mod pause;
 mod proc;
 pub mod replicas;

@@ -417,6 +417,10 @@ fn is_record_name(path: &Path) -> bool {
 }
 
 impl Driver for LocalDriver {
+    fn describe(&self) -> String {
+        format!("local:{}", self.dir.display())
+    }
+
     fn cluster_id(&self) -> Result<String, DriverError> {
         self.locked(|| {
             let path = self.dir.join("cluster_id");

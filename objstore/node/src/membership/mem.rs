@@ -131,6 +131,10 @@ pub struct MemDriver {
 }
 
 impl Driver for MemDriver {
+    fn describe(&self) -> String {
+        format!("memory:{}", self.cluster.id)
+    }
+
     fn cluster_id(&self) -> Result<String, DriverError> {
         Ok(self.cluster.id.clone())
     }

@@ -4,10 +4,13 @@
 //! # Contract
 //! - [`Driver::join`] registers this node as alive and returns a view that contains it. Every
 //!   change of the live node set (a join, a leave, a death, a restart with a new incarnation)
-//!   produces exactly one new epoch, numbered one above the last, with the full node list.
+//!   produces a new epoch, numbered one above the last, with the full node list; changes that
+//!   land together may share one (etcd: eight nodes joining at once may make one epoch).
 //!   Epochs are totally ordered and never reused; [`Driver::view_at`] returns past ones.
 //! - [`Driver::tick`] is called by every node about every [`TICK`]. It refreshes this node's
-//!   liveness and returns the newest view. A node that stops ticking (killed, hung) is dropped
+//!   liveness (etcd: a background stream does, and the tick joins again after the lease ended)
+//!   and returns the newest view; with etcd unreachable it returns the last view it saw, and
+//!   being cut off shows through [`Driver::member_until`]. A node that stops ticking (killed, hung) is dropped
 //!   from the view within [`DEAD_AFTER`] plus one tick; the driver may notice sooner.
 //! - [`Driver::leave`] removes this node at once; the next epoch lacks it.
 //! - The key-value store is linearizable: [`Driver::kv_cas`] replaces a value only if it still
@@ -129,6 +132,9 @@ pub trait Driver: Send + Sync + 'static {
     fn lease_keepalive(&self, lease: u64) -> Result<bool, DriverError>;
     /// Ends a lease now, deleting its keys; ending an unknown lease is not an error.
     fn lease_revoke(&self, lease: u64) -> Result<(), DriverError>;
+    /// The driver and its store, for people: `local:/var/lib/sheep/state`,
+    /// `etcd://10.0.0.1:2379/sheep (lease TTL 5s)`.
+    fn describe(&self) -> String;
     /// Until when this node is surely still a member (see the module doc); `None`: no bound.
     fn member_until(&self) -> Option<Instant> {
         None

@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -134,6 +134,8 @@ pub struct Node {
     /// Changes in progress, by the epoch they were checked against (see [`Node::enter`]).
     inflight: replicate::Inflight,
     stop: AtomicBool,
+    /// The newest membership tick failure and when it was logged.
+    tick_error: Mutex<Option<(String, std::time::Instant)>>,
     pull_delay: std::time::Duration,
     /// Store and driver calls run inline instead of on the blocking pool (see [`NodeParts`]).
     inline: bool,
@@ -329,6 +331,7 @@ impl Node {
             repairing: Default::default(),
             inflight: Default::default(),
             stop: AtomicBool::new(false),
+            tick_error: Mutex::new(None),
             pull_delay: opts.pull_delay,
             inline,
             _dir_lock: dir_lock,
@@ -371,10 +374,7 @@ impl Node {
             if self.stop.load(Ordering::SeqCst) {
                 break;
             }
-            match self.driver.tick() {
-                Ok(view) => self.adopt(view),
-                Err(e) => tracing::warn!("membership tick failed: {e}"),
-            }
+            self.ticked(self.driver.tick());
         }
     }
 
@@ -384,9 +384,29 @@ impl Node {
             if self.stop.load(Ordering::SeqCst) {
                 break;
             }
-            match self.driver.tick() {
-                Ok(view) => self.adopt(view),
-                Err(e) => tracing::warn!("membership tick failed: {e}"),
+            self.ticked(self.driver.tick());
+        }
+    }
+
+    /// Adopts a tick's view; logs a failure when it first happens or changes, and again
+    /// every 10 s while it lasts.
+    fn ticked(&self, res: Result<View, DriverError>) {
+        let mut last = self.tick_error.lock().unwrap();
+        match res {
+            Ok(view) => {
+                if last.take().is_some() {
+                    tracing::info!("membership tick works again");
+                }
+                drop(last);
+                self.adopt(view);
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let repeat = matches!(&*last, Some((m, at)) if *m == msg && at.elapsed() < std::time::Duration::from_secs(10));
+                if !repeat {
+                    tracing::warn!("membership tick failed: {msg}");
+                    *last = Some((msg, std::time::Instant::now()));
+                }
             }
         }
     }
@@ -407,6 +427,22 @@ impl Node {
                 false
             }
         });
+    }
+
+    /// Refuses I/O once the membership store may have dropped this node: past
+    /// [`Driver::member_until`] other nodes may already serve its objects in a newer epoch.
+    fn check_member(&self) -> Result<(), server::Failure> {
+        match self.driver.member_until() {
+            Some(until) if std::time::Instant::now() >= until => Err(server::Failure::new(
+                objstore_proto::frame::ResultCode::Busy,
+                format!(
+                    "node {} has not renewed its membership lease for {} ms past its end: the cluster may have dropped it, so it serves no I/O until it reaches the membership store again",
+                    self.me.addr,
+                    until.elapsed().as_millis()
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub fn me(&self) -> &NodeInfo {
@@ -436,6 +472,7 @@ impl Node {
             cluster_id: self.cluster_id.clone(),
             config: self.config(),
             view: self.epoch().view.clone(),
+            membership: self.driver.describe(),
         }
     }
 

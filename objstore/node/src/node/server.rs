@@ -14,6 +14,7 @@ use objstore_client::transport::{Listener, Reader, Writer};
 use super::recovery::PullFailed;
 use super::replicate::{split_peer_write, Change};
 use super::{Epoch, Node};
+use crate::membership::DriverError;
 use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{
     FormatRequest, KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId, NodeStatus,
@@ -189,11 +190,20 @@ pub(super) async fn blocking<T: Send + 'static>(
 ) -> Result<T, Failure> {
     match node.blocking(f).await {
         Ok(r) => r.map_err(Failure::from),
-        Err(e) => Err(Failure::new(
-            ResultCode::Io,
-            format!("store task failed: {e}"),
-        )),
+        Err(e) => Err(task_failure(e)),
     }
+}
+
+/// A store task that did not finish. Cancelled means it never ran: the node is shutting down
+/// (its runtime drops blocking tasks not yet started), so the client tries again elsewhere
+/// (`ShuttingDown`) instead of failing the I/O; a panic is an I/O error.
+fn task_failure(e: tokio::task::JoinError) -> Failure {
+    let code = if e.is_cancelled() {
+        ResultCode::ShuttingDown
+    } else {
+        ResultCode::Io
+    };
+    Failure::new(code, format!("store task failed: {e}"))
 }
 
 /// The version a client expects an object at (the first 8 bytes of a `WriteObj` or `RemoveObj`
@@ -240,6 +250,18 @@ fn not_recovered(oid: ObjectId, why: PullFailed) -> Failure {
 
 fn driver_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(ResultCode::Io, format!("membership store: {e}"))
+}
+
+/// A store that cannot be reached now (etcd down or cut off) is an outage the client waits
+/// out within its timeout (`Busy`), as I/O waits out a lease past its end; any other store
+/// error is final.
+fn store_failure(e: DriverError) -> Failure {
+    match e {
+        DriverError::Unreachable { .. } => {
+            Failure::new(ResultCode::Busy, format!("membership store: {e}"))
+        }
+        e => driver_failure(e),
+    }
 }
 
 async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
@@ -326,10 +348,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     Ok(Reply::empty())
                 }
                 Ok(Err(e)) => Err(e.into()),
-                Err(e) => Err(Failure::new(
-                    ResultCode::Io,
-                    format!("store task failed: {e}"),
-                )),
+                Err(e) => Err(task_failure(e)),
             }
         }
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
@@ -418,6 +437,14 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 disk_total,
                 disk_free,
                 recovery: node.recovery_status(),
+                lease_left_ms: node.driver.member_until().map(|until| {
+                    let now = std::time::Instant::now();
+                    if until >= now {
+                        (until - now).as_millis() as i64
+                    } else {
+                        -((now - until).as_millis() as i64)
+                    }
+                }),
             }))
         }
         Opcode::Format => format(node, json(&payload)?).await,
@@ -428,7 +455,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .blocking(move || d.kv_get(&key))
                 .await
                 .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+                .map_err(store_failure)?;
             match v {
                 Some(v) => Ok(Reply::bytes(Bytes::from(v))),
                 None => Err(Failure::new(ResultCode::NotFound, "no such key")),
@@ -452,7 +479,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 })
                 .await
                 .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+                .map_err(store_failure)?;
             if ok {
                 Ok(Reply::empty())
             } else {
@@ -466,7 +493,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .blocking(move || d.kv_list(&prefix))
                 .await
                 .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+                .map_err(store_failure)?;
             let list: Vec<(String, String)> = list
                 .into_iter()
                 .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
@@ -557,6 +584,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
             "the cluster is not formatted: run 'dog cluster format'",
         )
     })?;
+    node.check_member()?;
     let ep = node.epoch();
     let cur = ep.view.epoch;
     if h.epoch < cur {
@@ -623,7 +651,7 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
         .blocking(move || d.kv_cas(keys::CONFIG, None, Some(&raw)))
         .await
         .map_err(driver_failure)?
-        .map_err(driver_failure)?;
+        .map_err(store_failure)?;
     if !ok {
         let cur = node.config();
         return Err(Failure::new(
@@ -645,4 +673,38 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
         cfg.object_size
     );
     Ok(Reply::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_store_is_waited_out_and_other_store_errors_are_final() {
+        let e = DriverError::Unreachable {
+            endpoints: "http://10.0.0.1:2379".into(),
+            reason: "tcp connect error".into(),
+        };
+        let f = store_failure(e);
+        assert_eq!(f.code, ResultCode::Busy);
+        assert!(f.message.contains("10.0.0.1:2379"), "{}", f.message);
+        let f = store_failure(DriverError::LeaseExpired);
+        assert_eq!(f.code, ResultCode::Io);
+    }
+
+    #[test]
+    fn a_store_task_cancelled_by_shutdown_is_retried_elsewhere() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cancelled = rt.block_on(async {
+            let t = tokio::spawn(std::future::pending::<()>());
+            t.abort();
+            t.await.unwrap_err()
+        });
+        assert_eq!(task_failure(cancelled).code, ResultCode::ShuttingDown);
+        let panicked = rt.block_on(async { tokio::spawn(async { panic!("boom") }).await });
+        assert_eq!(task_failure(panicked.unwrap_err()).code, ResultCode::Io);
+    }
 }

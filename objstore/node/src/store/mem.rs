@@ -9,10 +9,15 @@
 //! Faults: [`MemStore::fail`] makes chosen operations fail with EIO (or ENOSPC) until cleared. A
 //! failed flush loses what it could not sync, as a failed `fdatasync` may: those objects go back
 //! to their durable state and the flush names them.
+//!
+//! Holds: [`MemStore::hold`] makes writes (or removes) of one object wait, their calling
+//! threads blocked before they change anything, until [`MemStore::release`]: a change caught
+//! in flight inside the store, as a slow disk would keep it. Only for nodes whose store calls
+//! run on threads of their own (`MemCluster`), never inline ones (the simulator).
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use objstore_proto::oid::ObjectId;
 
@@ -54,10 +59,24 @@ struct State {
     bad: HashSet<ObjectId>,
 }
 
+/// Operations held until released, and how many calls wait on them.
+#[derive(Default)]
+struct Holds {
+    state: Mutex<HoldState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct HoldState {
+    on: Vec<(Op, ObjectId)>,
+    waiting: usize,
+}
+
 /// See the module documentation.
 pub struct MemStore {
     state: Mutex<State>,
     capacity: u64,
+    holds: Holds,
 }
 
 impl Default for MemStore {
@@ -72,6 +91,7 @@ impl MemStore {
         MemStore {
             state: Mutex::default(),
             capacity,
+            holds: Holds::default(),
         }
     }
 
@@ -85,6 +105,7 @@ impl MemStore {
                 ..State::default()
             }),
             capacity: self.capacity,
+            holds: Holds::default(),
         }
     }
 
@@ -107,6 +128,7 @@ impl MemStore {
                 ..State::default()
             }),
             capacity: self.capacity,
+            holds: Holds::default(),
         }
     }
 
@@ -117,6 +139,36 @@ impl MemStore {
 
     pub fn clear_faults(&self) {
         self.state.lock().unwrap().faults.clear();
+    }
+
+    /// Makes `op` (`Write` or `Remove`, whole-object installs included) on `oid` wait before it
+    /// changes anything, until [`MemStore::release`]. The waiting call blocks its thread.
+    pub fn hold(&self, op: Op, oid: ObjectId) {
+        self.holds.state.lock().unwrap().on.push((op, oid));
+    }
+
+    /// How many calls wait on a hold now.
+    pub fn held(&self) -> usize {
+        self.holds.state.lock().unwrap().waiting
+    }
+
+    /// Ends every hold: the calls waiting on them go on.
+    pub fn release(&self) {
+        self.holds.state.lock().unwrap().on.clear();
+        self.holds.changed.notify_all();
+    }
+
+    /// Waits while `op` on `oid` is held.
+    fn pass(&self, op: Op, oid: ObjectId) {
+        let mut h = self.holds.state.lock().unwrap();
+        if !h.on.contains(&(op, oid)) {
+            return;
+        }
+        h.waiting += 1;
+        while h.on.contains(&(op, oid)) {
+            h = self.holds.changed.wait(h).unwrap();
+        }
+        h.waiting -= 1;
     }
 
     /// Overwrites a stored object's bytes behind the node's back (a flipped bit on the disk).
@@ -212,6 +264,7 @@ impl ObjectBackend for MemStore {
         data: &[u8],
         version: Version,
     ) -> Result<(), StoreError> {
+        self.pass(Op::Write, oid);
         let mut st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Write, oid)?;
         let created = st.live.get(&oid).is_none_or(|o| o.state.deleted);
@@ -247,8 +300,10 @@ impl ObjectBackend for MemStore {
         data: &[u8],
         state: ObjState,
     ) -> Result<bool, StoreError> {
+        let op = if state.deleted { Op::Remove } else { Op::Write };
+        self.pass(op, oid);
         let mut st = self.state.lock().unwrap();
-        MemStore::check(&st, if state.deleted { Op::Remove } else { Op::Write }, oid)?;
+        MemStore::check(&st, op, oid)?;
         // A copy whose last flush failed is replaced by any copy at least as new.
         let bad = st.bad.contains(&oid);
         if st.live.get(&oid).is_some_and(|o| {
@@ -386,5 +441,30 @@ mod tests {
         s.flush().unwrap();
         assert!(s.corrupt(a, 0));
         assert_ne!(s.read(a, 0, 1).unwrap(), b"x");
+    }
+
+    #[test]
+    fn a_hold_keeps_a_write_waiting_until_released() {
+        let s = std::sync::Arc::new(MemStore::default());
+        let a = ObjectId::data(Vid(1), ObjIndex(0));
+        let b = ObjectId::data(Vid(1), ObjIndex(1));
+        s.write(a, 0, b"x", Version(1)).unwrap();
+        s.hold(Op::Write, a);
+        let w = std::thread::spawn({
+            let s = s.clone();
+            move || s.write(a, 0, b"y", Version(2))
+        });
+        while s.held() == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Other objects, reads and listings go on; the held write changed nothing yet.
+        s.write(b, 0, b"z", Version(1)).unwrap();
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
+        assert_eq!(s.meta(a).unwrap().version, Version(1));
+        s.release();
+        w.join().unwrap().unwrap();
+        assert_eq!(s.held(), 0);
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"y");
+        assert_eq!(s.meta(a).unwrap().version, Version(2));
     }
 }
