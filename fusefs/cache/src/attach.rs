@@ -93,8 +93,14 @@ impl<B: Backend> Inner<B> {
             .await?;
         let gen = info.gen;
         self.attach.held.lock().unwrap().insert(vid, info);
-        if self.attach.lost.lock().unwrap().remove(&vid).is_some() {
-            tracing::info!("VDI '{name}' attached again after its lock was lost");
+        {
+            let mut lost = self.attach.lost.lock().unwrap();
+            if lost.remove(&vid).is_some() {
+                tracing::info!("VDI '{name}' attached again after its lock was lost");
+                if lost.is_empty() {
+                    self.attach.any_lost.store(false, Ordering::Release);
+                }
+            }
         }
         // Its writes (pushes, and mode `off`'s writes, which invalidate what they overwrite)
         // keep this cache coherent: they leave the generation alone.

@@ -10,6 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{cache_args, open_rw, strs, Rig, SHEEPFS};
+use objstore_client::client::ClientOptions;
+use objstore_client::{lock, Client};
 use serde_json::Value;
 use testkit::cluster::Cluster;
 use testkit::mount::Mount;
@@ -153,4 +155,73 @@ fn lock_renewals_move_on_when_their_node_dies() {
     f.write_all_at(b"after", 0).unwrap();
     f.sync_all().unwrap();
     assert_eq!(rig.cluster.read_vdi("r", 0, 6), b"aftere");
+}
+
+/// A lock broken under a live mount comes back (nobody attached meanwhile), same generation;
+/// a mount frozen past its TTL while another host attached loses the VDI: its writes fail
+/// with EIO instead of landing over the other host's.
+#[test]
+fn a_mount_cut_off_past_its_ttl_stops_writing_once_another_host_attached() {
+    let (tmp, rig) = rig(3);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
+    let f = open_rw(rig.path("x"));
+    f.write_all_at(b"first", 0).unwrap();
+    f.sync_all().unwrap();
+    let held = locks(&rig.cluster);
+    assert_eq!(held.len(), 1, "{held:?}");
+
+    // Broken while the holder lives and nobody takes it: the holder's next renewal finds its
+    // lease ended and takes the lock back, same generation, under a new lease.
+    rig.cluster.dog_ok(&["vdi", "lock", "break", "x"]);
+    wait_until(
+        "the live holder to take its broken lock back",
+        Duration::from_secs(TTL_SECS + 5),
+        || locks(&rig.cluster).len() == 1,
+    );
+    let back = locks(&rig.cluster);
+    assert_eq!(
+        (&back[0]["owner"], &back[0]["gen"]),
+        (&held[0]["owner"], &held[0]["gen"]),
+        "{back:?}"
+    );
+    assert_ne!(back[0]["lease"], held[0]["lease"], "{back:?}");
+    assert!(rig.mount.log_tail().contains("lock taken back"));
+    f.write_all_at(b"again", 0).unwrap();
+    f.sync_all().unwrap();
+
+    // Frozen (a host cut off) past its TTL: its lock frees itself, and another host attaches
+    // and writes. While the mount is frozen this process must neither touch it nor start a
+    // process (the exec would close `f`, and a FUSE close waits for the frozen daemon): the
+    // second mount starts first, and the lock is watched through the client library.
+    let second = second_mount(tmp.path(), &rig.cluster, 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = rig.cluster.addr(1).parse().unwrap();
+    let client = rt
+        .block_on(Client::connect(&[addr], ClientOptions::default()))
+        .unwrap();
+    let frozen = testkit::pause::Paused::stop(rig.mount.pid()).unwrap();
+    wait_until(
+        "the frozen mount's lock to free itself",
+        Duration::from_secs(TTL_SECS + 5),
+        || rt.block_on(lock::list(&client)).unwrap().is_empty(),
+    );
+    let f2 = open_rw(second.path("x"));
+    f2.write_all_at(b"other", 0).unwrap();
+    f2.sync_all().unwrap();
+    frozen.resume().unwrap();
+    wait_until(
+        "the resumed mount to find its lock lost",
+        Duration::from_secs(TTL_SECS + 10),
+        || rig.mount.log_tail().contains("lost the lock of VDI 'x'"),
+    );
+    let e = f.write_all_at(b"stale", 0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(rig.cluster.read_vdi("x", 0, 5), b"other");
+    let l = locks(&rig.cluster);
+    assert_eq!(l.len(), 1, "{l:?}");
+    assert_ne!(l[0]["owner"], held[0]["owner"], "{l:?}");
+    drop((f, f2, second));
 }
