@@ -173,7 +173,8 @@ fn lock_table(list: &[LockInfo]) -> String {
     s
 }
 
-/// A lock as `dog vdi lock list --json` shows it: the record, and whether it is lease-bound.
+/// A lock as `dog vdi lock list`, `acquire` and `break` show it with `--json`: the record, and
+/// whether it is lease-bound.
 #[derive(serde::Serialize)]
 struct LockRow<'a> {
     #[serde(flatten)]
@@ -210,8 +211,12 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
         }
         LockCmd::Break { name } => {
             let freed = lock::break_lock(client, &name).await?;
+            let freed_row = freed.as_ref().map(|info| LockRow {
+                info,
+                leased: info.leased(),
+            });
             ctx.print(
-                &serde_json::json!({"vdi": name, "freed": freed}),
+                &serde_json::json!({"vdi": name, "freed": freed_row}),
                 || match &freed {
                     Some(l) => format!(
                         "freed the lock of VDI '{name}' held by {} (owner {}) since {}, gen {}\n",
@@ -232,7 +237,11 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
         } => {
             let host = host.unwrap_or_else(hostname);
             let info = lock::acquire(client, &name, &owner, &host, ttl).await?;
-            ctx.print(&info, || {
+            let row = LockRow {
+                info: &info,
+                leased: info.leased(),
+            };
+            ctx.print(&row, || {
                 format!(
                     "VDI '{name}' is locked by {} (owner {}) since {}, gen {} ({})\n",
                     info.host,
