@@ -11,7 +11,9 @@ set -euo pipefail
 # membership driver's tests (objstore/node/tests/membership_conformance.rs, testkit's etcd
 # harness) start real etcd servers: etcd-server gives /usr/bin/etcd. protobuf-compiler gives
 # protoc, which the etcd-client crate's build script needs to generate its gRPC code.
-PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler)
+# iproute2 (`ip netns`, bridges, veths) puts nodes in network namespaces in the multi-host
+# tests (fusefs/sheepfs/tests/multihost.rs; nsenter is util-linux, always there).
+PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler iproute2)
 
 command -v cargo >/dev/null || { echo "install-deps: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }
 
