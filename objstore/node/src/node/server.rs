@@ -14,7 +14,7 @@ use objstore_client::transport::{Listener, Reader, Writer};
 use super::recovery::PullFailed;
 use super::replicate::{split_peer_write, Change};
 use super::{Epoch, Node};
-use crate::membership::DriverError;
+use crate::membership::{Driver, DriverError};
 use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{
     FormatRequest, KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId, NodeStatus,
@@ -252,6 +252,18 @@ fn driver_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(ResultCode::Io, format!("membership store: {e}"))
 }
 
+/// Runs a membership-store call on the blocking pool; its failure as the client sees it.
+async fn driver_call<T: Send + 'static>(
+    node: &Node,
+    f: impl FnOnce(&dyn Driver) -> Result<T, DriverError> + Send + 'static,
+) -> Result<T, Failure> {
+    let d = node.driver.clone();
+    node.blocking(move || f(&*d))
+        .await
+        .map_err(driver_failure)?
+        .map_err(store_failure)
+}
+
 /// A store that cannot be reached now (etcd down or cut off) is an outage the client waits
 /// out within its timeout (`Busy`), as I/O waits out a lease past its end; any other store
 /// error is final.
@@ -450,12 +462,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         Opcode::Format => format(node, json(&payload)?).await,
         Opcode::KvGet => {
             let key = text(&payload)?.to_string();
-            let d = node.driver.clone();
-            let v = node
-                .blocking(move || d.kv_get(&key))
-                .await
-                .map_err(driver_failure)?
-                .map_err(store_failure)?;
+            let v = driver_call(node, move |d| d.kv_get(&key)).await?;
             match v {
                 Some(v) => Ok(Reply::bytes(Bytes::from(v))),
                 None => Err(Failure::new(ResultCode::NotFound, "no such key")),
@@ -468,18 +475,14 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     "the cluster format is set only by the Format operation",
                 ));
             }
-            let d = node.driver.clone();
-            let ok = node
-                .blocking(move || {
-                    d.kv_cas(
-                        &req.key,
-                        req.expected.as_deref().map(str::as_bytes),
-                        req.new.as_deref().map(str::as_bytes),
-                    )
-                })
-                .await
-                .map_err(driver_failure)?
-                .map_err(store_failure)?;
+            let ok = driver_call(node, move |d| {
+                d.kv_cas(
+                    &req.key,
+                    req.expected.as_deref().map(str::as_bytes),
+                    req.new.as_deref().map(str::as_bytes),
+                )
+            })
+            .await?;
             if ok {
                 Ok(Reply::empty())
             } else {
@@ -488,12 +491,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::KvList => {
             let prefix = text(&payload)?.to_string();
-            let d = node.driver.clone();
-            let list = node
-                .blocking(move || d.kv_list(&prefix))
-                .await
-                .map_err(driver_failure)?
-                .map_err(store_failure)?;
+            let list = driver_call(node, move |d| d.kv_list(&prefix)).await?;
             let list: Vec<(String, String)> = list
                 .into_iter()
                 .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
@@ -507,19 +505,15 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     "the cluster format is set only by the Format operation",
                 ));
             }
-            let d = node.driver.clone();
-            let ok = node
-                .blocking(move || {
-                    d.kv_cas_leased(
-                        &req.key,
-                        req.expected.as_deref().map(str::as_bytes),
-                        req.new.as_bytes(),
-                        req.lease,
-                    )
-                })
-                .await
-                .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+            let ok = driver_call(node, move |d| {
+                d.kv_cas_leased(
+                    &req.key,
+                    req.expected.as_deref().map(str::as_bytes),
+                    req.new.as_bytes(),
+                    req.lease,
+                )
+            })
+            .await?;
             if ok {
                 Ok(Reply::empty())
             } else {
@@ -537,23 +531,13 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     req.ttl_secs
                 )));
             }
-            let d = node.driver.clone();
             let ttl = Duration::from_secs(req.ttl_secs);
-            let lease = node
-                .blocking(move || d.lease_grant(ttl))
-                .await
-                .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+            let lease = driver_call(node, move |d| d.lease_grant(ttl)).await?;
             Ok(Reply::json(&LeaseId { lease }))
         }
         Opcode::LeaseKeepalive => {
             let LeaseId { lease } = json(&payload)?;
-            let d = node.driver.clone();
-            let alive = node
-                .blocking(move || d.lease_keepalive(lease))
-                .await
-                .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+            let alive = driver_call(node, move |d| d.lease_keepalive(lease)).await?;
             if alive {
                 Ok(Reply::empty())
             } else {
@@ -562,11 +546,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::LeaseRevoke => {
             let LeaseId { lease } = json(&payload)?;
-            let d = node.driver.clone();
-            node.blocking(move || d.lease_revoke(lease))
-                .await
-                .map_err(driver_failure)?
-                .map_err(driver_failure)?;
+            driver_call(node, move |d| d.lease_revoke(lease)).await?;
             Ok(Reply::empty())
         }
     }
@@ -645,13 +625,8 @@ async fn format(node: &Node, req: FormatRequest) -> Handled {
             .map(|d| d.as_secs())
             .unwrap_or(0),
     };
-    let d = node.driver.clone();
     let raw = serde_json::to_vec(&cfg).expect("serializable");
-    let ok = node
-        .blocking(move || d.kv_cas(keys::CONFIG, None, Some(&raw)))
-        .await
-        .map_err(driver_failure)?
-        .map_err(store_failure)?;
+    let ok = driver_call(node, move |d| d.kv_cas(keys::CONFIG, None, Some(&raw))).await?;
     if !ok {
         let cur = node.config();
         return Err(Failure::new(
