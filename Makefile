@@ -9,11 +9,14 @@ TEST_THREADS ?= 2
 all: build
 
 build:
+	./scripts/install-deps.sh build
 	$(CARGO) build --release --workspace --bins
 
 ## run: build, start 3 sheep on 127.0.0.1:7000-7002 under ./run, format, create VDI demo.
 ## CLUSTER=etcd make run: the same on the etcd driver, with a local etcd under ./run/etcd.
-run: build
+run:
+	./scripts/install-deps.sh run
+	$(MAKE) build
 	./scripts/run-cluster.sh
 
 ## deps: install the system packages the tests need (apt-get when root).

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests need, when missing. As root it runs apt-get; otherwise
+# Installs the Debian packages a target needs, when missing. As root it runs apt-get; otherwise
 # it names what to install and fails.
+#   install-deps.sh build   what building needs (make build)
+#   install-deps.sh run     building, and what `make run` starts (fuse3, etcd for CLUSTER=etcd)
+#   install-deps.sh         everything the tests need (make test, make deps)
 set -euo pipefail
 
 # The cluster-core tests need only the Rust toolchain and a C compiler for crates that build C.
@@ -13,7 +16,12 @@ set -euo pipefail
 # protoc, which the etcd-client crate's build script needs to generate its gRPC code.
 # iproute2 (`ip netns`, bridges, veths) puts nodes in network namespaces in the multi-host
 # tests (fusefs/sheepfs/tests/multihost.rs; nsenter is util-linux, always there).
-PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler iproute2)
+case "${1:-all}" in
+    build) PACKAGES=(gcc protobuf-compiler) ;;
+    run) PACKAGES=(gcc protobuf-compiler fuse3 etcd-server) ;;
+    all) PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler iproute2) ;;
+    *) echo "install-deps: unknown set '$1': expected build, run or nothing (all)" >&2; exit 2 ;;
+esac
 
 command -v cargo >/dev/null || { echo "install-deps: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }
 
