@@ -15,9 +15,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 use common::{fio_verify_args, SHEEPFS};
 use serde_json::Value;
 use testkit::cluster::{Bins, Cluster, ClusterOptions, NodeHost, NodeLog};
-use testkit::etcd::{etcd_binary, Etcd};
+use testkit::etcd::{skip_without_etcd, Etcd};
 use testkit::mount::{Mount, MountOptions};
 use testkit::netns::{self, Netns};
 use testkit::replicas::assert_consistent;
@@ -37,14 +36,7 @@ const TTL: Duration = Duration::from_secs(5);
 const MIB: usize = 1 << 20;
 
 fn etcd_missing() -> bool {
-    if etcd_binary().is_some() {
-        return false;
-    }
-    eprintln!(
-        "\n*** SKIPPED: /usr/bin/etcd is missing, so clusters across hosts are NOT tested. \
-         Install etcd-server (scripts/install-deps.sh, run by make test). ***\n"
-    );
-    true
+    skip_without_etcd("clusters across hosts are")
 }
 
 fn netns_missing() -> bool {
@@ -274,20 +266,7 @@ impl Hosts {
         let mut cmd = self.net.command(ns, &self.c.bins.dog);
         cmd.arg("--address").arg(addr).args(args);
         testkit::die_with_parent(&mut cmd, libc::SIGKILL);
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run dog");
-        let mut stdin = child.stdin.take().unwrap();
-        let data = data.to_vec();
-        let feeder = std::thread::spawn(move || {
-            let _ = stdin.write_all(&data);
-        });
-        let out = child.wait_with_output().expect("dog output");
-        feeder.join().unwrap();
-        out
+        testkit::output_with_stdin(cmd, data)
     }
 
     /// Restarts node `i` (SIGTERM, or SIGKILL when `hard`, then started again at once on its

@@ -9,20 +9,13 @@ use std::time::{Duration, Instant};
 
 use common::{bins, MIB};
 use testkit::cluster::{Cluster, ClusterOptions};
-use testkit::etcd::{etcd_binary, Etcd, EtcdCluster};
+use testkit::etcd::{skip_without_etcd, Etcd, EtcdCluster};
 use testkit::pseudo_random;
 
 const TTL: Duration = Duration::from_secs(2);
 
 fn etcd_missing() -> bool {
-    if etcd_binary().is_some() {
-        return false;
-    }
-    eprintln!(
-        "\n*** SKIPPED: /usr/bin/etcd is missing, so sheep on etcd is NOT tested. \
-         Install etcd-server (scripts/install-deps.sh, run by make test). ***\n"
-    );
-    true
+    skip_without_etcd("sheep on etcd is")
 }
 
 /// `n` nodes on `etcd` under `prefix`, with a short lease TTL.

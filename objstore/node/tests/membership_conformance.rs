@@ -20,7 +20,7 @@ use objstore_node::membership::{
     self, Driver, DriverError, DriverOptions, DEAD_AFTER, DEFAULT_LEASE_TTL, TICK,
 };
 use objstore_proto::view::{NodeInfo, View};
-use testkit::etcd::{etcd_binary, Etcd};
+use testkit::etcd::{skip_without_etcd, Etcd};
 
 /// Opens a new driver on a store.
 type Opener = Box<dyn Fn(DriverOptions) -> Result<Box<dyn Driver>, DriverError>>;
@@ -75,11 +75,7 @@ fn etcd_store() -> Option<Store> {
 
 /// Like [`etcd_store`] on an etcd cluster of `members`, every member given to the drivers.
 fn etcd_store_of(members: usize) -> Option<Store> {
-    if etcd_binary().is_none() {
-        eprintln!(
-            "\n*** SKIPPED: /usr/bin/etcd is missing, so the etcd driver is NOT tested. \
-             Install etcd-server (scripts/install-deps.sh, run by make test). ***\n"
-        );
+    if skip_without_etcd("the etcd driver is") {
         return None;
     }
     let etcd = Etcd::start(members);

@@ -2,7 +2,6 @@
 //! tests (the panicking methods) and for `bench run` (the `try_` ones, and
 //! [`ClusterOptions`] for a named directory, quieter logs and a graceful stop).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -475,23 +474,11 @@ impl Cluster {
 
     /// Feeds `data` to dog's stdin.
     pub fn dog_stdin(&self, args: &[&str], data: &[u8]) -> Output {
-        let mut child = Command::new(&self.bins.dog)
-            .arg("--address")
+        let mut cmd = Command::new(&self.bins.dog);
+        cmd.arg("--address")
             .arg(or_panic(self.live_addr()))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run dog");
-        let mut stdin = child.stdin.take().unwrap();
-        let data = data.to_vec();
-        let feeder = std::thread::spawn(move || {
-            let _ = stdin.write_all(&data);
-        });
-        let out = child.wait_with_output().expect("dog output");
-        feeder.join().unwrap();
-        out
+            .args(args);
+        crate::proc::output_with_stdin(cmd, data)
     }
 
     pub fn write_vdi(&self, name: &str, offset: u64, data: &[u8]) {

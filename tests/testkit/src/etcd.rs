@@ -38,6 +38,19 @@ pub fn etcd_binary() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
+/// True, after a loud message saying what goes untested, when etcd is not installed: the
+/// etcd tests skip then (make test installs it, so CI runs them).
+pub fn skip_without_etcd(untested: &str) -> bool {
+    if etcd_binary().is_some() {
+        return false;
+    }
+    eprintln!(
+        "\n*** SKIPPED: /usr/bin/etcd is missing, so {untested} NOT tested. \
+         Install etcd-server (scripts/install-deps.sh, run by make test). ***\n"
+    );
+    true
+}
+
 struct Member {
     name: String,
     /// The IP it listens on (client and peer).
@@ -438,11 +451,7 @@ mod tests {
     use super::*;
 
     fn skip() -> bool {
-        if etcd_binary().is_none() {
-            eprintln!("SKIPPED: /usr/bin/etcd is missing (install etcd-server)");
-            return true;
-        }
-        false
+        skip_without_etcd("testkit's etcd harness is")
     }
 
     #[test]

@@ -36,7 +36,7 @@ use std::net::TcpListener;
 use std::path::Path;
 
 pub use error::{or_panic, Error, Result};
-pub use proc::{die_with_parent, output, Proc, ProcOptions};
+pub use proc::{die_with_parent, output, output_with_stdin, Proc, ProcOptions};
 pub use wait::{check_interrupt, install_interrupt_handlers, try_wait_until, wait_until};
 
 /// The last `bytes` of a file, lossily decoded.

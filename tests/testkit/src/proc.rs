@@ -248,6 +248,26 @@ pub fn output(mut cmd: Command, what: &str) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
+/// Runs `cmd` with `data` on its stdin (fed from a thread, so a command that writes before it
+/// reads cannot deadlock) and returns what it printed and how it exited.
+pub fn output_with_stdin(mut cmd: Command, data: &[u8]) -> std::process::Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the command");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let data = data.to_vec();
+    let feeder = std::thread::spawn(move || {
+        use std::io::Write;
+        let _ = stdin.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("the command's output");
+    feeder.join().expect("the stdin feeder");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,8 +21,12 @@
 //!   confirmed plus the TTL. etcd drops the lease no sooner than that, so until then no epoch
 //!   without this node exists; past it the node serves no I/O (no split brain).
 //! - Calls come from the node's blocking threads. The driver owns a small tokio runtime on its
-//!   own thread (the gRPC client, the keepalive and watch tasks live there); each call is
+//!   own thread (the gRPC clients, the keepalive and watch tasks live there); each call is
 //!   handed to it and waited for, bounded by [`CALL_TIMEOUT`].
+//! - **Failover**: one gRPC client per member. A call that reached no working member, or got
+//!   no answer within [`ATTEMPT_TIMEOUT`], goes to the next one (a compare-and-swap first
+//!   checks whether its unanswered attempt landed); the keepalive and the watch move on when
+//!   their stream fails.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
