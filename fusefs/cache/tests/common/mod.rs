@@ -1,0 +1,267 @@
+//! A cluster in memory for the cache's tests: VDIs ([`MemVolume`]) and a lock table, with
+//! seams on the writes that reach it ([`Hooks`]: hold them, delay them, check them) and a
+//! copy of what its last flush made durable.
+
+#![allow(dead_code)] // each test file uses its own part
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cache_control::CacheMode;
+use objcache::{Backend, CacheConfig};
+use objstore_client::lock::{LockError, LockInfo, Renewal};
+use objstore_client::{ClientError, MemVolume, VdiError, Volume};
+use objstore_proto::Vid;
+
+/// What the tests do to writes on their way into the cluster (pushes, write-throughs).
+pub struct Hooks {
+    /// While true, writes wait before they land (counted in `entered`) until it is false.
+    hold: tokio::sync::watch::Sender<bool>,
+    entered: tokio::sync::watch::Sender<u64>,
+    /// Writes sleep a pseudo-random time up to this many microseconds before they land.
+    pub jitter_us: AtomicU64,
+    /// Whether to check that every 4 KiB block written is one byte repeated (tests that
+    /// write only such blocks); `torn` counts the blocks that were not.
+    pub check_blocks: AtomicBool,
+    pub torn: AtomicU64,
+    rng: AtomicU64,
+}
+
+impl Default for Hooks {
+    fn default() -> Hooks {
+        Hooks {
+            hold: tokio::sync::watch::Sender::new(false),
+            entered: tokio::sync::watch::Sender::new(0),
+            jitter_us: AtomicU64::new(0),
+            check_blocks: AtomicBool::new(false),
+            torn: AtomicU64::new(0),
+            rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
+        }
+    }
+}
+
+impl Hooks {
+    /// A pseudo-random number below `n` (xorshift; tests want spread, not quality).
+    pub fn below(&self, n: u64) -> u64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        if n == 0 {
+            0
+        } else {
+            x % n
+        }
+    }
+
+    /// Writes that reached the hold so far.
+    pub fn entered(&self) -> u64 {
+        *self.entered.borrow()
+    }
+
+    /// Makes writes wait (true) or lets them all go (false).
+    pub fn hold(&self, on: bool) {
+        self.hold.send_replace(on);
+    }
+
+    /// Waits until `n` writes in all have reached the hold (or 10 s, then panics).
+    pub async fn wait_entered(&self, n: u64) {
+        let mut rx = self.entered.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&e| e >= n))
+            .await
+            .expect("a write reached the hold")
+            .unwrap();
+    }
+
+    async fn before_write(&self, offset: u64, data: &[u8]) {
+        if self.check_blocks.load(Ordering::Relaxed) && offset % 4096 == 0 {
+            for b in data.chunks(4096) {
+                if b.iter().any(|&x| x != b[0]) {
+                    self.torn.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        let jitter = self.jitter_us.load(Ordering::Relaxed);
+        if jitter > 0 {
+            tokio::time::sleep(Duration::from_micros(self.below(jitter))).await;
+        }
+        if *self.hold.borrow() {
+            self.entered.send_modify(|e| *e += 1);
+            let mut rx = self.hold.subscribe();
+            let _ = rx.wait_for(|&on| !on).await;
+        }
+    }
+}
+
+/// One VDI in memory, shared by every open of it, with the cluster's write hooks.
+pub struct Vol(pub Arc<MemVolume>, Arc<Hooks>);
+
+impl Volume for Vol {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn vid(&self) -> Vid {
+        self.0.vid()
+    }
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn object_size(&self) -> u32 {
+        self.0.object_size()
+    }
+    fn is_allocated(&self, index: u64) -> bool {
+        self.0.is_allocated(index)
+    }
+    async fn read_at(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
+        self.0.read_at(offset, len).await
+    }
+    async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        self.1.before_write(offset, &data).await;
+        self.0.write_at(offset, data).await
+    }
+    async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.0.discard(offset, len).await
+    }
+    async fn flush(&self) -> Result<(), VdiError> {
+        self.0.flush().await
+    }
+    async fn refresh(&self) -> Result<(), VdiError> {
+        self.0.refresh().await
+    }
+}
+
+/// A cluster in memory: VDIs by name, and their locks (owner, generation).
+#[derive(Default)]
+pub struct Mem {
+    vols: Mutex<HashMap<String, Arc<MemVolume>>>,
+    locks: Mutex<HashMap<String, (Option<String>, u64)>>,
+    pub flushes: AtomicU64,
+    /// Each VDI's bytes as the last cluster flush made them durable.
+    durable: Mutex<HashMap<String, Vec<u8>>>,
+    pub hooks: Arc<Hooks>,
+}
+
+#[derive(Clone, Default)]
+pub struct MemCluster(pub Arc<Mem>);
+
+impl MemCluster {
+    pub fn add(&self, name: &str, vid: u32, size: u64, object_size: u32) -> Arc<MemVolume> {
+        let v = Arc::new(MemVolume::new(name, Vid(vid), size, object_size));
+        self.0.vols.lock().unwrap().insert(name.into(), v.clone());
+        v
+    }
+
+    pub fn hooks(&self) -> &Hooks {
+        &self.0.hooks
+    }
+
+    /// VDI `name`'s bytes as the last cluster flush left them durable (zeros before any).
+    pub fn durable(&self, name: &str) -> Vec<u8> {
+        let size = self.0.vols.lock().unwrap()[name].size() as usize;
+        (self.0.durable.lock().unwrap().get(name).cloned()).unwrap_or_else(|| vec![0; size])
+    }
+}
+
+impl Backend for MemCluster {
+    type Volume = Vol;
+
+    async fn open(&self, name: &str) -> Result<Vol, VdiError> {
+        let vols = self.0.vols.lock().unwrap();
+        let v = vols.get(name).ok_or(VdiError::NotFound(name.into()))?;
+        Ok(Vol(v.clone(), self.0.hooks.clone()))
+    }
+
+    async fn acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        host: &str,
+        _ttl: Option<Duration>,
+        _resume: Option<u64>,
+    ) -> Result<LockInfo, LockError> {
+        let mut locks = self.0.locks.lock().unwrap();
+        let (held, gen) = locks.entry(name.into()).or_insert((None, 0));
+        match held {
+            Some(o) if o == owner => {}
+            Some(o) => panic!("'{name}' is held by {o}: the tests attach from one cache"),
+            None => {
+                *held = Some(owner.into());
+                *gen += 1;
+            }
+        }
+        Ok(LockInfo {
+            vdi: name.into(),
+            owner: owner.into(),
+            host: host.into(),
+            since: 0,
+            gen: *gen,
+            lease: None,
+            ttl_secs: None,
+        })
+    }
+
+    async fn keepalive(&self, _held: &LockInfo) -> Result<Renewal, LockError> {
+        Ok(Renewal::Alive)
+    }
+
+    async fn release(&self, name: &str, owner: &str) -> Result<(), LockError> {
+        if let Some((held, _)) = self.0.locks.lock().unwrap().get_mut(name) {
+            if held.as_deref() == Some(owner) {
+                *held = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn under_lock(&self, _v: &Vol) {}
+
+    async fn flush(&self) -> Result<(), ClientError> {
+        // Every write acknowledged so far is durable from here on.
+        let now: Vec<(String, Vec<u8>)> = (self.0.vols.lock().unwrap().iter())
+            .map(|(n, v)| (n.clone(), v.contents()))
+            .collect();
+        self.0.durable.lock().unwrap().extend(now);
+        self.0.flushes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(5)
+    }
+}
+
+pub const MIB: u64 = 1 << 20;
+
+pub fn config(dir: &Path, size: u64) -> CacheConfig {
+    CacheConfig {
+        dir: dir.to_path_buf(),
+        size,
+        mode: CacheMode::Writeback,
+        max_dirty: size,
+        max_dirty_age: Duration::from_secs(3600),
+        sequential_cutoff: 0,
+        lock_ttl: Duration::from_secs(15),
+    }
+}
+
+/// Bytes that change from one offset to the next, different for each `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (((seed + i) * 2654435761) >> 13) as u8)
+        .collect()
+}
+
+/// Polls `done` until it holds (or panics after 10 s): for work the cache does in the
+/// background.
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
