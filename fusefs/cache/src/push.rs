@@ -90,18 +90,21 @@ impl<B: Backend> Inner<B> {
             return Err(e);
         }
         let clean = snapshot.minus(&rewritten);
-        let cleaned = clean.count();
+        // Counted from the bits this clears: blocks of the snapshot dropped meanwhile (by
+        // an invalidation, or the object forgotten) were counted down by whoever dropped them.
+        let before = st.dirty.count();
         st.dirty = st.dirty.minus(&clean);
+        let cleaned = before - st.dirty.count();
         if st.dirty.is_empty() {
             st.dirty_since = None;
         }
-        if let Err(e) = o.save(&st) {
-            tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+        if !st.retired {
+            if let Err(e) = o.save(&st) {
+                tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+            }
         }
         drop(st);
-        self.space
-            .dirty
-            .fetch_sub(o.bytes_of(cleaned), Ordering::SeqCst);
+        self.space.undirty(o.bytes_of(cleaned));
         if pushed > 0 {
             self.pushes.unflushed.store(true, Ordering::SeqCst);
         }

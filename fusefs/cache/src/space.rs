@@ -43,6 +43,27 @@ pub(crate) struct Space {
     pub(crate) room: Arc<Room>,
 }
 
+impl Space {
+    /// Counts `bytes` of dirty blocks as no longer dirty. Callers count only the dirty bits
+    /// they cleared themselves (under the object's state lock), so the counter never goes
+    /// below zero; should it ever, it stops at zero and says so rather than wrapping (a
+    /// wrapped counter would keep the flusher pushing forever and fail unmount).
+    pub(crate) fn undirty(&self, bytes: u64) {
+        let r = self
+            .dirty
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
+                Some(d.saturating_sub(bytes))
+            });
+        if let Ok(d) = r {
+            if d < bytes {
+                tracing::error!(
+                    "cache dirty byte counter would go below zero ({d} - {bytes}): a bug, stopped at 0"
+                );
+            }
+        }
+    }
+}
+
 /// Wakes [`Inner::reserve`] when room may have been made, instead of its polling.
 #[derive(Default)]
 pub(crate) struct Room {
@@ -316,12 +337,17 @@ impl<B: Backend> Inner<B> {
     /// Accounting and files of an object [`Inner::take_out`] took out of the LRU; returns its
     /// bytes.
     pub(crate) fn forget(&self, o: &CachedObject) -> u64 {
-        let st = o.state.lock().unwrap();
+        let mut st = o.state.lock().unwrap();
         let bytes = o.bytes_of(st.valid.count());
         let dirty = o.bytes_of(st.dirty.count());
+        // Its blocks are counted down here, once: whoever still holds it (a push finishing)
+        // finds none left.
+        st.valid = object::State::empty_like(&st.valid);
+        st.dirty = object::State::empty_like(&st.dirty);
+        st.dirty_since = None;
         drop(st);
         self.space.used.fetch_sub(bytes, Ordering::SeqCst);
-        self.space.dirty.fetch_sub(dirty, Ordering::SeqCst);
+        self.space.undirty(dirty);
         o.retire(&self.space.spares);
         if let Some(t) = &self.space.index {
             let _ = t.remove(key_bytes(o.key));

@@ -9,6 +9,7 @@ use objstore_client::{VdiError, Volume};
 
 use super::{io_err, CachedVdi};
 use crate::object::{CachedObject, State, BLOCK};
+use crate::space::Pinned;
 use crate::stats::Counters;
 use crate::{Backend, CacheError};
 
@@ -95,6 +96,9 @@ impl<B: Backend> CachedVdi<B> {
         self.check_lock()?;
         match self.mode() {
             CacheMode::Off => {
+                // A push in flight would land its older bytes over this write.
+                let held = self.cached_in(offset, data.len() as u64);
+                let _pushes = hold_pushes(&held).await;
                 self.bypassing(self.vdi.write_at(offset, data.clone()))
                     .await?;
                 self.invalidate(offset, data.len() as u64);
@@ -155,7 +159,10 @@ impl<B: Backend> CachedVdi<B> {
                 if dirty {
                     // No room (the cluster is not taking dirty data, or the cache disk failed):
                     // write through instead, which fails with the cluster's error if it is
-                    // down, and bring blocks cached earlier up to date.
+                    // down, and bring blocks cached earlier up to date (after any push of
+                    // them in flight, which would land older bytes over this write).
+                    let held = self.cached_in(base + off, n);
+                    let _pushes = hold_pushes(&held).await;
                     self.bypassing(self.vdi.write_at(base + off, Bytes::copy_from_slice(piece)))
                         .await?;
                     self.update_cached(idx, off, piece);
@@ -223,6 +230,9 @@ impl<B: Backend> CachedVdi<B> {
             let before = (st.valid.count(), st.dirty.count());
             st.valid.set_range(b0, b1, false);
             st.dirty.set_range(b0, b1, false);
+            if st.dirty.is_empty() {
+                st.dirty_since = None;
+            }
             let _ = o.save(&st);
             let after = (st.valid.count(), st.dirty.count());
             drop(st);
@@ -232,17 +242,22 @@ impl<B: Backend> CachedVdi<B> {
                 .fetch_sub((before.0 - after.0) as u64 * BLOCK, Ordering::SeqCst);
             self.inner
                 .space
-                .dirty
-                .fetch_sub((before.1 - after.1) as u64 * BLOCK, Ordering::SeqCst);
+                .undirty((before.1 - after.1) as u64 * BLOCK);
         }
     }
 
     /// Discard: the range reads as zeros afterwards, here and in the cluster. Whole cached
     /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
     /// part and keep their other bytes (and dirty state).
+    ///
+    /// A push of a cached object in the range that is in flight is waited for, and none
+    /// starts until the cluster has the discard: the push's older bytes never land after
+    /// the zeros, and it never writes into an object the discard removes.
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         self.pass_gate().await;
         self.check_lock()?;
+        let held = self.cached_in(offset, len);
+        let _pushes = hold_pushes(&held).await;
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
         let last_whole = end / BLOCK * BLOCK;
@@ -271,6 +286,13 @@ impl<B: Backend> CachedVdi<B> {
         Ok(self.bypassing(self.vdi.discard(offset, len)).await?)
     }
 
+    /// The cached objects of a range, in index order (pinned).
+    fn cached_in(&self, offset: u64, len: u64) -> Vec<Pinned> {
+        self.pieces(offset, len)
+            .filter_map(|(idx, ..)| self.peek(idx))
+            .collect()
+    }
+
     /// Puts `data` (just written to the cluster at `off` of object `idx`) into the blocks of
     /// it that are cached; blocks not cached stay so.
     fn update_cached(&self, idx: u32, off: u64, data: &[u8]) {
@@ -290,6 +312,18 @@ impl<B: Backend> CachedVdi<B> {
             }
         }
     }
+}
+
+/// Waits for the pushes of `objects` in flight and keeps new ones from starting while the
+/// guards live: for changes that reach the cluster without the cache (a discard, a write
+/// that bypasses it), which a push of older bytes must not follow. Taken in the objects'
+/// order, as every caller lists them by index.
+async fn hold_pushes(objects: &[Pinned]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+    let mut guards = Vec::with_capacity(objects.len());
+    for o in objects {
+        guards.push(o.pushing.lock().await);
+    }
+    guards
 }
 
 /// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and

@@ -1,0 +1,131 @@
+//! Races between a VDI's requests and the pushes of its dirty data, made likely by seams on
+//! the writes that reach the cluster (`common::Hooks`: a push held in flight, writes delayed
+//! at random) and by many iterations.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use objcache::Cache;
+
+/// A discard (what sheepfs does for a punch-hole or zero-range fallocate) of dirty cached
+/// blocks while a push of the same object is in flight: the push's old bytes must not land
+/// on the cluster after the zeros, and the dirty bytes must be counted down once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discard_waits_for_a_push_of_its_object_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let os = 4 * MIB;
+    let vol = cluster.add("r", 10, 16 * MIB, os as u32);
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    let v = Arc::new(cache.open_vdi("r", true).await.unwrap().expect("cached"));
+    let hooks = &cluster.0.hooks;
+    // (discard start, length) within the written range [w, w + 256 KiB): aligned blocks,
+    // partial blocks at both ends, and (with a write over a whole object) a whole object.
+    let w = os + 64 * 1024;
+    let cases = [
+        (w, 256 * 1024),
+        (w + 100, 64 * 1024),
+        (w + 8192, 4096 * 3 + 7),
+        (os, os),
+    ];
+    let mut entered = 0;
+    for i in 0..40u64 {
+        let (d, dlen) = cases[i as usize % cases.len()];
+        let (wo, wlen) = if dlen == os {
+            (os, os)
+        } else {
+            (w, 256 * 1024)
+        };
+        let data = pattern(i, wlen as usize);
+        v.write(wo, Bytes::from(data.clone())).await.unwrap();
+        hooks.hold(true);
+        let flushing = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.flush(None, |_, _| {}).await }
+        });
+        entered += 1;
+        hooks.wait_entered(entered).await;
+        // The push has read the old bytes and is on its way: discard them now.
+        let discarding = tokio::spawn({
+            let v = v.clone();
+            async move { v.discard(d, dlen).await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        hooks.hold(false);
+        discarding.await.unwrap().unwrap();
+        flushing.await.unwrap().unwrap();
+        cache.flush(None, |_, _| {}).await.unwrap();
+        let all = vol.contents();
+        let mut want = data.clone();
+        want[(d - wo) as usize..(d - wo + dlen) as usize].fill(0);
+        assert!(
+            all[wo as usize..(wo + wlen) as usize] == want[..],
+            "iteration {i}: the cluster holds old bytes in the discarded range {d}+{dlen}"
+        );
+        let st = cache.stats();
+        assert_eq!(st.dirty, 0, "iteration {i}: dirty bytes after the flush");
+        assert_eq!(
+            st.total.dirty, 0,
+            "iteration {i}: dirty bits after the flush"
+        );
+        // Clean for the next round.
+        v.discard(os, 2 * os).await.unwrap();
+        entered = hooks.entered();
+    }
+}
+
+/// One writer writing and discarding at random (each request after the last one returned),
+/// pushes running all the while (fsyncs, with the cluster's writes delayed at random): at
+/// the end the cluster holds exactly what the writer wrote, and the dirty byte counter is 0
+/// (it never wrapped below zero on the way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_discards_under_pushes_end_with_the_writers_bytes_and_no_dirty_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let size = 8 * MIB;
+    let vol = cluster.add("s", 11, size, MIB as u32);
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    let v = Arc::new(cache.open_vdi("s", true).await.unwrap().expect("cached"));
+    cluster.0.hooks.jitter_us.store(300, Ordering::Relaxed);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pusher = tokio::spawn({
+        let (cache, stop) = (cache.clone(), stop.clone());
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                cache.flush(None, |_, _| {}).await.unwrap();
+                let d = cache.stats().dirty;
+                assert!(d <= 64 * MIB, "the dirty byte counter wrapped: {d}");
+            }
+        }
+    });
+    let mut model = vec![0u8; size as usize];
+    let h = &cluster.0.hooks;
+    for i in 0..600u64 {
+        // Small ranges over two objects, so that requests and pushes meet often.
+        let off = h.below(2 * MIB - 70_000) + 512 * 1024;
+        let len = 1 + h.below(64 * 1024);
+        if h.below(3) == 0 {
+            v.discard(off, len).await.unwrap();
+            model[off as usize..(off + len) as usize].fill(0);
+        } else {
+            let data = pattern(i * 7919, len as usize);
+            v.write(off, Bytes::from(data.clone())).await.unwrap();
+            model[off as usize..(off + len) as usize].copy_from_slice(&data);
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    pusher.await.unwrap();
+    cache.flush(None, |_, _| {}).await.unwrap();
+    assert_eq!(cache.stats().dirty, 0, "dirty bytes after the last flush");
+    let all = vol.contents();
+    let first_bad = all.iter().zip(&model).position(|(a, b)| a != b);
+    assert!(
+        first_bad.is_none(),
+        "the cluster differs from what was written, first at byte {first_bad:?}"
+    );
+}
