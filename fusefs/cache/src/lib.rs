@@ -45,7 +45,9 @@
 //!   `Space::objects` (deciding whether a miss is kept); the CPU pressure's lock is only ever
 //!   tried.
 //! - `Pushes::push_lock` (async, held across pushes) → `CachedObject::pushing` (async) →
-//!   `CachedObject::state`.
+//!   `CachedObject::writing` (a push reads the data under it) → `CachedObject::state`.
+//!   Changes that reach the cluster around the cache (discards, mode-off writes,
+//!   write-throughs of a full cache) hold `pushing` of several objects, taken in index order.
 //! - `CachedObject::writing` → `CachedObject::state`.
 //! - `Space::objects` → `CachedObject::state`, and `Space::objects` → `Space::creating`
 //!   (taking an object out, or creating one: its files are made after both are released).

@@ -62,7 +62,15 @@ impl<B: Backend> Inner<B> {
             let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
             // Pooled: a push of 4 MiB runs would otherwise fault in fresh memory each time.
             let mut buf = objstore_proto::pagebuf::PageBuf::zeroed(len as usize);
-            if let Err(source) = o.read_data(buf.as_mut(), off) {
+            // Under the writers' lock: a write in progress (its data goes to the file in
+            // several system calls, and even one is not atomic against a read) would
+            // otherwise hand the cluster a block half old and half new. Blocks written after
+            // this read stay dirty (`rewritten`) and go out with the next push.
+            let read = {
+                let _writing = o.writing.lock().unwrap();
+                o.read_data(buf.as_mut(), off)
+            };
+            if let Err(source) = read {
                 result = Err(PushError::ReadCache { key: o.key, source });
                 break;
             }

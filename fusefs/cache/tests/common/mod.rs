@@ -24,9 +24,12 @@ pub struct Hooks {
     entered: tokio::sync::watch::Sender<u64>,
     /// Writes sleep a pseudo-random time up to this many microseconds before they land.
     pub jitter_us: AtomicU64,
-    /// Whether to check that every 4 KiB block written is one byte repeated (tests that
-    /// write only such blocks); `torn` counts the blocks that were not.
+    /// Whether to check that 4 KiB blocks written are each one byte repeated (tests that
+    /// write only such blocks): all of them, or with `edges_every` = n > 0, all but the
+    /// first and last of every n (which such a test writes only in part); `torn` counts the
+    /// blocks that were not.
     pub check_blocks: AtomicBool,
+    pub edges_every: AtomicU64,
     pub torn: AtomicU64,
     rng: AtomicU64,
 }
@@ -38,6 +41,7 @@ impl Default for Hooks {
             entered: tokio::sync::watch::Sender::new(0),
             jitter_us: AtomicU64::new(0),
             check_blocks: AtomicBool::new(false),
+            edges_every: AtomicU64::new(0),
             torn: AtomicU64::new(0),
             rng: AtomicU64::new(0x9E37_79B9_7F4A_7C15),
         }
@@ -80,8 +84,11 @@ impl Hooks {
 
     async fn before_write(&self, offset: u64, data: &[u8]) {
         if self.check_blocks.load(Ordering::Relaxed) && offset % 4096 == 0 {
-            for b in data.chunks(4096) {
-                if b.iter().any(|&x| x != b[0]) {
+            let every = self.edges_every.load(Ordering::Relaxed);
+            for (i, b) in data.chunks(4096).enumerate() {
+                let n = offset / 4096 + i as u64;
+                let edge = every > 0 && (n % every == 0 || n % every == every - 1);
+                if !edge && b.iter().any(|&x| x != b[0]) {
                     self.torn.fetch_add(1, Ordering::SeqCst);
                 }
             }
