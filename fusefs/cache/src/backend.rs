@@ -53,6 +53,20 @@ pub trait Backend: Send + Sync + 'static {
 
     /// How long an operation may wait for the cluster (making room waits no longer).
     fn timeout(&self) -> Duration;
+
+    /// A seam for tests, called at the points of [`Pause`]: a test's backend can hold the
+    /// cache there to make a race likely that real timing makes rare. The real one returns at
+    /// once.
+    fn pause(&self, _at: Pause) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+}
+
+/// Points in the cache's work where it calls [`Backend::pause`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pause {
+    /// A push wrote its blocks to the cluster and marked them clean; it has not returned yet.
+    PushCleaned,
 }
 
 impl Backend for Arc<Client> {

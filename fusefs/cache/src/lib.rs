@@ -80,7 +80,7 @@ use std::time::Duration;
 use cache_control::CacheMode;
 use objstore_client::Client;
 
-pub use backend::Backend;
+pub use backend::{Backend, Pause};
 
 pub use error::{chain, CacheError, PushError};
 pub use vdi::{CachedVdi, Missed};

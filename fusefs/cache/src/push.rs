@@ -13,7 +13,7 @@ use crate::space::Pinned;
 use crate::stats::Counters;
 use objstore_client::Volume;
 
-use crate::{chain, Backend, Inner, PushError};
+use crate::{chain, Backend, Inner, Pause, PushError};
 
 /// Pushes in progress, and how the last ones went.
 #[derive(Default)]
@@ -89,33 +89,40 @@ impl<B: Backend> Inner<B> {
             }
             pushed += end - base - off;
         }
-        let mut st = o.state.lock().unwrap();
-        let rewritten = st.rewritten.take().expect("push in flight");
-        if let Err(e) = result {
-            drop(st);
-            // Its push is over: it may be picked again.
-            self.space.room.tell();
-            return Err(e);
-        }
-        let clean = snapshot.minus(&rewritten);
-        // Counted from the bits this clears: blocks of the snapshot dropped meanwhile (by
-        // an invalidation, or the object forgotten) were counted down by whoever dropped them.
-        let before = st.dirty.count();
-        st.dirty = st.dirty.minus(&clean);
-        let cleaned = before - st.dirty.count();
-        if st.dirty.is_empty() {
-            st.dirty_since = None;
-        }
-        if !st.retired {
-            if let Err(e) = o.save(&st) {
-                tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+        let cleaned = {
+            let mut st = o.state.lock().unwrap();
+            let rewritten = st.rewritten.take().expect("push in flight");
+            if let Err(e) = result {
+                drop(st);
+                // Its push is over: it may be picked again.
+                self.space.room.tell();
+                return Err(e);
             }
-        }
-        drop(st);
+            // The cluster needs a flush before anyone can see these blocks clean: an fsync
+            // that finds them clean (this push runs outside the push lock when it makes
+            // room) then still flushes the cluster, or waits for a flush that does.
+            if pushed > 0 {
+                self.pushes.unflushed.store(true, Ordering::SeqCst);
+            }
+            let clean = snapshot.minus(&rewritten);
+            // Counted from the bits this clears: blocks of the snapshot dropped meanwhile (by
+            // an invalidation, or the object forgotten) were counted down by whoever dropped
+            // them.
+            let before = st.dirty.count();
+            st.dirty = st.dirty.minus(&clean);
+            let cleaned = before - st.dirty.count();
+            if st.dirty.is_empty() {
+                st.dirty_since = None;
+            }
+            if !st.retired {
+                if let Err(e) = o.save(&st) {
+                    tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+                }
+            }
+            cleaned
+        };
+        self.client.pause(Pause::PushCleaned).await;
         self.space.undirty(o.bytes_of(cleaned));
-        if pushed > 0 {
-            self.pushes.unflushed.store(true, Ordering::SeqCst);
-        }
         Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
         self.space.room.tell();
         Ok(pushed)

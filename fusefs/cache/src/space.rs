@@ -388,7 +388,10 @@ impl<B: Backend> Inner<B> {
             }
             // Everything left is dirty or in use: push the least recently used dirty object,
             // or wait for an object to be released or pushed (registered before the checks
-            // above: a change after them still wakes this).
+            // above: a change after them still wakes this). The push runs outside the push
+            // lock (a write making room would otherwise wait for a whole fsync or flusher
+            // round); fsyncs do not need it to: a push marks the cluster unflushed before
+            // its blocks are seen clean ([`Inner::push_object`]).
             let oldest = self
                 .space
                 .objects

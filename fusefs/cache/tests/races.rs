@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use objcache::Cache;
+use objcache::{Cache, Pause};
 
 /// A discard (what sheepfs does for a punch-hole or zero-range fallocate) of dirty cached
 /// blocks while a push of the same object is in flight: the push's old bytes must not land
@@ -43,20 +43,20 @@ async fn a_discard_waits_for_a_push_of_its_object_in_flight() {
         };
         let data = pattern(i, wlen as usize);
         v.write(wo, Bytes::from(data.clone())).await.unwrap();
-        hooks.hold(true);
+        hooks.writes.hold(true);
         let flushing = tokio::spawn({
             let cache = cache.clone();
             async move { cache.flush(None, |_, _| {}).await }
         });
         entered += 1;
-        hooks.wait_entered(entered).await;
+        hooks.writes.wait_entered(entered).await;
         // The push has read the old bytes and is on its way: discard them now.
         let discarding = tokio::spawn({
             let v = v.clone();
             async move { v.discard(d, dlen).await }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        hooks.hold(false);
+        hooks.writes.hold(false);
         discarding.await.unwrap().unwrap();
         flushing.await.unwrap().unwrap();
         cache.flush(None, |_, _| {}).await.unwrap();
@@ -75,7 +75,7 @@ async fn a_discard_waits_for_a_push_of_its_object_in_flight() {
         );
         // Clean for the next round.
         v.discard(os, 2 * os).await.unwrap();
-        entered = hooks.entered();
+        entered = hooks.writes.entered();
     }
 }
 
@@ -194,4 +194,47 @@ async fn a_push_never_sends_a_block_torn_by_a_write() {
         vol.contents()[..span as usize] == got[..],
         "the cluster differs from the cache"
     );
+}
+
+/// An fsync while a write to a full cache makes room by pushing (`reserve`, which runs
+/// outside the flushes' lock): the push has written the fsync's data to the cluster and
+/// marked it clean, and is held there (`Pause::PushCleaned`). The fsync finds nothing dirty,
+/// but must still flush the cluster before it returns: the push marked the cluster as
+/// needing a flush before it cleared the bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fsync_never_returns_before_the_cluster_flushed_a_push_that_made_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let os = 256 * 1024u64;
+    cluster.add("f", 13, 4 * MIB, os as u32);
+    // One object's worth: a write of a whole other object has to push the first.
+    let cache = Cache::open(config(dir.path(), os), cluster.clone()).unwrap();
+    let v = Arc::new(cache.open_vdi("f", true).await.unwrap().expect("cached"));
+    let cleaned = cluster.0.hooks.at(Pause::PushCleaned);
+    for i in 0..20u64 {
+        let at = (i % 64) * 4096;
+        let data = pattern(i, 4096);
+        v.write(at, Bytes::from(data.clone())).await.unwrap();
+        cleaned.hold(true);
+        let making_room = tokio::spawn({
+            let v = v.clone();
+            async move {
+                let other = os * (1 + i % 15);
+                v.write(other, Bytes::from(pattern(i + 100, os as usize)))
+                    .await
+            }
+        });
+        cleaned.wait_entered(i + 1).await;
+        // The fsync of the first write, while the push that made room is held.
+        v.flush().await.unwrap();
+        let durable = cluster.durable("f");
+        cleaned.hold(false);
+        making_room.await.unwrap().unwrap();
+        assert!(
+            durable[at as usize..at as usize + 4096] == data[..],
+            "iteration {i}: the fsync returned before the cluster flushed its data"
+        );
+        // Out of the way for the next round.
+        cache.flush(None, |_, _| {}).await.unwrap();
+    }
 }

@@ -12,16 +12,63 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_control::CacheMode;
-use objcache::{Backend, CacheConfig};
+use objcache::{Backend, CacheConfig, Pause};
 use objstore_client::lock::{LockError, LockInfo, Renewal};
 use objstore_client::{ClientError, MemVolume, VdiError, Volume};
 use objstore_proto::Vid;
 
-/// What the tests do to writes on their way into the cluster (pushes, write-throughs).
-pub struct Hooks {
-    /// While true, writes wait before they land (counted in `entered`) until it is false.
-    hold: tokio::sync::watch::Sender<bool>,
+/// A point where tasks can be held: while it is on, [`Gate::pass`] waits (counted in
+/// `entered`) until it is off.
+pub struct Gate {
+    on: tokio::sync::watch::Sender<bool>,
     entered: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Gate {
+    fn default() -> Gate {
+        Gate {
+            on: tokio::sync::watch::Sender::new(false),
+            entered: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+impl Gate {
+    /// Makes tasks wait here (true) or lets them all go (false).
+    pub fn hold(&self, on: bool) {
+        self.on.send_replace(on);
+    }
+
+    /// Tasks that reached the gate while it held, so far.
+    pub fn entered(&self) -> u64 {
+        *self.entered.borrow()
+    }
+
+    /// Waits until `n` tasks in all have reached the gate while it held (or 10 s, then
+    /// panics).
+    pub async fn wait_entered(&self, n: u64) {
+        let mut rx = self.entered.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&e| e >= n))
+            .await
+            .expect("a task reached the gate")
+            .unwrap();
+    }
+
+    async fn pass(&self) {
+        if *self.on.borrow() {
+            self.entered.send_modify(|e| *e += 1);
+            let mut rx = self.on.subscribe();
+            let _ = rx.wait_for(|&on| !on).await;
+        }
+    }
+}
+
+/// What the tests do to the cache's work with the cluster.
+pub struct Hooks {
+    /// Writes on their way into the cluster (pushes, write-throughs), before they land.
+    pub writes: Gate,
+    /// The cache's own pause points ([`Backend::pause`]).
+    pub pauses: HashMap<Pause, Gate>,
     /// Writes sleep a pseudo-random time up to this many microseconds before they land.
     pub jitter_us: AtomicU64,
     /// Whether to check that 4 KiB blocks written are each one byte repeated (tests that
@@ -37,8 +84,11 @@ pub struct Hooks {
 impl Default for Hooks {
     fn default() -> Hooks {
         Hooks {
-            hold: tokio::sync::watch::Sender::new(false),
-            entered: tokio::sync::watch::Sender::new(0),
+            writes: Gate::default(),
+            pauses: [Pause::PushCleaned]
+                .into_iter()
+                .map(|p| (p, Gate::default()))
+                .collect(),
             jitter_us: AtomicU64::new(0),
             check_blocks: AtomicBool::new(false),
             edges_every: AtomicU64::new(0),
@@ -63,23 +113,9 @@ impl Hooks {
         }
     }
 
-    /// Writes that reached the hold so far.
-    pub fn entered(&self) -> u64 {
-        *self.entered.borrow()
-    }
-
-    /// Makes writes wait (true) or lets them all go (false).
-    pub fn hold(&self, on: bool) {
-        self.hold.send_replace(on);
-    }
-
-    /// Waits until `n` writes in all have reached the hold (or 10 s, then panics).
-    pub async fn wait_entered(&self, n: u64) {
-        let mut rx = self.entered.subscribe();
-        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&e| e >= n))
-            .await
-            .expect("a write reached the hold")
-            .unwrap();
+    /// The gate at the cache's pause point `at`.
+    pub fn at(&self, at: Pause) -> &Gate {
+        &self.pauses[&at]
     }
 
     async fn before_write(&self, offset: u64, data: &[u8]) {
@@ -97,11 +133,7 @@ impl Hooks {
         if jitter > 0 {
             tokio::time::sleep(Duration::from_micros(self.below(jitter))).await;
         }
-        if *self.hold.borrow() {
-            self.entered.send_modify(|e| *e += 1);
-            let mut rx = self.hold.subscribe();
-            let _ = rx.wait_for(|&on| !on).await;
-        }
+        self.writes.pass().await;
     }
 }
 
@@ -239,6 +271,10 @@ impl Backend for MemCluster {
 
     fn timeout(&self) -> Duration {
         Duration::from_secs(5)
+    }
+
+    async fn pause(&self, at: Pause) {
+        self.0.hooks.at(at).pass().await;
     }
 }
 
