@@ -5,9 +5,11 @@
 //! DIR/state.json            {cache_id, boot_id, clean}: how the last mount ended
 //! DIR/control.sock          cachectl's socket (0600), served by sheepfs (`cache_control`)
 //! DIR/index/                sled: last access per object (rebuilt from files when lost)
-//! DIR/vdis/<vid>.json       {name, vid, gen, mode}: the lock generation the cache matches
+//! DIR/vdis/<vid>.json       {name, vid, gen, mode, cluster}: the lock generation (and the
+//!                           cluster) the cache matches
 //! DIR/obj/<vid>/<idx>.data  cached bytes (sparse)
 //! DIR/obj/<vid>/<idx>.meta  valid and dirty bitmaps, one bit per 4 KiB block
+//! DIR/orphaned/             unpushed writes of another cluster's VDIs, set aside ([`orphan`])
 //! ```
 //! Invariants:
 //! - A block is dirty only if it is valid; dirty blocks are never evicted or dropped except by
@@ -36,6 +38,7 @@
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
 //! - [`control`]: what `cachectl` asks of the cache, through sheepfs's control socket.
 //! - [`vdi`]: a VDI seen through the cache ([`CachedVdi`]), the filesystem's handle.
+//! - [`orphan`]: cached data of another cluster's VDI, set aside instead of pushed.
 //! - [`object`], [`bitmap`], [`spare`]: one cached object's files; [`admit`], [`pressure`]:
 //!   the admission and CPU-pressure policies; [`error`]: the error types.
 //!
@@ -66,6 +69,7 @@ mod error;
 mod fill;
 mod lifecycle;
 mod object;
+mod orphan;
 mod pressure;
 mod push;
 mod space;

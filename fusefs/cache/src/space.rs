@@ -170,7 +170,7 @@ enum Claim {
 
 impl Space {
     /// A key left `creating`: wakes whoever waits for it.
-    fn key_done(&self) {
+    pub(crate) fn key_done(&self) {
         self.created.notify_all();
         self.created_async.notify_waiters();
     }
@@ -359,6 +359,12 @@ impl<B: Backend> Inner<B> {
     /// Accounting and files of an object [`Inner::take_out`] took out of the LRU; returns its
     /// bytes.
     pub(crate) fn forget(&self, o: &CachedObject) -> u64 {
+        self.forget_keeping(o, None)
+    }
+
+    /// [`Inner::forget`], its files moved into `keep` as they are if given (else emptied
+    /// and kept as spares, or removed).
+    pub(crate) fn forget_keeping(&self, o: &CachedObject, keep: Option<&Path>) -> u64 {
         let mut st = o.state.lock().unwrap();
         let bytes = o.bytes_of(st.valid.count());
         let dirty = o.bytes_of(st.dirty.count());
@@ -370,7 +376,18 @@ impl<B: Backend> Inner<B> {
         drop(st);
         self.space.used.fetch_sub(bytes, Ordering::SeqCst);
         self.space.undirty(dirty);
-        o.retire(&self.space.spares);
+        match keep {
+            None => o.retire(&self.space.spares),
+            Some(dir) => {
+                if let Err(e) = o.retire_into(dir) {
+                    tracing::error!(
+                        "moving cached object {:?} into {}: {e}",
+                        o.key,
+                        dir.display()
+                    );
+                }
+            }
+        }
         if let Some(t) = &self.space.index {
             let _ = t.remove(key_bytes(o.key));
         }

@@ -238,3 +238,78 @@ async fn an_fsync_never_returns_before_the_cluster_flushed_a_push_that_made_room
         cache.flush(None, |_, _| {}).await.unwrap();
     }
 }
+
+/// Dirty data cached from one cluster, the mount killed, the cluster created anew with a
+/// VDI of the same name, id and lock generation: the next mount pushes none of the old data
+/// into the new VDI; it sets the objects with unpushed writes aside (with the old record),
+/// drops the clean ones, and the new VDI works through the cache as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_data_of_a_recreated_cluster_is_set_aside_not_pushed() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = MemCluster::default();
+    *old.0.cluster_id.lock().unwrap() = "one/1000".into();
+    old.add("a", 1, 16 * MIB, 4 << 20);
+    let dirty = pattern(21, 8192);
+    {
+        let cache = Cache::open(config(dir.path(), 64 * MIB), old.clone()).unwrap();
+        let v = cache.open_vdi("a", true).await.unwrap().expect("cached");
+        // Object 2 clean (pushed), object 0 dirty.
+        v.write(8 * MIB, Bytes::from(pattern(20, 4096)))
+            .await
+            .unwrap();
+        cache.flush(None, |_, _| {}).await.unwrap();
+        v.write(4096, Bytes::from(dirty.clone())).await.unwrap();
+        assert_eq!(cache.stats().dirty, 8192);
+        // Dropped without shutdown: as after a kill -9.
+    }
+    let new = MemCluster::default();
+    *new.0.cluster_id.lock().unwrap() = "two/2000".into();
+    let vol = new.add("a", 1, 16 * MIB, 4 << 20);
+    let cache = Cache::open(config(dir.path(), 64 * MIB), new.clone()).unwrap();
+    cache.start(&tokio::runtime::Handle::current()).unwrap();
+    wait_for("no dirty data left", || cache.stats().dirty == 0);
+    // Time for a push that should not happen.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        vol.stats().writes,
+        0,
+        "old data was pushed into the new VDI"
+    );
+    assert_eq!(cache.stats().used, 0, "the old VDI's clean data is dropped");
+    assert!(vol.contents().iter().all(|&b| b == 0));
+    // Set aside, with the old record, and recoverable.
+    let aside: Vec<_> = std::fs::read_dir(dir.path().join("orphaned"))
+        .expect("an orphaned directory")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(aside[0].join("record.json")).unwrap()).unwrap();
+    assert_eq!(
+        (rec["name"].as_str(), rec["cluster"].as_str()),
+        (Some("a"), Some("one/1000"))
+    );
+    let data = std::fs::read(aside[0].join("00000000.data")).unwrap();
+    assert!(
+        data[4096..4096 + 8192] == dirty[..],
+        "the unpushed bytes are kept"
+    );
+    assert!(aside[0].join("00000000.meta").exists());
+    assert!(
+        !aside[0].join("00000002.data").exists(),
+        "clean data is dropped"
+    );
+    // The new VDI through the cache: its own data only.
+    let v = cache.open_vdi("a", true).await.unwrap().expect("cached");
+    let got = v
+        .read_missed(0, 16384, objcache::Missed::default())
+        .await
+        .unwrap();
+    assert!(
+        got.iter().all(|&b| b == 0),
+        "the old data is not read either"
+    );
+    v.write(0, Bytes::from(pattern(22, 4096))).await.unwrap();
+    cache.flush(None, |_, _| {}).await.unwrap();
+    assert_eq!(&vol.contents()[..4096], &pattern(22, 4096)[..]);
+}

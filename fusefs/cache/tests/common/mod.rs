@@ -180,6 +180,8 @@ pub struct Mem {
     vols: Mutex<HashMap<String, Arc<MemVolume>>>,
     locks: Mutex<HashMap<String, (Option<String>, u64)>>,
     pub flushes: AtomicU64,
+    /// What [`Backend::cluster_id`] says (empty: nothing).
+    pub cluster_id: Mutex<String>,
     /// Each VDI's bytes as the last cluster flush made them durable.
     durable: Mutex<HashMap<String, Vec<u8>>>,
     pub hooks: Arc<Hooks>,
@@ -271,6 +273,10 @@ impl Backend for MemCluster {
 
     fn timeout(&self) -> Duration {
         Duration::from_secs(5)
+    }
+
+    fn cluster_id(&self) -> String {
+        self.0.cluster_id.lock().unwrap().clone()
     }
 
     async fn pause(&self, at: Pause) {
