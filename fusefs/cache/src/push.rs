@@ -25,18 +25,26 @@ pub(crate) struct Pushes {
     pub(crate) wake_flusher: Notify,
     pub(crate) push_errors: AtomicU64,
     pub(crate) last_push_error: Mutex<Option<String>>,
+    /// The last push failed (cleared by the next that succeeds); pushes started meanwhile
+    /// are retries, counted in `push_retries`.
+    pub(crate) failing: AtomicBool,
+    pub(crate) push_retries: AtomicU64,
 }
 
 impl<B: Backend> Inner<B> {
     pub(crate) fn push_failed(&self, why: String) {
         tracing::warn!("cache push failed: {why} (the data stays dirty and is retried)");
         self.pushes.push_errors.fetch_add(1, Ordering::Relaxed);
+        self.pushes.failing.store(true, Ordering::Relaxed);
         *self.pushes.last_push_error.lock().unwrap() = Some(why);
     }
 
     /// Pushes one object's dirty blocks to the cluster (not flushed there). Blocks written
     /// again while the push is in flight stay dirty.
     pub(crate) async fn push_object(&self, o: &CachedObject) -> Result<u64, PushError> {
+        if self.pushes.failing.load(Ordering::Relaxed) {
+            self.pushes.push_retries.fetch_add(1, Ordering::Relaxed);
+        }
         let vdi = self
             .attach
             .attached
@@ -124,6 +132,7 @@ impl<B: Backend> Inner<B> {
         self.client.pause(Pause::PushCleaned).await;
         self.space.undirty(o.bytes_of(cleaned));
         Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
+        self.pushes.failing.store(false, Ordering::Relaxed);
         self.space.room.tell();
         Ok(pushed)
     }

@@ -31,6 +31,8 @@ pub(crate) struct Counters {
     pub(crate) busy_skipped_fills: AtomicU64,
     pub(crate) stream_bypasses: AtomicU64,
     pub(crate) pushed_bytes: AtomicU64,
+    pub(crate) full_writethroughs: AtomicU64,
+    pub(crate) full_writethrough_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -95,8 +97,12 @@ impl<B: Backend> Inner<B> {
 
     pub(crate) fn stats(&self) -> CacheStats {
         let mut per: HashMap<u32, VdiStats> = HashMap::new();
+        let mut oldest_dirty = std::time::Duration::ZERO;
         for (k, o) in self.space.objects.lock().unwrap().iter() {
             let st = o.state.lock().unwrap();
+            if let Some(t) = st.dirty_since {
+                oldest_dirty = oldest_dirty.max(t.elapsed());
+            }
             let e = per.entry(k.0).or_default();
             e.used += o.bytes_of(st.valid.count());
             e.dirty += o.bytes_of(st.dirty.count());
@@ -116,6 +122,8 @@ impl<B: Backend> Inner<B> {
             e.busy_skipped_fills = g(&c.busy_skipped_fills);
             e.stream_bypasses = g(&c.stream_bypasses);
             e.pushed_bytes = g(&c.pushed_bytes);
+            e.full_writethroughs = g(&c.full_writethroughs);
+            e.full_writethrough_bytes = g(&c.full_writethrough_bytes);
         }
         let records = self.dir.records.read().unwrap();
         let mut vdis: Vec<VdiStats> = per
@@ -154,6 +162,8 @@ impl<B: Backend> Inner<B> {
             total.busy_skipped_fills += v.busy_skipped_fills;
             total.stream_bypasses += v.stream_bypasses;
             total.pushed_bytes += v.pushed_bytes;
+            total.full_writethroughs += v.full_writethroughs;
+            total.full_writethrough_bytes += v.full_writethrough_bytes;
         }
         let dirty = self.space.dirty.load(Ordering::SeqCst);
         CacheStats {
@@ -170,6 +180,8 @@ impl<B: Backend> Inner<B> {
             default_mode: Some(self.cfg.mode),
             push_errors: self.pushes.push_errors.load(Ordering::Relaxed),
             last_push_error: self.pushes.last_push_error.lock().unwrap().clone(),
+            push_retries: self.pushes.push_retries.load(Ordering::Relaxed),
+            oldest_dirty_ms: oldest_dirty.as_millis() as u64,
             total,
             vdis,
         }

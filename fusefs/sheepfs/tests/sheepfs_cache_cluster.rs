@@ -1,6 +1,7 @@
-//! The object cache across clusters: a real cluster, a real mount, sheepfs killed with dirty
-//! data, the cluster created anew with a VDI of the same name (so the same id and the same
-//! first lock generation), and a remount on the same cache.
+//! The object cache against its cluster, with a real cluster, a real mount and cachectl: the
+//! cluster created anew under a cache with dirty data (a VDI of the same name gets the same
+//! id and the same first lock generation); the cluster down under a flush with a time limit,
+//! and what stats say of it (push retries, the oldest dirty data's age).
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{cache_args, open_rw, stats, strs, Rig, SHEEPFS};
+use common::{cache_args, cachectl, cachectl_ok, open_rw, stats, stdout, strs, Rig, SHEEPFS};
 use testkit::cluster::{Bins, Cluster};
 use testkit::mount::Mount;
 use testkit::{pseudo_random, wait_until};
@@ -78,4 +79,87 @@ fn a_recreated_cluster_never_gets_the_old_clusters_unpushed_writes() {
     f.write_all_at(&mine, 4096).unwrap();
     f.sync_all().unwrap();
     assert_eq!(rig.cluster.read_vdi("r", 4096, 8192), mine);
+}
+
+#[test]
+fn flush_timeout_push_retries_and_dirty_age_with_the_cluster_down() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let mut args = cache_args(&cache, "64M");
+    args.extend(["--timeout".to_string(), "3".to_string()]);
+    let mut rig = Rig::start(1, 1, "1M", &strs(&args));
+    rig.cluster.dog_ok(&["vdi", "create", "p", "8M"]);
+    let f = open_rw(rig.path("p"));
+    let data = pseudo_random(1 << 20, 5);
+    f.write_all_at(&data, 0).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    // The age of the oldest dirty data, in JSON, text and Prometheus.
+    let s = stats(&cache);
+    let age = s["oldest_dirty_ms"].as_u64().unwrap();
+    assert!((1200..600_000).contains(&age), "{s}");
+    let text = stdout(&cachectl_ok(&cache, &["stats"]));
+    assert!(text.contains("\nOldest dirty:    "), "{text}");
+    assert!(!text.contains("\nOldest dirty:    -"), "{text}");
+    let prom = stdout(&cachectl_ok(&cache, &["stats", "--prometheus"]));
+    let secs: f64 = metric(&prom, "sheepfs_cache_oldest_dirty_seconds")
+        .parse()
+        .unwrap();
+    assert!(secs >= 1.2, "{prom}");
+    assert_eq!(metric(&prom, "sheepfs_cache_push_retries_total"), "0");
+    assert_eq!(metric(&prom, "sheepfs_cache_full_writethroughs_total"), "0");
+
+    // The cluster gone: a flush with a time limit gives up in time, says why, exits 1.
+    rig.cluster.kill9(0);
+    for json in [false, true] {
+        let mut a = vec!["flush", "p", "--timeout", "1s"];
+        if json {
+            a.insert(0, "--json");
+        }
+        let start = std::time::Instant::now();
+        let out = cachectl(&cache, &a);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            e.starts_with("cachectl: flush not done within 1s") && e.contains("stays dirty"),
+            "{e}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    assert_eq!(stats(&cache)["dirty"], 1 << 20);
+    // Those flushes fail in sheepfs (the client's timeout): the next push is a retry.
+    wait_until("a failed push", Duration::from_secs(30), || {
+        stats(&cache)["push_errors"].as_u64().unwrap() > 0
+    });
+    assert!(!cachectl(&cache, &["flush", "p"]).status.success());
+    let s = stats(&cache);
+    assert!(s["push_retries"].as_u64().unwrap() >= 1, "{s}");
+    let text = stdout(&cachectl_ok(&cache, &["stats"]));
+    assert!(!text.contains("\nPush retries:    0\n"), "{text}");
+
+    // Back: a flush within its limit succeeds, in JSON too; nothing is dirty any more.
+    rig.cluster.start_node(0);
+    let out = cachectl_ok(&cache, &["--json", "flush", "p", "--timeout", "60s"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["vdi"], "p");
+    let s = stats(&cache);
+    assert_eq!(
+        (s["dirty"].as_u64(), s["oldest_dirty_ms"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let prom = stdout(&cachectl_ok(&cache, &["stats", "--prometheus"]));
+    assert_eq!(metric(&prom, "sheepfs_cache_oldest_dirty_seconds"), "0.000");
+    assert_ne!(metric(&prom, "sheepfs_cache_push_retries_total"), "0");
+    assert_eq!(rig.cluster.read_vdi("p", 0, 1 << 20), data);
+}
+
+/// The value of an unlabelled series in Prometheus text.
+fn metric<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }

@@ -119,11 +119,11 @@ impl Hooks {
     }
 
     async fn before_write(&self, offset: u64, data: &[u8]) {
-        if self.check_blocks.load(Ordering::Relaxed) && offset % 4096 == 0 {
+        if self.check_blocks.load(Ordering::Relaxed) && offset.is_multiple_of(4096) {
             let every = self.edges_every.load(Ordering::Relaxed);
             for (i, b) in data.chunks(4096).enumerate() {
                 let n = offset / 4096 + i as u64;
-                let edge = every > 0 && (n % every == 0 || n % every == every - 1);
+                let edge = every > 0 && (n.is_multiple_of(every) || n % every == every - 1);
                 if !edge && b.iter().any(|&x| x != b[0]) {
                     self.torn.fetch_add(1, Ordering::SeqCst);
                 }
