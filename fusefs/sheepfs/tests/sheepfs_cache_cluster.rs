@@ -6,7 +6,7 @@
 mod common;
 
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{cache_args, cachectl, cachectl_ok, open_rw, stats, stdout, strs, Rig, SHEEPFS};
@@ -14,12 +14,19 @@ use testkit::cluster::{Bins, Cluster};
 use testkit::mount::Mount;
 use testkit::{pseudo_random, wait_until};
 
+/// One node, one copy, 1 MiB objects, mounted with a 64 MiB cache in `tmp/cache` and `extra`
+/// options; returns the rig, the cache directory and the mount's options.
+fn one_node_rig(tmp: &Path, extra: &[&str]) -> (Rig, PathBuf, Vec<String>) {
+    let cache = tmp.join("cache");
+    let mut args = cache_args(&cache, "64M");
+    args.extend(extra.iter().map(|a| a.to_string()));
+    (Rig::start(1, 1, "1M", &strs(&args)), cache, args)
+}
+
 #[test]
 fn a_recreated_cluster_never_gets_the_old_clusters_unpushed_writes() {
     let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
-    let args = cache_args(&cache, "64M");
-    let mut rig = Rig::start(1, 1, "1M", &strs(&args));
+    let (mut rig, cache, args) = one_node_rig(tmp.path(), &[]);
     rig.cluster.dog_ok(&["vdi", "create", "r", "16M"]);
     let old_id = rig.cluster.dog_json(&["cluster", "info"])["cluster_id"].clone();
     // Written, not fsynced: dirty in the cache (object 2 of 1 MiB objects).
@@ -84,10 +91,8 @@ fn a_recreated_cluster_never_gets_the_old_clusters_unpushed_writes() {
 #[test]
 fn flush_timeout_push_retries_and_dirty_age_with_the_cluster_down() {
     let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
-    let mut args = cache_args(&cache, "64M");
-    args.extend(["--timeout".to_string(), "3".to_string()]);
-    let mut rig = Rig::start(1, 1, "1M", &strs(&args));
+    // The client gives up on the cluster after 3 s.
+    let (mut rig, cache, _) = one_node_rig(tmp.path(), &["--timeout", "3"]);
     rig.cluster.dog_ok(&["vdi", "create", "p", "8M"]);
     let f = open_rw(rig.path("p"));
     let data = pseudo_random(1 << 20, 5);
