@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cache_control::CacheMode;
 use common::*;
 use objcache::{Cache, Pause};
 
@@ -312,4 +313,43 @@ async fn cached_data_of_a_recreated_cluster_is_set_aside_not_pushed() {
     v.write(0, Bytes::from(pattern(22, 4096))).await.unwrap();
     cache.flush(None, |_, _| {}).await.unwrap();
     assert_eq!(&vol.contents()[..4096], &pattern(22, 4096)[..]);
+}
+
+/// A block left dirty by writeback when the VDI turned writethrough (`cachectl mode` flushes
+/// first, but a write can come between), pushed while a writethrough write of new bytes to
+/// the same block goes to the cluster: the push's older bytes land after the new ones, so
+/// the block must stay dirty and go out again, or the cluster keeps the old bytes while the
+/// cache holds the new ones as clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writethrough_write_during_a_push_of_its_block_leaves_the_cluster_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = MemCluster::default();
+    let vol = cluster.add("w", 14, 8 * MIB, MIB as u32);
+    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
+    let v = Arc::new(cache.open_vdi("w", true).await.unwrap().expect("cached"));
+    let vid = cache.vid_of("w").unwrap();
+    let writes = &cluster.0.hooks.writes;
+    for i in 0..10u64 {
+        cache.set_mode(vid, CacheMode::Writeback);
+        let at = i * 8192;
+        v.write(at, Bytes::from(pattern(i, 4096))).await.unwrap();
+        cache.set_mode(vid, CacheMode::Writethrough);
+        // The push of the old bytes, held on its way to the cluster.
+        writes.hold_next(1);
+        let pushing = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.flush(None, |_, _| {}).await }
+        });
+        writes.wait_entered(i + 1).await;
+        let new = pattern(i + 1000, 4096);
+        v.write(at, Bytes::from(new.clone())).await.unwrap();
+        writes.hold(false);
+        pushing.await.unwrap().unwrap();
+        cache.flush(None, |_, _| {}).await.unwrap();
+        assert!(
+            vol.contents()[at as usize..at as usize + 4096] == new[..],
+            "iteration {i}: the cluster kept the bytes the push sent after the writethrough"
+        );
+        assert_eq!(cache.stats().dirty, 0);
+    }
 }

@@ -358,14 +358,15 @@ fn commit(
             st.valid.set_range(b, b + 1, true);
             added += 1;
         }
-        if dirty {
-            if !st.dirty.get(b) {
-                st.dirty.set_range(b, b + 1, true);
-                dirtied += 1;
-            }
-            if let Some(r) = st.rewritten.as_mut() {
-                r.set_range(b, b + 1, true);
-            }
+        if dirty && !st.dirty.get(b) {
+            st.dirty.set_range(b, b + 1, true);
+            dirtied += 1;
+        }
+        // A push in flight read the block before this write: it stays dirty and goes out
+        // again. Writethrough too: its bytes are in the cluster already, but a block still
+        // dirty from writeback may be on its way there with older ones.
+        if let Some(r) = st.rewritten.as_mut() {
+            r.set_range(b, b + 1, true);
         }
     }
     if dirty && st.dirty_since.is_none() {

@@ -22,6 +22,8 @@ use objstore_proto::Vid;
 pub struct Gate {
     on: tokio::sync::watch::Sender<bool>,
     entered: tokio::sync::watch::Sender<u64>,
+    /// While on, how many more tasks are held (the others pass); `u64::MAX`: all.
+    budget: AtomicU64,
 }
 
 impl Default for Gate {
@@ -29,6 +31,7 @@ impl Default for Gate {
         Gate {
             on: tokio::sync::watch::Sender::new(false),
             entered: tokio::sync::watch::Sender::new(0),
+            budget: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -36,7 +39,14 @@ impl Default for Gate {
 impl Gate {
     /// Makes tasks wait here (true) or lets them all go (false).
     pub fn hold(&self, on: bool) {
+        self.budget.store(u64::MAX, Ordering::SeqCst);
         self.on.send_replace(on);
+    }
+
+    /// Holds only the next `n` tasks that reach the gate (until [`Gate::hold`]`(false)`).
+    pub fn hold_next(&self, n: u64) {
+        self.budget.store(n, Ordering::SeqCst);
+        self.on.send_replace(true);
     }
 
     /// Tasks that reached the gate while it held, so far.
@@ -55,7 +65,16 @@ impl Gate {
     }
 
     async fn pass(&self) {
-        if *self.on.borrow() {
+        let on = *self.on.borrow();
+        let mine = on
+            && (self.budget)
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| match b {
+                    0 => None,
+                    u64::MAX => Some(b),
+                    b => Some(b - 1),
+                })
+                .is_ok();
+        if mine {
             self.entered.send_modify(|e| *e += 1);
             let mut rx = self.on.subscribe();
             let _ = rx.wait_for(|&on| !on).await;
