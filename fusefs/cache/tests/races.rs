@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,30 @@ use std::time::Duration;
 use bytes::Bytes;
 use cache_control::CacheMode;
 use common::*;
-use objcache::{Cache, Pause};
+use objcache::{Cache, CachedVdi, Pause};
+use objstore_client::MemVolume;
+
+/// A cache of `cache_size` in `dir` over an in-memory cluster holding one VDI (`name`, id
+/// `vid`, `size` bytes in objects of `os`), opened read-write through the cache.
+struct One {
+    cluster: MemCluster,
+    vol: Arc<MemVolume>,
+    cache: Cache<MemCluster>,
+    v: Arc<CachedVdi<MemCluster>>,
+}
+
+async fn one_vdi(dir: &Path, name: &str, vid: u32, size: u64, os: u64, cache_size: u64) -> One {
+    let cluster = MemCluster::default();
+    let vol = cluster.add(name, vid, size, os as u32);
+    let cache = Cache::open(config(dir, cache_size), cluster.clone()).unwrap();
+    let v = Arc::new(cache.open_vdi(name, true).await.unwrap().expect("cached"));
+    One {
+        cluster,
+        vol,
+        cache,
+        v,
+    }
+}
 
 /// A discard (what sheepfs does for a punch-hole or zero-range fallocate) of dirty cached
 /// blocks while a push of the same object is in flight: the push's old bytes must not land
@@ -19,11 +43,13 @@ use objcache::{Cache, Pause};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discard_waits_for_a_push_of_its_object_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = MemCluster::default();
     let os = 4 * MIB;
-    let vol = cluster.add("r", 10, 16 * MIB, os as u32);
-    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
-    let v = Arc::new(cache.open_vdi("r", true).await.unwrap().expect("cached"));
+    let One {
+        cluster,
+        vol,
+        cache,
+        v,
+    } = one_vdi(dir.path(), "r", 10, 16 * MIB, os, 64 * MIB).await;
     let hooks = &cluster.0.hooks;
     // (discard start, length) within the written range [w, w + 256 KiB): aligned blocks,
     // partial blocks at both ends, and (with a write over a whole object) a whole object.
@@ -87,11 +113,13 @@ async fn a_discard_waits_for_a_push_of_its_object_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_discards_under_pushes_end_with_the_writers_bytes_and_no_dirty_count() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = MemCluster::default();
     let size = 8 * MIB;
-    let vol = cluster.add("s", 11, size, MIB as u32);
-    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
-    let v = Arc::new(cache.open_vdi("s", true).await.unwrap().expect("cached"));
+    let One {
+        cluster,
+        vol,
+        cache,
+        v,
+    } = one_vdi(dir.path(), "s", 11, size, MIB, 64 * MIB).await;
     cluster.0.hooks.jitter_us.store(300, Ordering::Relaxed);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let pusher = tokio::spawn({
@@ -139,10 +167,12 @@ async fn writes_and_discards_under_pushes_end_with_the_writers_bytes_and_no_dirt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_never_sends_a_block_torn_by_a_write() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = MemCluster::default();
-    let vol = cluster.add("t", 12, 8 * MIB, MIB as u32);
-    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
-    let v = Arc::new(cache.open_vdi("t", true).await.unwrap().expect("cached"));
+    let One {
+        cluster,
+        vol,
+        cache,
+        v,
+    } = one_vdi(dir.path(), "t", 12, 8 * MIB, MIB, 64 * MIB).await;
     let span = 3 * MIB;
     // Every block cached first (the writes' partial edge blocks are then written in place).
     v.write(0, Bytes::from(vec![1u8; span as usize]))
@@ -205,12 +235,11 @@ async fn a_push_never_sends_a_block_torn_by_a_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_fsync_never_returns_before_the_cluster_flushed_a_push_that_made_room() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = MemCluster::default();
     let os = 256 * 1024u64;
-    cluster.add("f", 13, 4 * MIB, os as u32);
     // One object's worth: a write of a whole other object has to push the first.
-    let cache = Cache::open(config(dir.path(), os), cluster.clone()).unwrap();
-    let v = Arc::new(cache.open_vdi("f", true).await.unwrap().expect("cached"));
+    let One {
+        cluster, cache, v, ..
+    } = one_vdi(dir.path(), "f", 13, 4 * MIB, os, os).await;
     let cleaned = cluster.0.hooks.at(Pause::PushCleaned);
     for i in 0..20u64 {
         let at = (i % 64) * 4096;
@@ -323,10 +352,12 @@ async fn cached_data_of_a_recreated_cluster_is_set_aside_not_pushed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writethrough_write_during_a_push_of_its_block_leaves_the_cluster_right() {
     let dir = tempfile::tempdir().unwrap();
-    let cluster = MemCluster::default();
-    let vol = cluster.add("w", 14, 8 * MIB, MIB as u32);
-    let cache = Cache::open(config(dir.path(), 64 * MIB), cluster.clone()).unwrap();
-    let v = Arc::new(cache.open_vdi("w", true).await.unwrap().expect("cached"));
+    let One {
+        cluster,
+        vol,
+        cache,
+        v,
+    } = one_vdi(dir.path(), "w", 14, 8 * MIB, MIB, 64 * MIB).await;
     let vid = cache.vid_of("w").unwrap();
     let writes = &cluster.0.hooks.writes;
     for i in 0..10u64 {
