@@ -629,4 +629,47 @@ mod tests {
         o.read_data(&mut before, (1 << 20) - 4096).unwrap();
         assert!(before.iter().all(|&b| b == 0));
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// Fuzzing the meta file (issue 25): whatever bytes it holds (a valid file with bytes
+        /// changed or cut, or noise), loading returns an object or says why it is not trusted,
+        /// never panics, and a loaded object's dirty blocks are valid blocks.
+        #[test]
+        fn any_meta_file_loads_or_is_refused(
+            mode in 0u8..3,
+            flips in proptest::collection::vec((0usize..200, proptest::prelude::any::<u8>()), 0..6),
+            cut in 0usize..200,
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        ) {
+            let (d, _spares, o) = object_1_2(64 << 10);
+            {
+                let mut st = o.state.lock().unwrap();
+                st.valid.set_range(1, 9, true);
+                st.dirty.set_range(2, 5, true);
+                o.save(&st).unwrap();
+            }
+            drop(o);
+            let (_, mp) = paths(d.path(), (1, 2));
+            let mut raw = fs::read(&mp).unwrap();
+            match mode {
+                0 => {
+                    for (at, v) in flips {
+                        if !raw.is_empty() {
+                            let i = at % raw.len();
+                            raw[i] = v;
+                        }
+                    }
+                }
+                1 => raw.truncate(cut % (raw.len() + 1)),
+                _ => raw = noise,
+            }
+            fs::write(&mp, &raw).unwrap();
+            if let Ok(o) = CachedObject::load(d.path(), (1, 2)) {
+                let st = o.state.lock().unwrap();
+                proptest::prop_assert!(st.dirty.minus(&st.valid).is_empty());
+            }
+        }
+    }
 }
