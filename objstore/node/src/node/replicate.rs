@@ -34,6 +34,9 @@ pub(super) const LOCK_SHARDS: usize = 1024;
 /// How long the primary waits for a replica. Shorter than a client's per-request timeout, so a
 /// replica that hangs costs the client a retry (on the next epoch, once membership has dropped
 /// the silent node), not an error.
+/// Writes up to this size go into the store on the request's task when it can take them at
+/// once (an in-place write into the page cache costs less than a hop to the blocking pool).
+const INLINE_WRITE: usize = 64 << 10;
 pub(super) const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a listing waits for changes of older epochs to finish.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
@@ -227,9 +230,7 @@ impl Node {
         let local = async {
             match &change {
                 Change::Write { offset, data } => {
-                    let (offset, data) = (*offset, data.clone());
-                    super::server::blocking(self, move || store.write(oid, offset, &data, new))
-                        .await
+                    self.write_store(oid, *offset, data.clone(), new).await
                 }
                 Change::Remove => {
                     super::server::blocking(self, move || {
@@ -385,6 +386,23 @@ impl Node {
                     if local.suspect { " (suspect)" } else { "" }
                 ),
             ));
+        }
+        self.write_store(oid, offset, data, new).await
+    }
+
+    /// A write into the local store: a small one at once on this task when the store can do
+    /// it without waiting ([`crate::store::ObjectBackend::write_now`]), else on the blocking pool.
+    async fn write_store(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: Bytes,
+        new: Version,
+    ) -> Result<(), Failure> {
+        if data.len() <= INLINE_WRITE {
+            if let Some(r) = self.store.write_now(oid, offset, &data, new) {
+                return r.map_err(Failure::from);
+            }
         }
         let store = self.store.clone();
         super::server::blocking(self, move || store.write(oid, offset, &data, new)).await

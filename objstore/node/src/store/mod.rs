@@ -106,6 +106,19 @@ pub trait ObjectBackend: Send + Sync + 'static {
         data: &[u8],
         version: Version,
     ) -> Result<(), StoreError>;
+    /// [`ObjectBackend::write`] if it can be done at once, without waiting for another thread
+    /// (an object lock held by a flush, say): None when it cannot, and nothing was done. The
+    /// node calls it for small writes on its async tasks, sparing them a hop to the blocking
+    /// pool; the default never can.
+    fn write_now(
+        &self,
+        _oid: ObjectId,
+        _offset: u64,
+        _data: &[u8],
+        _version: Version,
+    ) -> Option<Result<(), StoreError>> {
+        None
+    }
     /// Replaces the whole object with `data` at `state` (a tombstone if `state.deleted`; then
     /// `data` is ignored) unless the copy here is at least that new and not suspect
     /// ([`ObjState::replaced_by`]). The copy installed is not suspect. Returns whether it
