@@ -33,6 +33,7 @@
 //!   cluster's client).
 //! - [`fill`]: fetched ranges written into the cache, admission ([`fill::Fills`]).
 //! - [`push`]: pushes to the cluster and the background flusher ([`push::Pushes`]).
+//! - [`full`]: what a write does when the cache cannot take it (its disk or size full).
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
 //! - [`control`]: what `cachectl` asks of the cache, through sheepfs's control socket.
 //! - [`vdi`]: a VDI seen through the cache ([`CachedVdi`]), the filesystem's handle.
@@ -62,6 +63,7 @@ mod control;
 mod dir;
 mod error;
 mod fill;
+mod full;
 mod lifecycle;
 mod object;
 mod pressure;

@@ -531,7 +531,12 @@ impl<B: Backend> Inner<B> {
         let o = match created {
             Ok(o) => Arc::new(o),
             Err(e) => {
-                tracing::warn!("creating cache object {key:?}: {e}");
+                // A full disk is logged once per episode by the write it sends to the cluster.
+                if crate::full::disk_full(&e) {
+                    tracing::debug!("creating cache object {key:?}: {e}");
+                } else {
+                    tracing::warn!("creating cache object {key:?}: {e}");
+                }
                 return None;
             }
         };

@@ -15,6 +15,9 @@ pub(crate) struct Stats {
     pub(crate) counters: Mutex<HashMap<u32, Arc<Counters>>>,
     /// The modes of VDIs with handles, as their requests read them ([`Inner::mode_cell`]).
     pub(crate) mode_cells: Mutex<HashMap<u32, Arc<ModeCell>>>,
+    /// Writeback writes go straight to the cluster because the cache is full: set by the
+    /// first such write (which logs it), cleared by the next write the cache takes again.
+    pub(crate) full: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -31,6 +34,8 @@ pub(crate) struct Counters {
     pub(crate) busy_skipped_fills: AtomicU64,
     pub(crate) stream_bypasses: AtomicU64,
     pub(crate) pushed_bytes: AtomicU64,
+    pub(crate) full_writethroughs: AtomicU64,
+    pub(crate) full_writethrough_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -116,6 +121,8 @@ impl<B: Backend> Inner<B> {
             e.busy_skipped_fills = g(&c.busy_skipped_fills);
             e.stream_bypasses = g(&c.stream_bypasses);
             e.pushed_bytes = g(&c.pushed_bytes);
+            e.full_writethroughs = g(&c.full_writethroughs);
+            e.full_writethrough_bytes = g(&c.full_writethrough_bytes);
         }
         let records = self.dir.records.read().unwrap();
         let mut vdis: Vec<VdiStats> = per
@@ -154,6 +161,8 @@ impl<B: Backend> Inner<B> {
             total.busy_skipped_fills += v.busy_skipped_fills;
             total.stream_bypasses += v.stream_bypasses;
             total.pushed_bytes += v.pushed_bytes;
+            total.full_writethroughs += v.full_writethroughs;
+            total.full_writethrough_bytes += v.full_writethrough_bytes;
         }
         let dirty = self.space.dirty.load(Ordering::SeqCst);
         CacheStats {

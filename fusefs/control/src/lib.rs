@@ -104,6 +104,13 @@ pub struct VdiStats {
     pub stream_bypasses: u64,
     /// Bytes pushed to the cluster by flushes.
     pub pushed_bytes: u64,
+    /// Writeback writes (per object they touch) sent straight to the cluster because the
+    /// cache could not take them (its size reached with nothing to evict, or its disk full),
+    /// and their bytes.
+    #[serde(default)]
+    pub full_writethroughs: u64,
+    #[serde(default)]
+    pub full_writethrough_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -219,7 +226,7 @@ mod golden {
     fn stats_line() {
         const GOLD: &str = concat!(
             r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"fill_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"#,
-            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0},"vdis":[]}}}"#
+            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0,"full_writethroughs":0,"full_writethrough_bytes":0},"vdis":[]}}}"#
         );
         let st = CacheStats {
             dir: "/c".into(),

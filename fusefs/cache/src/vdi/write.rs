@@ -8,9 +8,10 @@ use cache_control::CacheMode;
 use objstore_client::{VdiError, Volume};
 
 use super::{io_err, CachedVdi};
+use crate::full::disk_full;
 use crate::object::{CachedObject, State, BLOCK};
 use crate::stats::Counters;
-use crate::{Backend, CacheError};
+use crate::{Backend, CacheError, Inner};
 
 impl<B: Backend> CachedVdi<B> {
     /// A writeback write that needs no waiting (one object, no partial block to fetch, room
@@ -125,14 +126,38 @@ impl<B: Backend> CachedVdi<B> {
     }
 
     /// Puts written data into the cache; `dirty` for writeback. Partial blocks not yet cached
-    /// are read from the cluster first (writeback) or left uncached (writethrough).
+    /// are read from the cluster first (writeback) or left uncached (writethrough). A piece
+    /// the cache cannot take goes to the cluster (writeback) or only updates what is cached
+    /// (writethrough: the cluster has it already); see [`crate::full`].
     async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), CacheError> {
-        let os = self.object_size;
         for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
-            let key = (self.vid(), idx);
-            let base = idx as u64 * os;
-            let piece = &data[at..at + n as usize];
-            let (b0, b1) = CachedObject::block_range(off, n);
+            let piece = data.slice(at..at + n as usize);
+            match self.store_piece(idx, off, &piece, dirty).await? {
+                None => self.inner.cache_took_write(),
+                Some(why) if dirty => self.write_through_full(idx, off, piece, &why).await?,
+                Some(_) => self.update_cached(idx, off, &piece, false)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// [`CachedVdi::store`] of the piece of a write in object `idx`; `Some(why)` if the
+    /// cache could not take it (nothing stored then, and no room kept).
+    async fn store_piece(
+        &self,
+        idx: u32,
+        off: u64,
+        piece: &[u8],
+        dirty: bool,
+    ) -> Result<Option<String>, CacheError> {
+        let os = self.object_size;
+        let key = (self.vid(), idx);
+        let base = idx as u64 * os;
+        let n = piece.len() as u64;
+        let (b0, b1) = CachedObject::block_range(off, n);
+        // One more try after freeing disk space, if the cache's disk is full.
+        let mut freed_disk = false;
+        loop {
             let new_blocks = {
                 let o = self.inner.object(key, os, false).await;
                 o.map(|o| {
@@ -141,26 +166,24 @@ impl<B: Backend> CachedVdi<B> {
                 })
                 .unwrap_or(b1 - b0)
             };
-            let reserved = new_blocks as u64 * BLOCK;
-            let room = self.inner.reserve(reserved).await;
-            let o = if room {
-                self.inner.object(key, os, true).await
-            } else {
-                None
+            let bytes = new_blocks as u64 * BLOCK;
+            if !self.inner.reserve(bytes).await {
+                return Ok(Some("no room could be made within the timeout".into()));
+            }
+            let reserved = Reserved {
+                inner: &self.inner,
+                bytes,
             };
-            let Some(o) = o else {
-                if room {
-                    self.inner.settle(reserved, 0);
+            let Some(o) = self.inner.object(key, os, true).await else {
+                // Most likely its disk is full (the reason is logged).
+                drop(reserved);
+                if !freed_disk {
+                    freed_disk = true;
+                    if self.inner.free_disk().await {
+                        continue;
+                    }
                 }
-                if dirty {
-                    // No room (the cluster is not taking dirty data, or the cache disk failed):
-                    // write through instead, which fails with the cluster's error if it is
-                    // down, and bring blocks cached earlier up to date.
-                    self.bypassing(self.vdi.write_at(base + off, Bytes::copy_from_slice(piece)))
-                        .await?;
-                    self.update_cached(idx, off, piece);
-                }
-                continue;
+                return Ok(Some("its files could not be created".into()));
             };
             // Edge blocks only partly written need their other bytes (fetched before taking
             // the object's lock, written under it).
@@ -185,22 +208,43 @@ impl<B: Backend> CachedVdi<B> {
             let _writing = o.writing.lock().unwrap();
             let mut st = o.state.lock().unwrap();
             let mut skip = Vec::new();
+            let mut written = Ok(());
             for &b in &edges {
                 if st.valid.get(b) {
                     continue;
                 }
                 match old_blocks.iter().find(|(ob, _)| *ob == b) {
-                    Some((_, old)) => o
-                        .write_data(old, b as u64 * BLOCK)
-                        .map_err(io_err("writing the cache", key))?,
+                    Some((_, old)) => {
+                        written = o.write_data(old, b as u64 * BLOCK);
+                        if written.is_err() {
+                            break;
+                        }
+                    }
                     None => skip.push(b), // writethrough: leave partial blocks uncached
                 }
             }
-            let (added, dirtied) = commit(&o, &mut st, off, piece, &skip, dirty)
-                .map_err(io_err("writing the cache", key))?;
+            // Nothing is marked before the data is written: a failure leaves the bits as
+            // they were.
+            let committed = written.and_then(|_| commit(&o, &mut st, off, piece, &skip, dirty));
+            let (added, dirtied) = match committed {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(st);
+                    drop(_writing);
+                    drop(o);
+                    drop(reserved);
+                    if disk_full(&e) && !freed_disk {
+                        freed_disk = true;
+                        if self.inner.free_disk().await {
+                            continue;
+                        }
+                    }
+                    return Ok(Some(format!("writing the cache: {e}")));
+                }
+            };
             let saved = o.save(&st);
             drop(st);
-            self.inner.settle(reserved, added as u64 * BLOCK);
+            reserved.settle(added as u64 * BLOCK);
             saved.map_err(io_err("writing cache metadata", key))?;
             self.inner
                 .space
@@ -208,8 +252,27 @@ impl<B: Backend> CachedVdi<B> {
                 .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
             Counters::add(&self.counters.fills, 1);
             Counters::add(&self.counters.fill_bytes, n);
+            return Ok(None);
         }
-        Ok(())
+    }
+
+    /// A writeback piece the cache could not take (`why`), written to the cluster instead:
+    /// the blocks of its range that are cached get its bytes and become dirty, as for a
+    /// cached write. A push in flight of the object then keeps them dirty, and the next push
+    /// writes these bytes again, so the cluster ends with them whatever order the two
+    /// writes reach it in.
+    async fn write_through_full(
+        &self,
+        idx: u32,
+        off: u64,
+        piece: Bytes,
+        why: &str,
+    ) -> Result<(), CacheError> {
+        let n = piece.len() as u64;
+        let at = idx as u64 * self.object_size + off;
+        self.inner.wrote_through_full(&self.counters, n, why);
+        self.bypassing(self.vdi.write_at(at, piece.clone())).await?;
+        self.update_cached(idx, off, &piece, true)
     }
 
     /// Forgets cached blocks of a range (they are no longer what the cluster holds).
@@ -272,12 +335,24 @@ impl<B: Backend> CachedVdi<B> {
     }
 
     /// Puts `data` (just written to the cluster at `off` of object `idx`) into the blocks of
-    /// it that are cached; blocks not cached stay so.
-    fn update_cached(&self, idx: u32, off: u64, data: &[u8]) {
-        let Some(o) = self.peek(idx) else { return };
+    /// it that are cached; blocks not cached stay so. With `mark_dirty` they become dirty
+    /// (see [`CachedVdi::write_through_full`]); otherwise dirty ones are marked rewritten
+    /// for a push in flight. A clean block whose bytes cannot be written is forgotten; a
+    /// dirty one fails the write.
+    fn update_cached(
+        &self,
+        idx: u32,
+        off: u64,
+        data: &[u8],
+        mark_dirty: bool,
+    ) -> Result<(), CacheError> {
+        let Some(o) = self.peek(idx) else {
+            return Ok(());
+        };
         let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
         let _writing = o.writing.lock().unwrap();
-        let st = o.state.lock().unwrap();
+        let mut st = o.state.lock().unwrap();
+        let (mut dirtied, mut forgotten, mut failed) = (0u64, 0u64, None);
         for b in b0..b1 {
             if !st.valid.get(b) {
                 continue;
@@ -286,8 +361,68 @@ impl<B: Backend> CachedVdi<B> {
             let e = ((b as u64 + 1) * BLOCK).min(off + data.len() as u64);
             let slice = &data[(s - off) as usize..(e - off) as usize];
             if let Err(err) = o.write_data(slice, s) {
-                tracing::warn!("updating the cache after a write-through: {err}");
+                if st.dirty.get(b) {
+                    failed.get_or_insert(err);
+                } else {
+                    st.valid.set_range(b, b + 1, false);
+                    forgotten += 1;
+                }
+                continue;
             }
+            if mark_dirty && !st.dirty.get(b) {
+                st.dirty.set_range(b, b + 1, true);
+                dirtied += 1;
+            }
+            if st.dirty.get(b) {
+                if let Some(r) = st.rewritten.as_mut() {
+                    r.set_range(b, b + 1, true);
+                }
+            }
+        }
+        if dirtied > 0 && st.dirty_since.is_none() {
+            st.dirty_since = Some(std::time::Instant::now());
+        }
+        let saved = if dirtied + forgotten > 0 {
+            o.save(&st)
+        } else {
+            Ok(())
+        };
+        drop(st);
+        let space = &self.inner.space;
+        space.dirty.fetch_add(dirtied * BLOCK, Ordering::SeqCst);
+        if forgotten > 0 {
+            space.used.fetch_sub(forgotten * BLOCK, Ordering::SeqCst);
+            space.room.tell();
+        }
+        if let Some(source) = failed {
+            return Err(CacheError::Io {
+                what: "writing the cache after a write-through",
+                key: o.key,
+                source,
+            });
+        }
+        saved.map_err(io_err("writing cache metadata", o.key))
+    }
+}
+
+/// Bytes [`Inner::reserve`]d for a write, given back unless [`Reserved::settle`]d with what
+/// the write really added (so no early return leaks them).
+struct Reserved<'a, B: Backend> {
+    inner: &'a Inner<B>,
+    bytes: u64,
+}
+
+impl<B: Backend> Reserved<'_, B> {
+    fn settle(mut self, added: u64) {
+        self.inner.settle(self.bytes, added);
+        self.bytes = 0;
+    }
+}
+
+impl<B: Backend> Drop for Reserved<'_, B> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.inner.settle(self.bytes, 0);
         }
     }
 }
