@@ -201,8 +201,9 @@ impl<B: Backend> Cache<B> {
     /// Deletes a VDI through `delete` (given this cache's lock owner: the VDI may be attached
     /// here), and only once that succeeded drops what is cached of it (dirty data too),
     /// detaches it and forgets its record. While `delete` runs no push of the VDI runs or
-    /// starts (one landing after it would make its objects again), and no lease renewal;
-    /// if it fails, the VDI stays attached with its cached data, dirty data included.
+    /// starts (one landing after it would make its objects again), and its lease is not
+    /// renewed; if it fails, the VDI stays attached with its cached data, dirty data
+    /// included, and its lease is renewed again.
     pub async fn delete_vdi<E, F>(
         &self,
         name: &str,
@@ -217,7 +218,12 @@ impl<B: Backend> Cache<B> {
             return delete(owner).await;
         };
         let _pushes = inner.pushes.push_lock.lock().await;
-        let _round = inner.attach.renewing.lock().await;
+        // Its lease is not renewed meanwhile (a renewal after the delete would find the lock
+        // gone and take the VDI for lost); the other VDIs' renewals go on.
+        let held = {
+            let _round = inner.attach.renewing.lock().await;
+            inner.attach.held.lock().unwrap().remove(&vid)
+        };
         // Detached: a push that wants to make room fails (and leaves the data dirty) instead
         // of starting; one under way is waited for.
         let detached = inner.attach.attached.lock().unwrap().remove(&vid);
@@ -234,10 +240,13 @@ impl<B: Backend> Cache<B> {
             if let Some(v) = detached {
                 inner.attach.attached.lock().unwrap().insert(vid, v);
             }
+            if let Some(h) = held {
+                // Renewed again (taken back at its generation if its lease ended meanwhile).
+                inner.attach.held.lock().unwrap().insert(vid, h);
+            }
             return Err(e);
         }
         let dropped = inner.drop_vdi(vid, true);
-        inner.attach.unheld(vid);
         inner.forget_record(vid);
         tracing::info!(
             "dropped {} cached of deleted VDI '{name}'",

@@ -12,13 +12,19 @@
 //!   of this cache ever puts older bytes over it.
 //!
 //! Each such write counts in the VDI's `full_writethroughs` and `full_writethrough_bytes`;
-//! the first of an episode is logged, and so is the end of the episode (the next write the
-//! cache takes).
+//! the first of an episode is logged, and so is its end: the first write the cache takes
+//! once none went to the cluster for [`EPISODE_END`].
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use crate::object::clock_ms;
 use crate::stats::Counters;
 use crate::{chain, Backend, Inner};
+
+/// How long after the last write sent to the cluster a write the cache takes ends the
+/// episode (and the next write sent to the cluster is logged again).
+const EPISODE_END: Duration = Duration::from_secs(10);
 
 /// Whether a failed write into the cache's files means its disk is full.
 pub(crate) fn disk_full(e: &std::io::Error) -> bool {
@@ -59,17 +65,25 @@ impl<B: Backend> Inner<B> {
     pub(crate) fn wrote_through_full(&self, counters: &Counters, bytes: u64, why: &str) {
         Counters::add(&counters.full_writethroughs, 1);
         Counters::add(&counters.full_writethrough_bytes, bytes);
-        if !self.stats.full.swap(true, Ordering::SeqCst) {
+        if self.stats.full_at.swap(clock_ms(), Ordering::SeqCst) == 0 {
             tracing::warn!(
-                "cache {} is full ({why}): writes go straight to the cluster until it has room",
+                "cache {} is full ({why}): writes it cannot take go straight to the cluster until it has room",
                 self.cfg.dir.display()
             );
         }
     }
 
-    /// A write was taken by the cache: ends an episode of [`Inner::wrote_through_full`].
+    /// A write was taken by the cache: ends an episode of [`Inner::wrote_through_full`] once
+    /// no write went to the cluster for [`EPISODE_END`] (a cache that is just full takes
+    /// some writes and not others: each pushed and evicted object makes room for a few).
     pub(crate) fn cache_took_write(&self) {
-        if self.stats.full.load(Ordering::Relaxed) && self.stats.full.swap(false, Ordering::SeqCst)
+        let last = self.stats.full_at.load(Ordering::Relaxed);
+        if last == 0 || clock_ms().saturating_sub(last) < EPISODE_END.as_millis() as u64 {
+            return;
+        }
+        if (self.stats.full_at)
+            .compare_exchange(last, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
         {
             tracing::info!(
                 "cache {} has room again: writes are cached again",

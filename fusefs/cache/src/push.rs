@@ -37,14 +37,16 @@ impl<B: Backend> Inner<B> {
     /// Pushes one object's dirty blocks to the cluster (not flushed there). Blocks written
     /// again while the push is in flight stay dirty.
     pub(crate) async fn push_object(&self, o: &CachedObject) -> Result<u64, PushError> {
-        let vdi = self
-            .attach
-            .attached
-            .lock()
-            .unwrap()
-            .get(&o.key.0)
-            .cloned()
-            .ok_or(PushError::NotAttached { vid: o.key.0 })?;
+        let attached = || self.attach.attached.lock().unwrap().get(&o.key.0).cloned();
+        let vdi = match attached() {
+            Some(v) => v,
+            None => {
+                // Right after mount, the VDIs the last mount left are being attached again.
+                let mut rx = self.reattaching.subscribe();
+                let _ = rx.wait_for(|n| *n == 0).await;
+                attached().ok_or(PushError::NotAttached { vid: o.key.0 })?
+            }
+        };
         let _one = o.pushing.lock().await;
         let snapshot = {
             let mut st = o.state.lock().unwrap();

@@ -505,7 +505,13 @@ async fn a_full_cache_disk_sends_writes_to_the_cluster_and_stays_coherent() {
     cache.flush(None, |_, _| {}).await.unwrap();
     cache.evict(None, false);
     let ballast2 = disk.fill("ballast2");
-    pass(13, 3 * MIB as usize + 512, 7 * MIB as usize + 1000, &mut want).await;
+    pass(
+        13,
+        3 * MIB as usize + 512,
+        7 * MIB as usize + 1000,
+        &mut want,
+    )
+    .await;
     let st = cache.stats();
     assert!(
         st.total.full_writethroughs > 0 && st.total.full_writethrough_bytes > 0,

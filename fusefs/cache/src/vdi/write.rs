@@ -8,6 +8,7 @@ use cache_control::CacheMode;
 use objstore_client::{VdiError, Volume};
 
 use super::{io_err, CachedVdi};
+use crate::closing::Admit;
 use crate::full::disk_full;
 use crate::object::{CachedObject, State, BLOCK};
 use crate::stats::Counters;
@@ -26,6 +27,10 @@ impl<B: Backend> CachedVdi<B> {
         }
         let os = self.object_size;
         let Some((idx, off, n)) = self.one_piece(offset, data.len() as u64) else {
+            return false;
+        };
+        // Counted as under way until it returns (the unmount waits for it).
+        let Admit::Cache(_under_way) = self.inner.writeback_write() else {
             return false;
         };
         let key = (self.vid(), idx);
@@ -82,8 +87,13 @@ impl<B: Backend> CachedVdi<B> {
                 true
             }
             Err(e) => {
-                // Nothing acknowledged: the slow path retries and reports.
-                tracing::warn!("writing the cache: {e}");
+                // Nothing acknowledged: the slow path retries and reports (a full disk is
+                // logged there once per episode).
+                if disk_full(&e) {
+                    tracing::debug!("writing the cache: {e}");
+                } else {
+                    tracing::warn!("writing the cache: {e}");
+                }
                 self.inner.settle(reserved, 0);
                 false
             }
@@ -94,6 +104,9 @@ impl<B: Backend> CachedVdi<B> {
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
         self.pass_gate().await;
         self.check_lock()?;
+        if self.inner.closing.closed() {
+            return Err(CacheError::Closed);
+        }
         match self.mode() {
             CacheMode::Off => {
                 self.bypassing(self.vdi.write_at(offset, data.clone()))
@@ -116,7 +129,17 @@ impl<B: Backend> CachedVdi<B> {
                     }
                     .into());
                 }
-                self.store(offset, data, true).await?;
+                match self.inner.writeback_write() {
+                    Admit::Cache(_under_way) => self.store(offset, data, true).await?,
+                    // The unmount is pushing the last dirty data: nothing new stays here.
+                    Admit::Cluster => {
+                        for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
+                            let piece = data.slice(at..at + n as usize);
+                            self.to_cluster(idx, off, piece, false).await?;
+                        }
+                    }
+                    Admit::Refuse => return Err(CacheError::Closed),
+                }
                 if self.inner.space.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
                     self.inner.pushes.wake_flusher.notify_one();
                 }
@@ -134,7 +157,11 @@ impl<B: Backend> CachedVdi<B> {
             let piece = data.slice(at..at + n as usize);
             match self.store_piece(idx, off, &piece, dirty).await? {
                 None => self.inner.cache_took_write(),
-                Some(why) if dirty => self.write_through_full(idx, off, piece, &why).await?,
+                Some(why) if dirty => {
+                    let n = piece.len() as u64;
+                    self.inner.wrote_through_full(&self.counters, n, &why);
+                    self.to_cluster(idx, off, piece, true).await?
+                }
                 Some(_) => self.update_cached(idx, off, &piece, false)?,
             }
         }
@@ -204,33 +231,34 @@ impl<B: Backend> CachedVdi<B> {
                 }
             }
             // Data and bits change together under the object's locks, so a concurrent fill
-            // can never put older bytes over this write.
-            let _writing = o.writing.lock().unwrap();
-            let mut st = o.state.lock().unwrap();
-            let mut skip = Vec::new();
-            let mut written = Ok(());
-            for &b in &edges {
-                if st.valid.get(b) {
-                    continue;
-                }
-                match old_blocks.iter().find(|(ob, _)| *ob == b) {
-                    Some((_, old)) => {
-                        written = o.write_data(old, b as u64 * BLOCK);
-                        if written.is_err() {
-                            break;
-                        }
+            // can never put older bytes over this write. Nothing is marked before the data
+            // is written: a failure leaves the bits as they were.
+            let committed = {
+                let _writing = o.writing.lock().unwrap();
+                let mut st = o.state.lock().unwrap();
+                let mut skip = Vec::new();
+                let mut written = Ok(());
+                for &b in &edges {
+                    if st.valid.get(b) {
+                        continue;
                     }
-                    None => skip.push(b), // writethrough: leave partial blocks uncached
+                    match old_blocks.iter().find(|(ob, _)| *ob == b) {
+                        Some((_, old)) => {
+                            written = o.write_data(old, b as u64 * BLOCK);
+                            if written.is_err() {
+                                break;
+                            }
+                        }
+                        None => skip.push(b), // writethrough: leave partial blocks uncached
+                    }
                 }
-            }
-            // Nothing is marked before the data is written: a failure leaves the bits as
-            // they were.
-            let committed = written.and_then(|_| commit(&o, &mut st, off, piece, &skip, dirty));
-            let (added, dirtied) = match committed {
+                written
+                    .and_then(|_| commit(&o, &mut st, off, piece, &skip, dirty))
+                    .map(|r| (r, o.save(&st)))
+            };
+            let ((added, dirtied), saved) = match committed {
                 Ok(r) => r,
                 Err(e) => {
-                    drop(st);
-                    drop(_writing);
                     drop(o);
                     drop(reserved);
                     if disk_full(&e) && !freed_disk {
@@ -242,8 +270,6 @@ impl<B: Backend> CachedVdi<B> {
                     return Ok(Some(format!("writing the cache: {e}")));
                 }
             };
-            let saved = o.save(&st);
-            drop(st);
             reserved.settle(added as u64 * BLOCK);
             saved.map_err(io_err("writing cache metadata", key))?;
             self.inner
@@ -254,25 +280,6 @@ impl<B: Backend> CachedVdi<B> {
             Counters::add(&self.counters.fill_bytes, n);
             return Ok(None);
         }
-    }
-
-    /// A writeback piece the cache could not take (`why`), written to the cluster instead:
-    /// the blocks of its range that are cached get its bytes and become dirty, as for a
-    /// cached write. A push in flight of the object then keeps them dirty, and the next push
-    /// writes these bytes again, so the cluster ends with them whatever order the two
-    /// writes reach it in.
-    async fn write_through_full(
-        &self,
-        idx: u32,
-        off: u64,
-        piece: Bytes,
-        why: &str,
-    ) -> Result<(), CacheError> {
-        let n = piece.len() as u64;
-        let at = idx as u64 * self.object_size + off;
-        self.inner.wrote_through_full(&self.counters, n, why);
-        self.bypassing(self.vdi.write_at(at, piece.clone())).await?;
-        self.update_cached(idx, off, &piece, true)
     }
 
     /// Forgets cached blocks of a range (they are no longer what the cluster holds).
@@ -306,6 +313,9 @@ impl<B: Backend> CachedVdi<B> {
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         self.pass_gate().await;
         self.check_lock()?;
+        if self.inner.closing.closed() {
+            return Err(CacheError::Closed);
+        }
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
         let last_whole = end / BLOCK * BLOCK;
@@ -332,76 +342,6 @@ impl<B: Backend> CachedVdi<B> {
             }
         }
         Ok(self.bypassing(self.vdi.discard(offset, len)).await?)
-    }
-
-    /// Puts `data` (just written to the cluster at `off` of object `idx`) into the blocks of
-    /// it that are cached; blocks not cached stay so. With `mark_dirty` they become dirty
-    /// (see [`CachedVdi::write_through_full`]); otherwise dirty ones are marked rewritten
-    /// for a push in flight. A clean block whose bytes cannot be written is forgotten; a
-    /// dirty one fails the write.
-    fn update_cached(
-        &self,
-        idx: u32,
-        off: u64,
-        data: &[u8],
-        mark_dirty: bool,
-    ) -> Result<(), CacheError> {
-        let Some(o) = self.peek(idx) else {
-            return Ok(());
-        };
-        let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
-        let _writing = o.writing.lock().unwrap();
-        let mut st = o.state.lock().unwrap();
-        let (mut dirtied, mut forgotten, mut failed) = (0u64, 0u64, None);
-        for b in b0..b1 {
-            if !st.valid.get(b) {
-                continue;
-            }
-            let s = (b as u64 * BLOCK).max(off);
-            let e = ((b as u64 + 1) * BLOCK).min(off + data.len() as u64);
-            let slice = &data[(s - off) as usize..(e - off) as usize];
-            if let Err(err) = o.write_data(slice, s) {
-                if st.dirty.get(b) {
-                    failed.get_or_insert(err);
-                } else {
-                    st.valid.set_range(b, b + 1, false);
-                    forgotten += 1;
-                }
-                continue;
-            }
-            if mark_dirty && !st.dirty.get(b) {
-                st.dirty.set_range(b, b + 1, true);
-                dirtied += 1;
-            }
-            if st.dirty.get(b) {
-                if let Some(r) = st.rewritten.as_mut() {
-                    r.set_range(b, b + 1, true);
-                }
-            }
-        }
-        if dirtied > 0 && st.dirty_since.is_none() {
-            st.dirty_since = Some(std::time::Instant::now());
-        }
-        let saved = if dirtied + forgotten > 0 {
-            o.save(&st)
-        } else {
-            Ok(())
-        };
-        drop(st);
-        let space = &self.inner.space;
-        space.dirty.fetch_add(dirtied * BLOCK, Ordering::SeqCst);
-        if forgotten > 0 {
-            space.used.fetch_sub(forgotten * BLOCK, Ordering::SeqCst);
-            space.room.tell();
-        }
-        if let Some(source) = failed {
-            return Err(CacheError::Io {
-                what: "writing the cache after a write-through",
-                key: o.key,
-                source,
-            });
-        }
-        saved.map_err(io_err("writing cache metadata", o.key))
     }
 }
 
@@ -450,10 +390,38 @@ fn commit(
     } else {
         off + n
     };
-    if s0 < e0 {
-        o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0)?;
-    }
+    let write_data = || match s0 < e0 {
+        true => o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0),
+        false => Ok(()),
+    };
     let (mut added, mut dirtied) = (0, 0);
+    // Cached clean blocks are marked dirty on disk before their bytes change: a crash in
+    // between must not leave a clean block whose bytes the cluster never had (its next read
+    // would differ from the cluster's, and an eviction would bring the old bytes back). A
+    // block left dirty with its old bytes is only pushed again.
+    let clean: Vec<usize> = match dirty {
+        true => (b0..b1)
+            .filter(|&b| !skip.contains(&b) && st.valid.get(b) && !st.dirty.get(b))
+            .collect(),
+        false => Vec::new(),
+    };
+    if clean.is_empty() {
+        write_data()?;
+    } else {
+        for &b in &clean {
+            st.dirty.set_range(b, b + 1, true);
+        }
+        if let Err(e) = o.save(st).and_then(|_| write_data()) {
+            // Nothing acknowledged, nothing counted: the caller sends the write to the
+            // cluster, and its bytes into these blocks.
+            for &b in &clean {
+                st.dirty.set_range(b, b + 1, false);
+            }
+            let _ = o.save(st);
+            return Err(e);
+        }
+        dirtied += clean.len();
+    }
     for b in (b0..b1).filter(|b| !skip.contains(b)) {
         if !st.valid.get(b) {
             st.valid.set_range(b, b + 1, true);

@@ -154,3 +154,31 @@ pub fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
         .open(path)
         .unwrap()
 }
+
+/// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
+/// drop in reverse order), after the rig has unmounted and stopped everything.
+pub fn rig_with_cache(nodes: usize, size: &str) -> (tempfile::TempDir, Rig, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let args = cache_args(&cache, size);
+    (tmp, Rig::start(nodes, 3, "1M", &strs(&args)), cache)
+}
+
+pub fn fio(args: &[&str]) -> Value {
+    let out = run("fio", args);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("fio json");
+    assert_eq!(v["jobs"][0]["error"], 0, "fio error");
+    v
+}
+
+/// Mounts sheepfs again on the rig's mount point with `cache` (the old mount must be gone).
+pub fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
+    let args = cache_args(cache, size);
+    rig.mount = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(0),
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join(log),
+        &strs(&args),
+    );
+}
