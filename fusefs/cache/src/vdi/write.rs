@@ -216,10 +216,11 @@ impl<B: Backend> CachedVdi<B> {
             // the object's lock, written under it).
             let obj_end = os.min(self.vdi.size().saturating_sub(base));
             let mut edges = Vec::new();
-            if off % BLOCK != 0 {
+            if !off.is_multiple_of(BLOCK) {
                 edges.push(b0);
             }
-            if (off + n) % BLOCK != 0 && (off + n) < obj_end && !edges.contains(&(b1 - 1)) {
+            if !(off + n).is_multiple_of(BLOCK) && (off + n) < obj_end && !edges.contains(&(b1 - 1))
+            {
                 edges.push(b1 - 1);
             }
             let mut old_blocks = Vec::new();
