@@ -39,19 +39,9 @@ impl<B: Backend> Inner<B> {
         if self.evict_one() {
             return true;
         }
-        let oldest = self
-            .space
-            .objects
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|(_, o)| {
-                let st = o.state.lock().unwrap();
-                !st.dirty.is_empty() && st.rewritten.is_none()
-            })
-            .map(|(_, o)| self.space.pin(o));
-        let Some(o) = oldest else { return false };
+        let Some(o) = self.oldest_dirty() else {
+            return false;
+        };
         if let Err(e) = self.push_object(&o).await {
             self.push_failed(chain(&e));
             return false;

@@ -363,19 +363,7 @@ impl<B: Backend> Inner<B> {
             // Everything left is dirty or in use: push the least recently used dirty object,
             // or wait for an object to be released or pushed (registered before the checks
             // above: a change after them still wakes this).
-            let oldest = self
-                .space
-                .objects
-                .lock()
-                .unwrap()
-                .iter()
-                .rev()
-                .find(|(_, o)| {
-                    let st = o.state.lock().unwrap();
-                    !st.dirty.is_empty() && st.rewritten.is_none()
-                })
-                .map(|(_, o)| self.space.pin(o));
-            match oldest {
+            match self.oldest_dirty() {
                 Some(o) => {
                     if let Err(e) = self.push_object(&o).await {
                         self.push_failed(chain(&e));
@@ -388,6 +376,16 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
+    }
+
+    /// The least recently used object with dirty blocks and no push under way, pinned.
+    pub(crate) fn oldest_dirty(&self) -> Option<Pinned> {
+        let objects = self.space.objects.lock().unwrap();
+        let (_, o) = objects.iter().rev().find(|(_, o)| {
+            let st = o.state.lock().unwrap();
+            !st.dirty.is_empty() && st.rewritten.is_none()
+        })?;
+        Some(self.space.pin(o))
     }
 
     /// Makes room for `bytes` by evicting clean objects only (never waits on the network);

@@ -492,14 +492,19 @@ async fn a_full_cache_disk_sends_writes_to_the_cluster_and_stays_coherent() {
         }
     };
     pass(11, 4096 + 100, 24 * MIB as usize, &mut want).await;
-    let st = cache.stats();
-    assert!(
-        st.total.evictions > 0 && st.total.pushed_bytes > 0,
-        "room made by pushing and evicting: {:?}",
-        st.total
-    );
-    assert_eq!(st.used, st.total.used, "no reserved bytes leaked");
-    assert!(read_all(&v, 24).await == want, "reads see every write");
+    let check = |what: &str, ok: fn(&cache_control::VdiStats) -> bool, want: &[u8]| {
+        let st = cache.stats();
+        assert!(ok(&st.total), "{what}: {:?}", st.total);
+        assert_eq!(st.used, st.total.used, "no reserved bytes leaked");
+        let (v, want) = (&v, want.to_vec());
+        async move { assert!(read_all(v, 24).await == want, "reads see every write") }
+    };
+    check(
+        "room made by pushing and evicting",
+        |t| t.evictions > 0 && t.pushed_bytes > 0,
+        &want,
+    )
+    .await;
 
     // Nothing left to evict on a full disk: writes go straight to the cluster.
     cache.flush(None, |_, _| {}).await.unwrap();
@@ -512,14 +517,12 @@ async fn a_full_cache_disk_sends_writes_to_the_cluster_and_stays_coherent() {
         &mut want,
     )
     .await;
-    let st = cache.stats();
-    assert!(
-        st.total.full_writethroughs > 0 && st.total.full_writethrough_bytes > 0,
-        "writes went through: {:?}",
-        st.total
-    );
-    assert_eq!(st.used, st.total.used, "no reserved bytes leaked");
-    assert!(read_all(&v, 24).await == want, "reads see every write");
+    check(
+        "writes went through",
+        |t| t.full_writethroughs > 0 && t.full_writethrough_bytes > 0,
+        &want,
+    )
+    .await;
     assert!(vol.contents()[..8 * MIB as usize] == want[..8 * MIB as usize]);
 
     // Room again: the cache takes writes again.

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{cache_args, cachectl_ok, fio, fio_verify_args as fio_job, open_rw, stats, strs};
-use common::{Rig, SHEEPFS};
+use common::{block_pattern, cachectl_ok, fio, fio_verify_args as fio_job, open_rw, stats, strs};
+use common::{rig_with_cache_and, Rig, SHEEPFS};
 use testkit::mount::Mount;
-use testkit::{pseudo_random, wait_until};
+use testkit::wait_until;
 
 const BS: u64 = 4096;
 const SIZE: u64 = 16 << 20;
@@ -38,14 +38,6 @@ impl Rng {
 /// Write i puts pattern i + 1 (0: zeros, never written) at block `at(i)`.
 fn at(i: u64) -> u64 {
     (i * 7919 + i / BLOCKS) % BLOCKS
-}
-
-fn pattern(v: u64) -> Vec<u8> {
-    if v == 0 {
-        vec![0u8; BS as usize]
-    } else {
-        pseudo_random(BS as usize, v)
-    }
 }
 
 /// Dirty bytes the `.meta` files under `cache/obj` record (see docs/cache.md for the layout).
@@ -71,12 +63,9 @@ fn dirty_on_disk(cache: &Path) -> u64 {
 
 #[test]
 fn twenty_kill9s_during_writes_lose_no_acknowledged_write() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
     // A small max-dirty keeps the flusher pushing: kills land during pushes too.
-    let mut args = cache_args(&cache, "64M");
-    args.extend(["--cache-max-dirty".into(), "2M".into()]);
-    let mut rig = Rig::start(3, 3, "1M", &strs(&args));
+    let (_tmp, mut rig, cache, args) =
+        rig_with_cache_and(3, 3, "64M", &["--cache-max-dirty", "2M"]);
     rig.cluster.dog_ok(&["vdi", "create", "crash", "16M"]);
     rig.cluster.dog_ok(&["vdi", "create", "fio", "16M"]);
     let remount = |rig: &mut Rig, log: &str, args: &[String]| {
@@ -109,7 +98,7 @@ fn twenty_kill9s_during_writes_lose_no_acknowledged_write() {
                 let file = open_rw(&path);
                 for i in next.. {
                     let r = file
-                        .write_all_at(&pattern(i + 1), at(i) * BS)
+                        .write_all_at(&block_pattern(i + 1), at(i) * BS)
                         .and_then(|_| {
                             if i % 97 == 0 {
                                 file.sync_data()
@@ -153,12 +142,12 @@ fn twenty_kill9s_during_writes_lose_no_acknowledged_write() {
             .unwrap();
         for b in 0..BLOCKS {
             let blk = &got[(b * BS) as usize..((b + 1) * BS) as usize];
-            if b == maybe.1 && blk == &pattern(maybe.0 + 1)[..] {
+            if b == maybe.1 && blk == &block_pattern(maybe.0 + 1)[..] {
                 want[b as usize] = maybe.0 + 1;
                 continue;
             }
             assert!(
-                blk == &pattern(want[b as usize])[..],
+                blk == &block_pattern(want[b as usize])[..],
                 "round {round} (seed {seed}): block {b} is not its last acknowledged write"
             );
         }
@@ -183,7 +172,8 @@ fn twenty_kill9s_during_writes_lose_no_acknowledged_write() {
     // Idle with dirty data: the counter and the files agree before a kill too.
     let file = open_rw(rig.path("crash"));
     for i in next..next + 300 {
-        file.write_all_at(&pattern(i + 1), at(i) * BS).unwrap();
+        file.write_all_at(&block_pattern(i + 1), at(i) * BS)
+            .unwrap();
         want[at(i) as usize] = i + 1;
     }
     drop(file);
@@ -212,7 +202,7 @@ fn twenty_kill9s_during_writes_lose_no_acknowledged_write() {
     let got = rig.cluster.read_vdi("crash", 0, SIZE);
     for b in 0..BLOCKS {
         assert!(
-            got[(b * BS) as usize..((b + 1) * BS) as usize] == pattern(want[b as usize])[..],
+            got[(b * BS) as usize..((b + 1) * BS) as usize] == block_pattern(want[b as usize])[..],
             "the cluster's block {b} is not its last acknowledged write (seed {seed})"
         );
     }

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use common::{open_rw, remount, rig_with_cache, stats, Rig};
-use testkit::{pseudo_random, wait_until};
+use common::{block_pattern, open_rw, remount, rig_with_cache, stats, Rig};
+use testkit::wait_until;
 
 const BS: u64 = 4096;
 const SIZE: u64 = 16 << 20;
@@ -49,7 +49,7 @@ impl Writer {
                     }
                     *in_flight.lock().unwrap() = Some(i);
                     let r = file
-                        .write_all_at(&pseudo_random(BS as usize, i + 1), at(i) * BS)
+                        .write_all_at(&block_pattern(i + 1), at(i) * BS)
                         .and_then(|_| {
                             if i % 256 == 255 {
                                 file.sync_data()
@@ -105,13 +105,7 @@ fn check_cluster(rig: &Rig, name: &str, acked: &[u64], in_flight: Option<u64>, h
     for &i in acked {
         want[at(i) as usize] = i + 1;
     }
-    let pattern = |v: u64| {
-        if v == 0 {
-            vec![0u8; BS as usize]
-        } else {
-            pseudo_random(BS as usize, v)
-        }
-    };
+    let pattern = block_pattern;
     let got = rig.cluster.read_vdi(name, 0, SIZE);
     for b in 0..BLOCKS {
         let blk = &got[(b * BS) as usize..((b + 1) * BS) as usize];

@@ -158,10 +158,34 @@ pub fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
 /// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
 /// drop in reverse order), after the rig has unmounted and stopped everything.
 pub fn rig_with_cache(nodes: usize, size: &str) -> (tempfile::TempDir, Rig, PathBuf) {
+    let (tmp, rig, cache, _) = rig_with_cache_and(nodes, 3, size, &[]);
+    (tmp, rig, cache)
+}
+
+/// [`rig_with_cache`] with `copies` and `extra` sheepfs options; also returns the options,
+/// for remounts.
+pub fn rig_with_cache_and(
+    nodes: usize,
+    copies: u32,
+    size: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, Rig, PathBuf, Vec<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let args = cache_args(&cache, size);
-    (tmp, Rig::start(nodes, 3, "1M", &strs(&args)), cache)
+    let mut args = cache_args(&cache, size);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let rig = Rig::start(nodes, copies, "1M", &strs(&args));
+    (tmp, rig, cache, args)
+}
+
+/// The 4 KiB a test writes as its `v`th pattern (0: zeros, never written), for models of
+/// what each block must hold.
+pub fn block_pattern(v: u64) -> Vec<u8> {
+    if v == 0 {
+        vec![0u8; 4096]
+    } else {
+        testkit::pseudo_random(4096, v)
+    }
 }
 
 pub fn fio(args: &[&str]) -> Value {
