@@ -4,59 +4,20 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use common::{cache_args, cachectl_ok, fio, fio_verify_args as fio_job, stats, strs, Rig};
+use common::{cache_args, cachectl_ok, fio, fio_verify_args as fio_job, stats, strs, Rig, Tmpfs};
 use testkit::wait_until;
 
-/// A tmpfs of `mib` MiB on a new directory, unmounted (lazily, so even a mount still using
-/// it cannot keep it) when dropped, also when the test fails.
-struct SmallDisk {
-    dir: tempfile::TempDir,
-}
-
-impl SmallDisk {
-    fn mount(mib: u64) -> SmallDisk {
-        let dir = tempfile::tempdir().unwrap();
-        let st = Command::new("mount")
-            .args([
-                "-t",
-                "tmpfs",
-                "-o",
-                &format!("size={mib}m,mode=0700"),
-                "tmpfs",
-            ])
-            .arg(dir.path())
-            .status()
-            .expect("run mount");
-        assert!(
-            st.success(),
-            "mounting a tmpfs (the tests run as root): {st}"
-        );
-        SmallDisk { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Fills what the disk has left with the file `name`: writes to it fail with ENOSPC
-    /// from then on. Returns its path.
-    fn fill(&self, name: &str) -> PathBuf {
-        use std::io::Write;
-        let p = self.path().join(name);
-        let mut f = std::fs::File::create(&p).unwrap();
-        let block = vec![0x5au8; 4096];
-        while f.write_all(&block).is_ok() {}
-        p
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
-    }
+/// Fills what the disk at `dir` has left with the file `name`: writes to it fail with ENOSPC
+/// from then on. Returns its path.
+fn fill(dir: &Path, name: &str) -> PathBuf {
+    use std::io::Write;
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).unwrap();
+    let block = vec![0x5au8; 4096];
+    while f.write_all(&block).is_ok() {}
+    p
 }
 
 fn total(cache: &Path, k: &str) -> u64 {
@@ -70,8 +31,9 @@ fn total(cache: &Path, k: &str) -> u64 {
 /// every pass, through the mount and, with the cache emptied, from the cluster.
 #[test]
 fn a_cache_disk_filled_to_the_brim_under_fio_verify_fails_no_write() {
-    let disk = SmallDisk::mount(24);
-    let cache = disk.path().join("cache");
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount(&tmp.path().join("disk"), "24M", tmp.path());
+    let cache = disk.0.join("cache");
     let args = cache_args(&cache, "256M");
     let rig = Rig::start(3, 3, "1M", &strs(&args));
     rig.cluster.dog_ok(&["vdi", "create", "full", "64M"]);
@@ -99,7 +61,7 @@ fn a_cache_disk_filled_to_the_brim_under_fio_verify_fails_no_write() {
     wait_until("dirty data in the cache", Duration::from_secs(60), || {
         writer.is_finished() || stats(&cache)["dirty"].as_u64().unwrap() >= 4 << 20
     });
-    let ballast = disk.fill("ballast");
+    let ballast = fill(&disk.0, "ballast");
     writer
         .join()
         .expect("fio verify passed while the disk filled up");
@@ -111,7 +73,7 @@ fn a_cache_disk_filled_to_the_brim_under_fio_verify_fails_no_write() {
 
     // 2. Nothing the cache can free: the cache emptied, the disk filled again.
     cachectl_ok(&cache, &["evict"]);
-    let ballast2 = disk.fill("ballast2");
+    let ballast2 = fill(&disk.0, "ballast2");
     run("6000", &["--do_verify=1"]);
     let through = total(&cache, "full_writethroughs");
     let bytes = total(&cache, "full_writethrough_bytes");

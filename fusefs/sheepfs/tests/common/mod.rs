@@ -206,3 +206,32 @@ pub fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
         &strs(&args),
     );
 }
+
+/// A tmpfs mounted over a directory, unmounted on drop (even when the test fails); then the
+/// directory tree `owner` (which the cluster's TempDir could not remove while the tmpfs was
+/// mounted inside it) is removed.
+pub struct Tmpfs(pub PathBuf, PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str, owner: &Path) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_path_buf(), owner.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        testkit::mount::detach(&self.0);
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
