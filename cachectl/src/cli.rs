@@ -2,11 +2,13 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::bail;
 use cache_control::CacheMode;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use objstore_proto::duration::parse_duration;
 use objstore_proto::size::{format_size, parse_size};
 use serde_json::json;
 
@@ -51,6 +53,10 @@ pub enum Cmd {
     Flush {
         /// Only this VDI.
         vdi: Option<String>,
+        /// Fail (exit status 1) unless the flush is done within this long, e.g. 30s, 5m
+        /// (sheepfs goes on with it; what is not pushed yet stays dirty).
+        #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+        timeout: Option<Duration>,
     },
     /// Drop cached data (of one VDI, or all); dirty data is flushed first.
     Evict {
@@ -75,6 +81,15 @@ pub enum Cmd {
         #[arg(value_name = "writeback|writethrough|off")]
         mode: CacheMode,
     },
+}
+
+/// A duration argument: `30s`, `500ms`, `5m`, `30` (seconds).
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be more than 0".into());
+    }
+    Ok(d)
 }
 
 /// A size argument: `10G`, `512M`, `4096`.
@@ -155,14 +170,18 @@ pub fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
                 })?;
             }
         }
-        Cmd::Flush { vdi } => {
+        Cmd::Flush { vdi, timeout } => {
             let bar = flush_bar();
-            let res = client.flush(vdi.clone(), &mut |pushed, total| {
-                if let Some(pb) = &bar {
-                    pb.set_length(total.max(pushed));
-                    pb.set_position(pushed);
-                }
-            });
+            let res = client.flush(
+                vdi.clone(),
+                &mut |pushed, total| {
+                    if let Some(pb) = &bar {
+                        pb.set_length(total.max(pushed));
+                        pb.set_position(pushed);
+                    }
+                },
+                timeout,
+            );
             if let Some(pb) = bar {
                 pb.finish_and_clear();
             }
@@ -287,6 +306,20 @@ mod tests {
             }
         ));
 
+        let a = parse(&["--socket", "/s", "flush", "disk0", "--timeout", "1.5s"]).unwrap();
+        assert!(matches!(
+            a.cmd,
+            Cmd::Flush { vdi: Some(_), timeout: Some(t) } if t == Duration::from_millis(1500)
+        ));
+        let a = parse(&["--socket", "/s", "flush"]).unwrap();
+        assert!(matches!(
+            a.cmd,
+            Cmd::Flush {
+                vdi: None,
+                timeout: None
+            }
+        ));
+
         let a = parse(&["--socket", "/s", "evict", "--discard-dirty", "--yes"]).unwrap();
         assert!(matches!(
             a.cmd,
@@ -305,6 +338,10 @@ mod tests {
         assert!(parse(&["--cache-dir", "/c", "--socket", "/s", "stats"]).is_err());
         assert!(parse(&["--socket", "/s", "stats", "--json", "--prometheus"]).is_err());
         assert!(parse(&["--socket", "/s", "evict", "--yes"]).is_err());
+        let e = parse(&["--socket", "/s", "flush", "--timeout", "soon"]).unwrap_err();
+        assert!(e.to_string().contains("is not a duration"), "{e}");
+        let e = parse(&["--socket", "/s", "flush", "--timeout", "0"]).unwrap_err();
+        assert!(e.to_string().contains("must be more than 0"), "{e}");
         let e = parse(&["--socket", "/s", "resize", "10X"]).unwrap_err();
         assert!(e.to_string().contains("is not a size"), "{e}");
         let e = parse(&["--socket", "/s", "mode", "d", "fast"]).unwrap_err();

@@ -8,7 +8,7 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cache_control::{CacheMode, CacheStats, Reply, Request, Response, SOCKET_NAME};
 use objstore_proto::size::format_size;
@@ -58,6 +58,12 @@ pub enum Error {
     Io(Target, io::Error),
     /// No line within the read timeout.
     Timeout(Target, Duration),
+    /// A flush given a time limit (`cachectl flush --timeout`) was not done within it;
+    /// `progress` is the last progress line seen.
+    FlushTimeout {
+        limit: Duration,
+        progress: Option<(u64, u64)>,
+    },
     /// The connection ended before the final line; `progress` is the last progress line seen.
     Closed {
         target: Target,
@@ -116,6 +122,23 @@ impl fmt::Display for Error {
                 t.socket.display(),
                 d.as_secs_f64()
             ),
+            Error::FlushTimeout { limit, progress } => {
+                let so_far = match progress {
+                    Some((pushed, total)) => format!(
+                        " (pushed {} of {} so far)",
+                        format_size(*pushed),
+                        format_size(*total)
+                    ),
+                    None => String::new(),
+                };
+                write!(
+                    f,
+                    "flush not done within {}{so_far}: the data not pushed yet stays dirty in \
+                     the cache; sheepfs goes on with this flush, and the background flusher \
+                     retries what fails",
+                    objstore_proto::duration::format_duration(*limit)
+                )
+            }
             Error::Closed {
                 target,
                 progress: None,
@@ -226,6 +249,18 @@ impl Client {
     /// Sends `req` and returns the final reply; `progress(pushed, total)` is called for every
     /// progress line before it.
     pub fn call(&self, req: &Request, progress: &mut dyn FnMut(u64, u64)) -> Result<Reply, Error> {
+        self.call_within(req, progress, None)
+    }
+
+    /// [`Client::call`], failing with [`Error::FlushTimeout`] unless the final reply comes
+    /// within `limit`.
+    pub fn call_within(
+        &self,
+        req: &Request,
+        progress: &mut dyn FnMut(u64, u64),
+        limit: Option<Duration>,
+    ) -> Result<Reply, Error> {
+        let deadline = limit.map(|l| (l, Instant::now() + l));
         let t = &self.target;
         let stream = UnixStream::connect(&t.socket).map_err(|e| connect_error(t, e))?;
         let timeout = (!may_push(req)).then_some(self.timeout);
@@ -244,9 +279,28 @@ impl Client {
         let mut buf = String::new();
         loop {
             buf.clear();
+            if let Some((limit, at)) = deadline {
+                let left = at.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::FlushTimeout {
+                        limit,
+                        progress: last,
+                    });
+                }
+                let wait = timeout.map_or(left, |t| t.min(left));
+                stream
+                    .set_read_timeout(Some(wait))
+                    .map_err(|e| Error::Io(t.clone(), e))?;
+            }
             let n = reader
                 .read_line(&mut buf)
                 .map_err(|e| match io_error(t, e, timeout) {
+                    Error::Timeout(..) if deadline.is_some_and(|(_, at)| Instant::now() >= at) => {
+                        Error::FlushTimeout {
+                            limit: deadline.unwrap().0,
+                            progress: last,
+                        }
+                    }
                     Error::Closed { target, .. } => Error::Closed {
                         target,
                         progress: last,
@@ -289,13 +343,15 @@ impl Client {
         }
     }
 
-    /// Returns the bytes flushed.
+    /// Returns the bytes flushed; fails with [`Error::FlushTimeout`] if that takes longer
+    /// than `limit`.
     pub fn flush(
         &self,
         vdi: Option<String>,
         progress: &mut dyn FnMut(u64, u64),
+        limit: Option<Duration>,
     ) -> Result<u64, Error> {
-        match self.call(&Request::Flush { vdi }, progress)? {
+        match self.call_within(&Request::Flush { vdi }, progress, limit)? {
             Reply::Flushed { bytes } => Ok(bytes),
             reply => Err(unexpected("flush", &reply)),
         }
@@ -368,6 +424,8 @@ mod tests {
         Raw(&'static [u8]),
         /// Say nothing for this long, then close.
         Stall(Duration),
+        /// Write these lines, then say nothing for this long, then close.
+        LinesThenStall(Vec<String>, Duration),
     }
 
     /// A fake sheepfs serving one connection per `acts` entry, in order; every request line
@@ -393,6 +451,12 @@ mod tests {
                     }
                     Act::Raw(b) => w.write_all(b).unwrap(),
                     Act::Stall(d) => thread::sleep(d),
+                    Act::LinesThenStall(lines, d) => {
+                        for l in lines {
+                            w.write_all(format!("{l}\n").as_bytes()).unwrap();
+                        }
+                        thread::sleep(d)
+                    }
                 }
             }
         });
@@ -447,7 +511,7 @@ mod tests {
         ])]);
         let mut seen = Vec::new();
         let n = Client::new(target)
-            .flush(Some("disk0".into()), &mut |p, t| seen.push((p, t)))
+            .flush(Some("disk0".into()), &mut |p, t| seen.push((p, t)), None)
             .unwrap();
         assert_eq!(n, 4 << 20);
         assert_eq!(seen, vec![(1 << 20, 4 << 20), (4 << 20, 4 << 20)]);
@@ -485,7 +549,7 @@ mod tests {
         assert!(e.to_string().contains("closed the connection"), "{e}");
         assert!(e.to_string().contains("control.sock"), "{e}");
 
-        let e = c.flush(None, &mut |_, _| {}).unwrap_err();
+        let e = c.flush(None, &mut |_, _| {}, None).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -498,7 +562,7 @@ mod tests {
         );
         assert!(e.to_string().contains("after pushing 1.0 MiB of 2.0 MiB"));
 
-        let e = c.flush(None, &mut |_, _| {}).unwrap_err();
+        let e = c.flush(None, &mut |_, _| {}, None).unwrap_err();
         assert!(matches!(e, Error::Closed { .. }), "{e:?}");
     }
 
@@ -524,7 +588,7 @@ mod tests {
         let (_d, target, _r) = serve(vec![Act::Stall(Duration::from_secs(2))]);
         let mut c = Client::new(target.clone());
         c.timeout = Duration::from_millis(200);
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         let e = c.stats(None).unwrap_err();
         assert!(matches!(e, Error::Timeout(..)), "{e:?}");
         assert!(start.elapsed() < Duration::from_secs(2));
@@ -534,8 +598,54 @@ mod tests {
         let (_d2, target2, _r2) = serve(vec![Act::Stall(Duration::from_millis(600))]);
         let mut c = Client::new(target2);
         c.timeout = Duration::from_millis(100);
-        let e = c.flush(None, &mut |_, _| {}).unwrap_err();
+        let e = c.flush(None, &mut |_, _| {}, None).unwrap_err();
         assert!(matches!(e, Error::Closed { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn a_flush_with_a_time_limit_fails_once_it_passes() {
+        let progress = line(&Response::Progress {
+            pushed: 1 << 20,
+            total: 4 << 20,
+        });
+        let (_d, target, _r) = serve(vec![
+            Act::LinesThenStall(vec![progress], Duration::from_secs(3)),
+            Act::Stall(Duration::from_secs(3)),
+        ]);
+        let c = Client::new(target);
+        let limit = Duration::from_millis(300);
+        let start = Instant::now();
+        let e = c.flush(None, &mut |_, _| {}, Some(limit)).unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "waited past the limit"
+        );
+        assert!(
+            matches!(
+                e,
+                Error::FlushTimeout {
+                    progress: Some((1048576, 4194304)),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("flush not done within 300ms (pushed 1.0 MiB of 4.0 MiB so far)"),
+            "{e}"
+        );
+        // No progress line at all.
+        let e = c.flush(None, &mut |_, _| {}, Some(limit)).unwrap_err();
+        assert!(
+            e.to_string().starts_with("flush not done within 300ms: "),
+            "{e}"
+        );
+        // Done in time.
+        let done = line(&Response::Ok(Reply::Flushed { bytes: 7 }));
+        let (_d, target, _r) = serve(vec![Act::Lines(vec![done])]);
+        let c = Client::new(target);
+        assert_eq!(c.flush(None, &mut |_, _| {}, Some(limit)).unwrap(), 7);
     }
 
     #[test]

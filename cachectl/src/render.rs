@@ -95,9 +95,27 @@ pub fn human(s: &CacheStats) -> String {
     if let Some(e) = &s.last_push_error {
         let _ = writeln!(o, "Last push error: {}", one_line(e));
     }
+    let _ = writeln!(o, "Push retries:    {}", s.push_retries);
+    let _ = writeln!(o, "Oldest dirty:    {}", age(s.oldest_dirty_ms));
+    let _ = writeln!(
+        o,
+        "Full cache:      {} writes straight to the cluster ({})",
+        t.full_writethroughs,
+        format_size(t.full_writethrough_bytes)
+    );
     o.push('\n');
     o.push_str(&table(&s.vdis));
     o
+}
+
+/// How long dirty data has waited, for people: `-` when nothing is dirty.
+pub fn age(ms: u64) -> String {
+    match ms {
+        0 => "-".to_string(),
+        ms if ms < 60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        ms if ms < 3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        ms => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
 }
 
 /// The per-VDI table.
@@ -194,7 +212,7 @@ pub fn prometheus(s: &CacheStats) -> String {
     let t = &s.total;
     let mut o = String::new();
     let one = |v: u64| vec![(String::new(), v)];
-    let cache: [(&str, &str, &str, u64); 21] = [
+    let cache: [(&str, &str, &str, u64); 24] = [
         (
             "sheepfs_cache_size_bytes",
             "gauge",
@@ -321,12 +339,37 @@ pub fn prometheus(s: &CacheStats) -> String {
             "Failed pushes to the cluster (the data stays dirty and is retried).",
             s.push_errors,
         ),
+        (
+            "sheepfs_cache_push_retries_total",
+            "counter",
+            "Pushes started again after a failed push.",
+            s.push_retries,
+        ),
+        (
+            "sheepfs_cache_full_writethroughs_total",
+            "counter",
+            "Writeback writes sent straight to the cluster because the cache was full.",
+            t.full_writethroughs,
+        ),
+        (
+            "sheepfs_cache_full_writethrough_bytes_total",
+            "counter",
+            "Bytes of writeback writes sent straight to the cluster because the cache was full.",
+            t.full_writethrough_bytes,
+        ),
     ];
     for (name, kind, help, v) in cache {
         family(&mut o, name, kind, help, &one(v));
     }
+    let name = "sheepfs_cache_oldest_dirty_seconds";
+    let _ = writeln!(
+        o,
+        "# HELP {name} How long the oldest dirty data has waited to be pushed (0: none)."
+    );
+    let _ = writeln!(o, "# TYPE {name} gauge");
+    let _ = writeln!(o, "{name} {:.3}", s.oldest_dirty_ms as f64 / 1000.0);
 
-    let per_vdi: [PerVdi; 7] = [
+    let per_vdi: [PerVdi; 8] = [
         (
             "sheepfs_cache_vdi_used_bytes",
             "gauge",
@@ -368,6 +411,12 @@ pub fn prometheus(s: &CacheStats) -> String {
             "counter",
             "Bytes of a VDI pushed to the cluster by flushes.",
             |v| v.pushed_bytes,
+        ),
+        (
+            "sheepfs_cache_vdi_full_writethrough_bytes_total",
+            "counter",
+            "Bytes of a VDI's writeback writes sent straight to the cluster (cache full).",
+            |v| v.full_writethrough_bytes,
         ),
     ];
     for (name, kind, help, get) in per_vdi {
@@ -434,6 +483,8 @@ mod tests {
             fills_limited: true,
             push_errors: 2,
             last_push_error: Some("connection refused\nby 127.0.0.1:7000".into()),
+            push_retries: 5,
+            oldest_dirty_ms: 83_456,
             total: VdiStats {
                 name: String::new(),
                 hits: 300,
@@ -446,6 +497,8 @@ mod tests {
                 evicted_bytes: 12 << 20,
                 busy_skipped_fills: 40,
                 pushed_bytes: 1 << 30,
+                full_writethroughs: 7,
+                full_writethrough_bytes: 28 << 10,
                 ..Default::default()
             },
             vdis: vec![disk0, odd],
@@ -458,6 +511,14 @@ mod tests {
         assert_eq!(ratio(3, 1), "75.0%");
         assert_eq!(ratio(1, 0), "100.0%");
         assert_eq!(ratio(u64::MAX, u64::MAX), "50.0%");
+    }
+
+    #[test]
+    fn ages() {
+        assert_eq!(age(0), "-");
+        assert_eq!(age(1500), "1.5s");
+        assert_eq!(age(61_000), "1m01s");
+        assert_eq!(age(7_260_000), "2h01m");
     }
 
     #[test]
@@ -489,6 +550,11 @@ mod tests {
             "\nsheepfs_cache_busy_skipped_fills_total 40\n",
             "# TYPE sheepfs_cache_fills_limited gauge\nsheepfs_cache_fills_limited 1\n",
             "\nsheepfs_cache_push_errors_total 2\n",
+            "\nsheepfs_cache_push_retries_total 5\n",
+            "\nsheepfs_cache_full_writethroughs_total 7\n",
+            "\nsheepfs_cache_full_writethrough_bytes_total 28672\n",
+            "# TYPE sheepfs_cache_oldest_dirty_seconds gauge\nsheepfs_cache_oldest_dirty_seconds 83.456\n",
+            "\nsheepfs_cache_vdi_full_writethrough_bytes_total{vdi=\"disk0\"} 0\n",
             "# TYPE sheepfs_cache_vdi_used_bytes gauge\n\
              sheepfs_cache_vdi_used_bytes{vdi=\"disk0\"} 314572800\n\
              sheepfs_cache_vdi_used_bytes{vdi=\"we\\\"ird\\\\na\\nme\"} 4096\n",
@@ -499,7 +565,7 @@ mod tests {
         ] {
             assert!(p.contains(want), "missing {want:?} in\n{p}");
         }
-        // Well formed: every line is a comment or `name[{labels}] integer`, every family has
+        // Well formed: every line is a comment or `name[{labels}] number`, every family has
         // exactly one HELP and one TYPE, and they come before its samples.
         let mut typed = std::collections::HashSet::new();
         for line in p.lines() {
@@ -519,7 +585,7 @@ mod tests {
                 continue;
             }
             let (series, value) = line.rsplit_once(' ').unwrap();
-            value.parse::<u64>().unwrap();
+            value.parse::<f64>().unwrap();
             let name = series.split('{').next().unwrap();
             assert!(typed.contains(name), "sample before TYPE: {line}");
             assert!(
@@ -561,6 +627,9 @@ Stream passes:   0 misses fetched past the cache (a stream's first pass)
 Pushed:          1.0 GiB
 Push errors:     2
 Last push error: connection refused by 127.0.0.1:7000
+Push retries:    5
+Oldest dirty:    1m23s
+Full cache:      7 writes straight to the cluster (28.0 KiB)
 
 Name           Mode                Used       Dirty        Hits      Misses   Hit %      Pushed
 disk0          writeback      300.0 MiB    48.0 MiB         300         100   75.0%     1.0 GiB

@@ -77,6 +77,16 @@ impl<B: Backend> Inner<B> {
     pub(crate) async fn attach(&self, name: &str) -> Result<Arc<B::Volume>, CacheError> {
         let vdi = Arc::new(self.client.open(name).await?);
         let vid = vdi.vid().0;
+        // Data cached from another cluster (created anew since, with a VDI of the same name
+        // or id) is never pushed into this one: set aside first ([`crate::orphan`]).
+        let cluster = self.client.cluster_id();
+        let foreign: Vec<VdiRecord> = (self.dir.records.read().unwrap().values())
+            .filter(|r| (r.vid == vid || r.name == name) && Self::foreign(r, &cluster))
+            .cloned()
+            .collect();
+        for r in foreign {
+            self.set_aside(&r, &cluster)?;
+        }
         // The generation this cache's data was cached under, taken back if nobody attached
         // since (this mount was killed or cut off for longer than the lock's TTL).
         let resume = (self.dir.records.read().unwrap().get(&vid))
@@ -148,13 +158,16 @@ impl<B: Backend> Inner<B> {
                 );
             }
         }
-        if !matches || rec.as_ref().is_some_and(|r| r.gen != gen || r.released) {
+        let cluster = (!cluster.is_empty()).then_some(cluster);
+        let stale = |r: &VdiRecord| r.gen != gen || r.released || r.cluster != cluster;
+        if !matches || rec.as_ref().is_some_and(stale) {
             self.save_record(&VdiRecord {
                 name: name.to_string(),
                 vid,
                 gen,
                 released: false,
                 mode: rec.and_then(|r| r.mode),
+                cluster,
             });
         }
         let mut attached = self.attach.attached.lock().unwrap();

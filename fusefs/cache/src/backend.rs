@@ -53,6 +53,27 @@ pub trait Backend: Send + Sync + 'static {
 
     /// How long an operation may wait for the cluster (making room waits no longer).
     fn timeout(&self) -> Duration;
+
+    /// Who the cluster is: an identity that changes when a cluster is created anew (its id
+    /// and the time it was formatted), so that cached data of another cluster's VDI of the
+    /// same name and id is never pushed into this one. Empty: unknown (nothing is checked).
+    fn cluster_id(&self) -> String {
+        String::new()
+    }
+
+    /// A seam for tests, called at the points of [`Pause`]: a test's backend can hold the
+    /// cache there to make a race likely that real timing makes rare. The real one returns at
+    /// once.
+    fn pause(&self, _at: Pause) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+}
+
+/// Points in the cache's work where it calls [`Backend::pause`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pause {
+    /// A push wrote its blocks to the cluster and marked them clean; it has not returned yet.
+    PushCleaned,
 }
 
 impl Backend for Arc<Client> {
@@ -91,5 +112,14 @@ impl Backend for Arc<Client> {
 
     fn timeout(&self) -> Duration {
         self.options().timeout
+    }
+
+    fn cluster_id(&self) -> String {
+        let view = self.view();
+        match (&view.info.cluster_id, view.info.config) {
+            (id, _) if id.is_empty() => String::new(),
+            (id, Some(c)) => format!("{id}/{}", c.formatted_at),
+            (id, None) => id.clone(),
+        }
     }
 }

@@ -30,6 +30,10 @@ pub(crate) struct VdiRecord {
     #[serde(default)]
     pub(crate) released: bool,
     pub(crate) mode: Option<CacheMode>,
+    /// The cluster the data was cached from ([`crate::Backend::cluster_id`]; None in
+    /// records older than this field, or when the cluster did not say).
+    #[serde(default)]
+    pub(crate) cluster: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -5,9 +5,11 @@
 //! DIR/state.json            {cache_id, boot_id, clean}: how the last mount ended
 //! DIR/control.sock          cachectl's socket (0600), served by sheepfs (`cache_control`)
 //! DIR/index/                sled: last access per object (rebuilt from files when lost)
-//! DIR/vdis/<vid>.json       {name, vid, gen, mode}: the lock generation the cache matches
+//! DIR/vdis/<vid>.json       {name, vid, gen, mode, cluster}: the lock generation (and the
+//!                           cluster) the cache matches
 //! DIR/obj/<vid>/<idx>.data  cached bytes (sparse)
 //! DIR/obj/<vid>/<idx>.meta  valid and dirty bitmaps, one bit per 4 KiB block
+//! DIR/orphaned/             unpushed writes of another cluster's VDIs, set aside ([`orphan`])
 //! ```
 //! Invariants:
 //! - A block is dirty only if it is valid; dirty blocks are never evicted or dropped except by
@@ -38,6 +40,7 @@
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
 //! - [`control`]: what `cachectl` asks of the cache, through sheepfs's control socket.
 //! - [`vdi`]: a VDI seen through the cache ([`CachedVdi`]), the filesystem's handle.
+//! - [`orphan`]: cached data of another cluster's VDI, set aside instead of pushed.
 //! - [`object`], [`bitmap`], [`spare`]: one cached object's files; [`admit`], [`pressure`]:
 //!   the admission and CPU-pressure policies; [`error`]: the error types.
 //!
@@ -47,7 +50,9 @@
 //!   `Space::objects` (deciding whether a miss is kept); the CPU pressure's lock is only ever
 //!   tried.
 //! - `Pushes::push_lock` (async, held across pushes) → `CachedObject::pushing` (async) →
-//!   `CachedObject::state`.
+//!   `CachedObject::writing` (a push reads the data under it) → `CachedObject::state`.
+//!   Changes that reach the cluster around the cache (discards, mode-off writes,
+//!   write-throughs of a full cache) hold `pushing` of several objects, taken in index order.
 //! - `CachedObject::writing` → `CachedObject::state`.
 //! - `Space::objects` → `CachedObject::state`, and `Space::objects` → `Space::creating`
 //!   (taking an object out, or creating one: its files are made after both are released).
@@ -68,6 +73,7 @@ mod fill;
 mod full;
 mod lifecycle;
 mod object;
+mod orphan;
 mod pressure;
 mod push;
 mod space;
@@ -82,7 +88,7 @@ use std::time::Duration;
 use cache_control::CacheMode;
 use objstore_client::Client;
 
-pub use backend::Backend;
+pub use backend::{Backend, Pause};
 
 pub use error::{chain, CacheError, PushError};
 pub use vdi::{CachedVdi, Missed};

@@ -238,6 +238,10 @@ impl<B: Backend> Cache<B> {
                 tracing::warn!("syncing cached object {:?}: {e}", o.key);
             }
         }
+        // Before the clean mark below, which makes the next mount trust these files.
+        if let Err(e) = inner.space.sync_dirs() {
+            tracing::warn!("syncing the cache's directories: {e}");
+        }
         inner.save_index();
         // No renewal from here on: the locks are released, or made persistent.
         let _renewals = inner.attach.renewing.lock().await;

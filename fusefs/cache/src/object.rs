@@ -388,6 +388,16 @@ impl CachedObject {
         spares.keep((&self.data, &self.meta), &self.paths.0, &self.paths.1);
     }
 
+    /// Gives up the files as [`CachedObject::retire`] does, but moves them into `dir` as
+    /// they are (data set aside for people to recover), under their own names.
+    pub fn retire_into(&self, dir: &Path) -> io::Result<()> {
+        self.state.lock().unwrap().retired = true;
+        for p in [&self.paths.0, &self.paths.1] {
+            fs::rename(p, dir.join(p.file_name().unwrap_or_default()))?;
+        }
+        Ok(())
+    }
+
     /// Blocks `[first, last)` covering bytes `[offset, offset+len)`.
     pub fn block_range(offset: u64, len: u64) -> (usize, usize) {
         (

@@ -13,7 +13,7 @@ use crate::space::Pinned;
 use crate::stats::Counters;
 use objstore_client::Volume;
 
-use crate::{chain, Backend, Inner, PushError};
+use crate::{chain, Backend, Inner, Pause, PushError};
 
 /// Pushes in progress, and how the last ones went.
 #[derive(Default)]
@@ -25,18 +25,26 @@ pub(crate) struct Pushes {
     pub(crate) wake_flusher: Notify,
     pub(crate) push_errors: AtomicU64,
     pub(crate) last_push_error: Mutex<Option<String>>,
+    /// The last push failed (cleared by the next that succeeds); pushes started meanwhile
+    /// are retries, counted in `push_retries`.
+    pub(crate) failing: AtomicBool,
+    pub(crate) push_retries: AtomicU64,
 }
 
 impl<B: Backend> Inner<B> {
     pub(crate) fn push_failed(&self, why: String) {
         tracing::warn!("cache push failed: {why} (the data stays dirty and is retried)");
         self.pushes.push_errors.fetch_add(1, Ordering::Relaxed);
+        self.pushes.failing.store(true, Ordering::Relaxed);
         *self.pushes.last_push_error.lock().unwrap() = Some(why);
     }
 
     /// Pushes one object's dirty blocks to the cluster (not flushed there). Blocks written
     /// again while the push is in flight stay dirty.
     pub(crate) async fn push_object(&self, o: &CachedObject) -> Result<u64, PushError> {
+        if self.pushes.failing.load(Ordering::Relaxed) {
+            self.pushes.push_retries.fetch_add(1, Ordering::Relaxed);
+        }
         let attached = || self.attach.attached.lock().unwrap().get(&o.key.0).cloned();
         let vdi = match attached() {
             Some(v) => v,
@@ -64,7 +72,15 @@ impl<B: Backend> Inner<B> {
             let len = ((e - s) as u64 * BLOCK).min(o.object_size - off);
             // Pooled: a push of 4 MiB runs would otherwise fault in fresh memory each time.
             let mut buf = objstore_proto::pagebuf::PageBuf::zeroed(len as usize);
-            if let Err(source) = o.read_data(buf.as_mut(), off) {
+            // Under the writers' lock: a write in progress (its data goes to the file in
+            // several system calls, and even one is not atomic against a read) would
+            // otherwise hand the cluster a block half old and half new. Blocks written after
+            // this read stay dirty (`rewritten`) and go out with the next push.
+            let read = {
+                let _writing = o.writing.lock().unwrap();
+                o.read_data(buf.as_mut(), off)
+            };
+            if let Err(source) = read {
                 result = Err(PushError::ReadCache { key: o.key, source });
                 break;
             }
@@ -83,31 +99,42 @@ impl<B: Backend> Inner<B> {
             }
             pushed += end - base - off;
         }
-        let mut st = o.state.lock().unwrap();
-        let rewritten = st.rewritten.take().expect("push in flight");
-        if let Err(e) = result {
-            drop(st);
-            // Its push is over: it may be picked again.
-            self.space.room.tell();
-            return Err(e);
-        }
-        let clean = snapshot.minus(&rewritten);
-        let cleaned = clean.count();
-        st.dirty = st.dirty.minus(&clean);
-        if st.dirty.is_empty() {
-            st.dirty_since = None;
-        }
-        if let Err(e) = o.save(&st) {
-            tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
-        }
-        drop(st);
-        self.space
-            .dirty
-            .fetch_sub(o.bytes_of(cleaned), Ordering::SeqCst);
-        if pushed > 0 {
-            self.pushes.unflushed.store(true, Ordering::SeqCst);
-        }
+        let cleaned = {
+            let mut st = o.state.lock().unwrap();
+            let rewritten = st.rewritten.take().expect("push in flight");
+            if let Err(e) = result {
+                drop(st);
+                // Its push is over: it may be picked again.
+                self.space.room.tell();
+                return Err(e);
+            }
+            // The cluster needs a flush before anyone can see these blocks clean: an fsync
+            // that finds them clean (this push runs outside the push lock when it makes
+            // room) then still flushes the cluster, or waits for a flush that does.
+            if pushed > 0 {
+                self.pushes.unflushed.store(true, Ordering::SeqCst);
+            }
+            let clean = snapshot.minus(&rewritten);
+            // Counted from the bits this clears: blocks of the snapshot dropped meanwhile (by
+            // an invalidation, or the object forgotten) were counted down by whoever dropped
+            // them.
+            let before = st.dirty.count();
+            st.dirty = st.dirty.minus(&clean);
+            let cleaned = before - st.dirty.count();
+            if st.dirty.is_empty() {
+                st.dirty_since = None;
+            }
+            if !st.retired {
+                if let Err(e) = o.save(&st) {
+                    tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
+                }
+            }
+            cleaned
+        };
+        self.client.pause(Pause::PushCleaned).await;
+        self.space.undirty(o.bytes_of(cleaned));
         Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
+        self.pushes.failing.store(false, Ordering::Relaxed);
         self.space.room.tell();
         Ok(pushed)
     }

@@ -43,6 +43,49 @@ pub(crate) struct Space {
     pub(crate) room: Arc<Room>,
 }
 
+impl Space {
+    /// Makes the directory entries of the cached objects and the spares durable: the files
+    /// created, and moved between `obj/` and `spare/`, since the mount. Called at unmount
+    /// before the directory is marked clean: a clean mark makes the next mount trust the
+    /// files even after the host went down, and a rename that did not reach the disk would
+    /// then lose an object (its files back in `spare/`) or bring back an evicted one.
+    pub(crate) fn sync_dirs(&self) -> std::io::Result<()> {
+        let mut dirs = Vec::new();
+        for e in std::fs::read_dir(&self.obj_dir)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                dirs.push(e.path());
+            }
+        }
+        // The VDIs' directories before the one that holds them.
+        dirs.push(self.obj_dir.clone());
+        dirs.push(self.spares.dir().to_path_buf());
+        for d in dirs {
+            std::fs::File::open(&d)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Counts `bytes` of dirty blocks as no longer dirty. Callers count only the dirty bits
+    /// they cleared themselves (under the object's state lock), so the counter never goes
+    /// below zero; should it ever, it stops at zero and says so rather than wrapping (a
+    /// wrapped counter would keep the flusher pushing forever and fail unmount).
+    pub(crate) fn undirty(&self, bytes: u64) {
+        let r = self
+            .dirty
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
+                Some(d.saturating_sub(bytes))
+            });
+        if let Ok(d) = r {
+            if d < bytes {
+                tracing::error!(
+                    "cache dirty byte counter would go below zero ({d} - {bytes}): a bug, stopped at 0"
+                );
+            }
+        }
+    }
+}
+
 /// Wakes [`Inner::reserve`] when room may have been made, instead of its polling.
 #[derive(Default)]
 pub(crate) struct Room {
@@ -127,7 +170,7 @@ enum Claim {
 
 impl Space {
     /// A key left `creating`: wakes whoever waits for it.
-    fn key_done(&self) {
+    pub(crate) fn key_done(&self) {
         self.created.notify_all();
         self.created_async.notify_waiters();
     }
@@ -316,13 +359,35 @@ impl<B: Backend> Inner<B> {
     /// Accounting and files of an object [`Inner::take_out`] took out of the LRU; returns its
     /// bytes.
     pub(crate) fn forget(&self, o: &CachedObject) -> u64 {
-        let st = o.state.lock().unwrap();
+        self.forget_keeping(o, None)
+    }
+
+    /// [`Inner::forget`], its files moved into `keep` as they are if given (else emptied
+    /// and kept as spares, or removed).
+    pub(crate) fn forget_keeping(&self, o: &CachedObject, keep: Option<&Path>) -> u64 {
+        let mut st = o.state.lock().unwrap();
         let bytes = o.bytes_of(st.valid.count());
         let dirty = o.bytes_of(st.dirty.count());
+        // Its blocks are counted down here, once: whoever still holds it (a push finishing)
+        // finds none left.
+        st.valid = object::State::empty_like(&st.valid);
+        st.dirty = object::State::empty_like(&st.dirty);
+        st.dirty_since = None;
         drop(st);
         self.space.used.fetch_sub(bytes, Ordering::SeqCst);
-        self.space.dirty.fetch_sub(dirty, Ordering::SeqCst);
-        o.retire(&self.space.spares);
+        self.space.undirty(dirty);
+        match keep {
+            None => o.retire(&self.space.spares),
+            Some(dir) => {
+                if let Err(e) = o.retire_into(dir) {
+                    tracing::error!(
+                        "moving cached object {:?} into {}: {e}",
+                        o.key,
+                        dir.display()
+                    );
+                }
+            }
+        }
         if let Some(t) = &self.space.index {
             let _ = t.remove(key_bytes(o.key));
         }
@@ -362,7 +427,10 @@ impl<B: Backend> Inner<B> {
             }
             // Everything left is dirty or in use: push the least recently used dirty object,
             // or wait for an object to be released or pushed (registered before the checks
-            // above: a change after them still wakes this).
+            // above: a change after them still wakes this). The push runs outside the push
+            // lock (a write making room would otherwise wait for a whole fsync or flusher
+            // round); fsyncs do not need it to: a push marks the cluster unflushed before
+            // its blocks are seen clean ([`Inner::push_object`]).
             match self.oldest_dirty() {
                 Some(o) => {
                     if let Err(e) = self.push_object(&o).await {
@@ -570,5 +638,22 @@ mod tests {
             .await
             .expect("told when the last pin went");
         drop(waiting);
+    }
+
+    #[test]
+    fn sync_dirs_syncs_every_object_directory_and_the_spares() {
+        let d = tempfile::tempdir().unwrap();
+        let space = Space::new(d.path(), 16 << 20);
+        let o = CachedObject::create(&space.obj_dir, (1, 2), 1 << 20, &space.spares).unwrap();
+        CachedObject::create(&space.obj_dir, (3, 0), 1 << 20, &space.spares).unwrap();
+        o.retire(&space.spares);
+        // A stray file among the VDIs' directories is passed over.
+        std::fs::write(space.obj_dir.join("stray"), b"x").unwrap();
+        space.sync_dirs().unwrap();
+        std::fs::remove_dir_all(space.spares.dir()).unwrap();
+        assert!(
+            space.sync_dirs().is_err(),
+            "a missing directory is reported"
+        );
     }
 }

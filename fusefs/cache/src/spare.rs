@@ -11,6 +11,11 @@
 //! Both files are truncated before they move here, so a file moved back into `obj/` is never
 //! mistaken for a cached object: an empty meta file has no valid header and is dropped at
 //! load. At start, complete pairs are kept and stray files removed.
+//!
+//! The renames are not made durable one by one (a directory fsync per eviction would cost a
+//! journal commit each): the cache trusts its files after a restart only when the host did
+//! not go down, or when the last mount ended cleanly, and a clean end fsyncs the directories
+//! first (`Space::sync_dirs`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -64,6 +69,11 @@ impl Spares {
             dir,
             state: Mutex::new((free, next)),
         }
+    }
+
+    /// The directory the spares are kept in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     fn paths(&self, n: u64) -> (PathBuf, PathBuf) {

@@ -100,8 +100,12 @@ impl<B: Backend> Inner<B> {
 
     pub(crate) fn stats(&self) -> CacheStats {
         let mut per: HashMap<u32, VdiStats> = HashMap::new();
+        let mut oldest_dirty = std::time::Duration::ZERO;
         for (k, o) in self.space.objects.lock().unwrap().iter() {
             let st = o.state.lock().unwrap();
+            if let Some(t) = st.dirty_since {
+                oldest_dirty = oldest_dirty.max(t.elapsed());
+            }
             let e = per.entry(k.0).or_default();
             e.used += o.bytes_of(st.valid.count());
             e.dirty += o.bytes_of(st.dirty.count());
@@ -179,6 +183,8 @@ impl<B: Backend> Inner<B> {
             default_mode: Some(self.cfg.mode),
             push_errors: self.pushes.push_errors.load(Ordering::Relaxed),
             last_push_error: self.pushes.last_push_error.lock().unwrap().clone(),
+            push_retries: self.pushes.push_retries.load(Ordering::Relaxed),
+            oldest_dirty_ms: oldest_dirty.as_millis() as u64,
             total,
             vdis,
         }

@@ -1,169 +1,17 @@
-//! The cache in process, over VDIs in memory ([`MemVolume`]) and a lock table in memory:
-//! fills, admission into a full cache, eviction under a small size, dirty tracking, flush, mode
-//! changes, and a crash (the cache dropped without unmounting) followed by a restart on the
-//! same directory.
+//! The cache in process, over VDIs in memory ([`objstore_client::MemVolume`]) and a lock
+//! table in memory (`common`): fills, admission into a full cache, eviction under a small
+//! size, dirty tracking, flush, mode changes, and a crash (the cache dropped without
+//! unmounting) followed by a restart on the same directory.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use cache_control::{CacheMode, CacheStats};
-use objcache::{Backend, Cache, CacheConfig, Missed};
-use objstore_client::lock::{LockError, LockInfo, Renewal};
-use objstore_client::{ClientError, MemVolume, VdiError, Volume};
-use objstore_proto::Vid;
-
-/// One VDI in memory, shared by every open of it.
-struct Vol(Arc<MemVolume>);
-
-impl Volume for Vol {
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn vid(&self) -> Vid {
-        self.0.vid()
-    }
-    fn size(&self) -> u64 {
-        self.0.size()
-    }
-    fn object_size(&self) -> u32 {
-        self.0.object_size()
-    }
-    fn is_allocated(&self, index: u64) -> bool {
-        self.0.is_allocated(index)
-    }
-    async fn read_at(&self, offset: u64, len: u64) -> Result<Bytes, VdiError> {
-        self.0.read_at(offset, len).await
-    }
-    async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
-        self.0.write_at(offset, data).await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
-        self.0.discard(offset, len).await
-    }
-    async fn flush(&self) -> Result<(), VdiError> {
-        self.0.flush().await
-    }
-    async fn refresh(&self) -> Result<(), VdiError> {
-        self.0.refresh().await
-    }
-}
-
-/// A cluster in memory: VDIs by name, and their locks (owner, generation).
-#[derive(Default)]
-struct Mem {
-    vols: Mutex<HashMap<String, Arc<MemVolume>>>,
-    locks: Mutex<HashMap<String, (Option<String>, u64)>>,
-    flushes: AtomicU64,
-}
-
-#[derive(Clone, Default)]
-struct MemCluster(Arc<Mem>);
-
-impl MemCluster {
-    fn add(&self, name: &str, vid: u32, size: u64, object_size: u32) -> Arc<MemVolume> {
-        let v = Arc::new(MemVolume::new(name, Vid(vid), size, object_size));
-        self.0.vols.lock().unwrap().insert(name.into(), v.clone());
-        v
-    }
-}
-
-impl Backend for MemCluster {
-    type Volume = Vol;
-
-    async fn open(&self, name: &str) -> Result<Vol, VdiError> {
-        let vols = self.0.vols.lock().unwrap();
-        let v = vols.get(name).ok_or(VdiError::NotFound(name.into()))?;
-        Ok(Vol(v.clone()))
-    }
-
-    async fn acquire(
-        &self,
-        name: &str,
-        owner: &str,
-        host: &str,
-        _ttl: Option<Duration>,
-        _resume: Option<u64>,
-    ) -> Result<LockInfo, LockError> {
-        let mut locks = self.0.locks.lock().unwrap();
-        let (held, gen) = locks.entry(name.into()).or_insert((None, 0));
-        match held {
-            Some(o) if o == owner => {}
-            Some(o) => panic!("'{name}' is held by {o}: the tests attach from one cache"),
-            None => {
-                *held = Some(owner.into());
-                *gen += 1;
-            }
-        }
-        Ok(LockInfo {
-            vdi: name.into(),
-            owner: owner.into(),
-            host: host.into(),
-            since: 0,
-            gen: *gen,
-            lease: None,
-            ttl_secs: None,
-        })
-    }
-
-    async fn keepalive(&self, _held: &LockInfo) -> Result<Renewal, LockError> {
-        Ok(Renewal::Alive)
-    }
-
-    async fn release(&self, name: &str, owner: &str) -> Result<(), LockError> {
-        if let Some((held, _)) = self.0.locks.lock().unwrap().get_mut(name) {
-            if held.as_deref() == Some(owner) {
-                *held = None;
-            }
-        }
-        Ok(())
-    }
-
-    fn under_lock(&self, _v: &Vol) {}
-
-    async fn flush(&self) -> Result<(), ClientError> {
-        self.0.flushes.fetch_add(1, Ordering::SeqCst);
-        Ok(())
-    }
-
-    fn timeout(&self) -> Duration {
-        Duration::from_secs(5)
-    }
-}
-
-const MIB: u64 = 1 << 20;
-
-fn config(dir: &Path, size: u64) -> CacheConfig {
-    CacheConfig {
-        dir: dir.to_path_buf(),
-        size,
-        mode: CacheMode::Writeback,
-        max_dirty: size,
-        max_dirty_age: Duration::from_secs(3600),
-        sequential_cutoff: 0,
-        lock_ttl: Duration::from_secs(15),
-    }
-}
-
-/// Bytes that change from one offset to the next, different for each `seed`.
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| (((seed + i) * 2654435761) >> 13) as u8)
-        .collect()
-}
-
-/// Polls `done` until it holds (or panics after 10 s): for work the cache does in the
-/// background.
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use common::*;
+use objcache::{Cache, Missed};
+use objstore_client::Volume;
 
 fn vdi_stats(st: &CacheStats, name: &str) -> (u64, u64) {
     st.vdis

@@ -138,6 +138,14 @@ pub struct CacheStats {
     /// Failed pushes since start, and the last failure (data stays dirty and is retried).
     pub push_errors: u64,
     pub last_push_error: Option<String>,
+    /// Pushes started again after a failed one (retries of data that stayed dirty), since
+    /// start.
+    #[serde(default)]
+    pub push_retries: u64,
+    /// How long the oldest dirty data has waited to be pushed, in milliseconds (0: nothing
+    /// dirty; data an earlier mount left counts from this mount's start).
+    #[serde(default)]
+    pub oldest_dirty_ms: u64,
     pub total: VdiStats,
     pub vdis: Vec<VdiStats>,
 }
@@ -225,7 +233,7 @@ mod golden {
     #[test]
     fn stats_line() {
         const GOLD: &str = concat!(
-            r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"fill_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"#,
+            r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"fill_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"push_retries":0,"oldest_dirty_ms":0,"#,
             r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0,"full_writethroughs":0,"full_writethrough_bytes":0},"vdis":[]}}}"#
         );
         let st = CacheStats {

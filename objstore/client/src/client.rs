@@ -370,11 +370,12 @@ impl Client {
     /// Sends a change of `oid` to its primary, which orders it and applies it on every owner.
     ///
     /// The change carries the version this client last saw the object at (8 bytes before the
-    /// data; 0: unknown), and the primary applies it only if the object is still at that
-    /// version. So an attempt this client gave up on (no answer in time) that reaches the
-    /// primary later, after a newer change, is refused instead of applied over it. When the
-    /// object changed otherwise (another writer, an attempt that did land), the primary says
-    /// at which version it is and the client tries again from there.
+    /// data; 0: none seen), and the primary applies it only if the object is still at that
+    /// version (0: the primary has no copy). So an attempt this client gave up on (no answer
+    /// in time) that reaches the primary later, after a newer change, is refused instead of
+    /// applied over it. When the object changed otherwise (another writer, an attempt that
+    /// did land), the primary says at which version it is and the client tries again from
+    /// there: at once the first time it sees the object, after the usual backoff otherwise.
     async fn to_primary(&self, v: &ClusterView, h: Header, payload: Bytes) -> Step<()> {
         let oid = ObjectId(h.oid);
         let primary = match targets(v, oid) {
@@ -383,33 +384,45 @@ impl Client {
         };
         let mut h = h;
         h.epoch = v.epoch();
-        let expected = self
+        let mut expected = self
             .versions
             .lock()
             .unwrap()
             .get(&oid)
             .copied()
             .unwrap_or_default();
-        let prefix = Bytes::copy_from_slice(&expected.0.to_be_bytes());
-        let res = self.call_with_prefix(primary, h, prefix, payload).await;
-        if let Ok(f) = &res {
-            match f.header.result_code() {
-                ResultCode::Ok => {
-                    self.versions
-                        .lock()
-                        .unwrap()
-                        .insert(oid, Version(f.header.offset));
+        let mut first_sight = expected == Version::NONE;
+        let res = loop {
+            let prefix = Bytes::copy_from_slice(&expected.0.to_be_bytes());
+            let res = self
+                .call_with_prefix(primary, h, prefix, payload.clone())
+                .await;
+            if let Ok(f) = &res {
+                match f.header.result_code() {
+                    ResultCode::Ok => {
+                        self.versions
+                            .lock()
+                            .unwrap()
+                            .insert(oid, Version(f.header.offset));
+                    }
+                    ResultCode::Conflict => {
+                        let now = Version(f.header.offset);
+                        self.versions.lock().unwrap().insert(oid, now);
+                        if first_sight {
+                            // This client had seen no version: now it has, try again at once.
+                            first_sight = false;
+                            expected = now;
+                            continue;
+                        }
+                        return Step::Retry(format!(
+                            "{primary}: object {oid} is at {now:?}, not at {expected:?} as this client last changed it"
+                        ));
+                    }
+                    _ => {}
                 }
-                ResultCode::Conflict => {
-                    let now = Version(f.header.offset);
-                    self.versions.lock().unwrap().insert(oid, now);
-                    return Step::Retry(format!(
-                        "{primary}: object {oid} is at {now:?}, not at {expected:?} as this client last changed it"
-                    ));
-                }
-                _ => {}
             }
-        }
+            break res;
+        };
         match answer(primary, res) {
             Answer::Ok(_) => Step::Done(()),
             Answer::NotFound => Step::Fatal(ClientError::NotFound(ObjectId(h.oid))),

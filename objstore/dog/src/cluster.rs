@@ -372,6 +372,12 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
                                 rc.waiting_epoch
                             );
                         }
+                        if rc.data_lost > 0 {
+                            s += &format!(
+                                "{:<22} {} object(s) lost data with failed fdatasyncs that no other node held (see the node's log)\n",
+                                "", rc.data_lost
+                            );
+                        }
                     }
                     None => s += &format!("{:<22} unreachable\n", r.addr),
                 }

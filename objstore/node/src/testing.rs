@@ -114,7 +114,8 @@ impl MemCluster {
         let parts = NodeParts {
             store: Some(n.store.clone()),
             listener: Some(listener),
-            ..NodeParts::new(Arc::new(self.net.clone()))
+            // Connections from this node come from its address: link faults apply to them.
+            ..NodeParts::new(Arc::new(self.net.endpoint(n.addr)))
         };
         let running = rt.block_on(Node::start_with(opts, parts))?;
         n.up = Some((rt, running));

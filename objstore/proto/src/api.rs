@@ -96,4 +96,9 @@ pub struct RecoveryStatus {
     /// The newest epoch in which those nodes could have acknowledged writes.
     #[serde(default)]
     pub waiting_epoch: u32,
+    /// Objects since this node started whose data it lost with a failed `fdatasync` while no
+    /// other node held that data: it kept what remained (see docs/architecture.md,
+    /// "Consistency").
+    #[serde(default)]
+    pub data_lost: u64,
 }

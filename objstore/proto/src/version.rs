@@ -58,6 +58,9 @@ pub const FLAG_DELETED: u32 = 1;
 /// Flag bit in `aux`: the copy was being written when its node stopped, so its bytes may hold
 /// a change newer than its version (see [`ObjState::suspect`]).
 pub const FLAG_SUSPECT: u32 = 2;
+/// Flag bit in `aux` (listings only): the node lost this copy's data at this version with a
+/// failed `fdatasync` and has not restored it (see [`ObjState::lost`]).
+pub const FLAG_LOST: u32 = 4;
 
 /// What a node holds of one object: its version, whether that version is a delete, and
 /// whether the copy's bytes may be newer than its version.
@@ -71,6 +74,11 @@ pub struct ObjState {
     /// before any of them serves it.
     #[serde(default)]
     pub suspect: bool,
+    /// Listings only: the node's copy lost the data of `version` with a failed `fdatasync`
+    /// and is not restored yet. Its bytes are nobody's reference: it is never a source, and it
+    /// never makes another node give up its own copy; it only says that `version` existed.
+    #[serde(default)]
+    pub lost: bool,
 }
 
 impl ObjState {
@@ -79,6 +87,7 @@ impl ObjState {
             version,
             deleted: false,
             suspect: false,
+            lost: false,
         }
     }
 
@@ -87,6 +96,7 @@ impl ObjState {
             version,
             deleted: true,
             suspect: false,
+            lost: false,
         }
     }
 
@@ -99,6 +109,9 @@ impl ObjState {
         if self.suspect {
             f |= FLAG_SUSPECT;
         }
+        if self.lost {
+            f |= FLAG_LOST;
+        }
         f
     }
 
@@ -107,6 +120,7 @@ impl ObjState {
             version: Version(version),
             deleted: flags & FLAG_DELETED != 0,
             suspect: flags & FLAG_SUSPECT != 0,
+            lost: flags & FLAG_LOST != 0,
         }
     }
 
@@ -182,9 +196,16 @@ mod tests {
                     ..ObjState::live(Version(9))
                 },
             ),
+            (
+                ObjectId(4),
+                ObjState {
+                    lost: true,
+                    ..ObjState::live(Version(10))
+                },
+            ),
         ];
         let b = encode_list(&list);
-        assert_eq!(b.len(), 3 * LIST_ENTRY);
+        assert_eq!(b.len(), 4 * LIST_ENTRY);
         assert_eq!(decode_list(&b).unwrap(), list);
         assert!(decode_list(&b[..20]).is_none());
     }

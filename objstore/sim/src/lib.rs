@@ -27,7 +27,7 @@ use thiserror::Error;
 
 pub use checker::{Kind, Violation};
 pub use nemesis::Faults;
-pub use run::{run, Report, Stats};
+pub use run::{elapsed, run, Report, Stats};
 
 /// Why a run could not be carried out (not a finding: findings are [`Violation`]s).
 #[derive(Debug, Error)]

@@ -67,6 +67,16 @@ fn options(cfg: &Config) -> ClientOptions {
     }
 }
 
+thread_local! {
+    /// When the seed running on this thread started (its paused clock).
+    static STARTED: std::cell::Cell<Option<tokio::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Simulated time since the seed running on this thread started: for log lines (`SIM_LOG`).
+pub fn elapsed() -> Option<Duration> {
+    STARTED.with(|s| s.get()).map(|t| t.elapsed())
+}
+
 /// Runs seed `seed` with `cfg` (see the crate documentation).
 pub fn run(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -76,6 +86,7 @@ pub fn run(seed: u64, cfg: &Config) -> Result<Report, SimError> {
         .map_err(SimError::Runtime)?;
     let report = rt.block_on(async {
         let start = tokio::time::Instant::now();
+        STARTED.with(|s| s.set(Some(start)));
         let mut r = match tokio::time::timeout(RUN_LIMIT, run_seed(seed, cfg)).await {
             Ok(r) => r?,
             Err(_) => Report {

@@ -10,6 +10,8 @@
 //!
 //! `SIM_FAULTS=crashes,partitions,hangs,delays,resets,disk_full,fsync_errors` (any subset)
 //! keeps only those fault classes; `SIM_SHARED=1` lets clients write each other's objects.
+//! With `SEED`, `SIM_LOG=FILTER` (e.g. `info`, `objstore_node=debug`) prints the nodes' logs,
+//! each line with its simulated time and node.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,8 +84,28 @@ fn config() -> Config {
     cfg
 }
 
+/// Log lines stamped with the simulated time of the seed running.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match objstore_sim::elapsed() {
+            Some(t) => write!(w, "{:>11.6}", t.as_secs_f64()),
+            None => write!(w, "{:>11}", "-"),
+        }
+    }
+}
+
 fn check_seeds(strict: bool) {
     let cfg = config();
+    if let (Some(_), Ok(filter)) = (env_u64("SEED"), std::env::var("SIM_LOG")) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_timer(SimTime)
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let seeds: Vec<u64> = match env_u64("SEED") {
         Some(s) => vec![s],
         None => {

@@ -24,11 +24,8 @@ impl<B: Backend> CachedVdi<B> {
         mark_dirty: bool,
     ) -> Result<(), CacheError> {
         let at = idx as u64 * self.object_size + off;
-        let cached = self.peek(idx);
-        let _no_push = match &cached {
-            Some(o) => Some(o.pushing.lock().await),
-            None => None,
-        };
+        let cached = self.cached_in(at, piece.len() as u64);
+        let _no_push = super::write::hold_pushes(&cached).await;
         self.bypassing(self.vdi.write_at(at, piece.clone())).await?;
         self.update_cached(idx, off, &piece, mark_dirty)
     }

@@ -11,6 +11,7 @@ use super::{io_err, CachedVdi};
 use crate::closing::Admit;
 use crate::full::disk_full;
 use crate::object::{CachedObject, State, BLOCK};
+use crate::space::Pinned;
 use crate::stats::Counters;
 use crate::{Backend, CacheError, Inner};
 
@@ -109,6 +110,9 @@ impl<B: Backend> CachedVdi<B> {
         }
         match self.mode() {
             CacheMode::Off => {
+                // A push in flight would land its older bytes over this write.
+                let held = self.cached_in(offset, data.len() as u64);
+                let _pushes = hold_pushes(&held).await;
                 self.bypassing(self.vdi.write_at(offset, data.clone()))
                     .await?;
                 self.invalidate(offset, data.len() as u64);
@@ -294,6 +298,9 @@ impl<B: Backend> CachedVdi<B> {
             let before = (st.valid.count(), st.dirty.count());
             st.valid.set_range(b0, b1, false);
             st.dirty.set_range(b0, b1, false);
+            if st.dirty.is_empty() {
+                st.dirty_since = None;
+            }
             let _ = o.save(&st);
             let after = (st.valid.count(), st.dirty.count());
             drop(st);
@@ -303,20 +310,25 @@ impl<B: Backend> CachedVdi<B> {
                 .fetch_sub((before.0 - after.0) as u64 * BLOCK, Ordering::SeqCst);
             self.inner
                 .space
-                .dirty
-                .fetch_sub((before.1 - after.1) as u64 * BLOCK, Ordering::SeqCst);
+                .undirty((before.1 - after.1) as u64 * BLOCK);
         }
     }
 
     /// Discard: the range reads as zeros afterwards, here and in the cluster. Whole cached
     /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
     /// part and keep their other bytes (and dirty state).
+    ///
+    /// A push of a cached object in the range that is in flight is waited for, and none
+    /// starts until the cluster has the discard: the push's older bytes never land after
+    /// the zeros, and it never writes into an object the discard removes.
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         self.pass_gate().await;
         self.check_lock()?;
         if self.inner.closing.closed() {
             return Err(CacheError::Closed);
         }
+        let held = self.cached_in(offset, len);
+        let _pushes = hold_pushes(&held).await;
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
         let last_whole = end / BLOCK * BLOCK;
@@ -344,6 +356,13 @@ impl<B: Backend> CachedVdi<B> {
         }
         Ok(self.bypassing(self.vdi.discard(offset, len)).await?)
     }
+
+    /// The cached objects of a range, in index order (pinned).
+    pub(super) fn cached_in(&self, offset: u64, len: u64) -> Vec<Pinned> {
+        self.pieces(offset, len)
+            .filter_map(|(idx, ..)| self.peek(idx))
+            .collect()
+    }
 }
 
 /// Bytes [`Inner::reserve`]d for a write, given back unless [`Reserved::settle`]d with what
@@ -366,6 +385,18 @@ impl<B: Backend> Drop for Reserved<'_, B> {
             self.inner.settle(self.bytes, 0);
         }
     }
+}
+
+/// Waits for the pushes of `objects` in flight and keeps new ones from starting while the
+/// guards live: for changes that reach the cluster without the cache (a discard, a write
+/// that bypasses it), which a push of older bytes must not follow. Taken in the objects'
+/// order, as every caller lists them by index.
+pub(super) async fn hold_pushes(objects: &[Pinned]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+    let mut guards = Vec::with_capacity(objects.len());
+    for o in objects {
+        guards.push(o.pushing.lock().await);
+    }
+    guards
 }
 
 /// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and
@@ -428,14 +459,15 @@ fn commit(
             st.valid.set_range(b, b + 1, true);
             added += 1;
         }
-        if dirty {
-            if !st.dirty.get(b) {
-                st.dirty.set_range(b, b + 1, true);
-                dirtied += 1;
-            }
-            if let Some(r) = st.rewritten.as_mut() {
-                r.set_range(b, b + 1, true);
-            }
+        if dirty && !st.dirty.get(b) {
+            st.dirty.set_range(b, b + 1, true);
+            dirtied += 1;
+        }
+        // A push in flight read the block before this write: it stays dirty and goes out
+        // again. Writethrough too: its bytes are in the cluster already, but a block still
+        // dirty from writeback may be on its way there with older ones.
+        if let Some(r) = st.rewritten.as_mut() {
+            r.set_range(b, b + 1, true);
         }
     }
     if dirty && st.dirty_since.is_none() {

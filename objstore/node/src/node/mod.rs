@@ -111,6 +111,9 @@ impl Epoch {
 
 pub struct Node {
     me: NodeInfo,
+    /// The span every task of this node runs in: named after its address when the node runs
+    /// inline (several nodes in one process: the simulator, in-process tests), none otherwise.
+    span: tracing::Span,
     cluster_id: String,
     store: Arc<dyn ObjectBackend>,
     driver: Arc<dyn Driver>,
@@ -312,6 +315,7 @@ impl Node {
             view.nodes.len()
         );
         let (epoch_tx, _) = watch::channel(Epoch::new(view));
+        let me_addr = me.addr;
         let node = Arc::new(Node {
             me,
             cluster_id,
@@ -333,11 +337,16 @@ impl Node {
             stop: AtomicBool::new(false),
             tick_error: Mutex::new(None),
             pull_delay: opts.pull_delay,
+            span: if inline {
+                tracing::info_span!("node", addr = %me_addr)
+            } else {
+                tracing::Span::none()
+            },
             inline,
             _dir_lock: dir_lock,
         });
         let ticker = if inline {
-            Ticker::Task(tokio::spawn(node.clone().tick_task()))
+            Ticker::Task(node.spawn(node.clone().tick_task()))
         } else {
             let node = node.clone();
             Ticker::Thread(
@@ -348,14 +357,24 @@ impl Node {
             )
         };
         let tasks = vec![
-            tokio::spawn(recovery::run(node.clone())),
-            tokio::spawn(server::serve(node.clone(), listener)),
+            node.spawn(recovery::run(node.clone())),
+            node.spawn(server::serve(node.clone(), listener)),
         ];
         Ok(Running {
             node,
             ticker: Some(ticker),
             tasks,
         })
+    }
+
+    /// Spawns a task of this node, in its span.
+    pub(crate) fn spawn<F>(&self, f: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        use tracing::Instrument;
+        tokio::spawn(f.instrument(self.span.clone()))
     }
 
     /// Runs a store or driver call: on tokio's blocking pool, or inline when the node runs

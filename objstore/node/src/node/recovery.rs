@@ -84,6 +84,9 @@ pub(super) struct Recovery {
     /// every plan, so this node never serves or writes over an older copy as if it were
     /// current.
     lost: Mutex<HashMap<ObjectId, Version>>,
+    /// Wakes the recovery task to plan the current epoch again (a copy lost outside a round,
+    /// by a failed flush, that the flush could not restore).
+    replan: Notify,
     safety: RwLock<Arc<Safety>>,
     status: Mutex<RecoveryStatus>,
 }
@@ -96,6 +99,7 @@ impl Default for Recovery {
             recovered: AtomicU32::new(0),
             pending: Mutex::default(),
             lost: Mutex::default(),
+            replan: Notify::new(),
             safety: RwLock::new(Arc::new(Safety::all())),
             status: Mutex::default(),
         }
@@ -113,6 +117,9 @@ enum Plan {
         safety: Safety,
         /// Objects held or listed that wait for nodes that are down.
         waiting: u64,
+        /// Objects of which another node lost a newer version and has not decided what
+        /// remains: the round plans again.
+        unsettled: u64,
         /// Members of the epoch whose listing did not come: their copies, maybe the newest
         /// of some objects, were not seen, so the round plans again until they answer.
         unlisted: Vec<SocketAddr>,
@@ -176,7 +183,32 @@ impl Recovery {
 
     /// Remembers that this node's copy of `oid` lost the data of version `want`.
     pub(super) fn lose(&self, oid: ObjectId, want: Version) {
-        self.lost.lock().unwrap().insert(oid, want);
+        let mut lost = self.lost.lock().unwrap();
+        let w = lost.entry(oid).or_insert(want);
+        *w = (*w).max(want);
+    }
+
+    /// The version this node's copy of `oid` lost, while it is not restored.
+    pub(super) fn lost(&self, oid: ObjectId) -> Option<Version> {
+        self.lost.lock().unwrap().get(&oid).copied()
+    }
+
+    /// Every copy lost and not restored, with the version lost.
+    pub(super) fn lost_copies(&self) -> Vec<(ObjectId, Version)> {
+        let mut v: Vec<_> = self
+            .lost
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(o, w)| (*o, *w))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Plans the current epoch again once the round in progress (if any) ends.
+    pub(super) fn plan_again(&self) {
+        self.replan.notify_one();
     }
 
     /// Replaces `hold` (if still there) by a pull from `sources`.
@@ -231,6 +263,11 @@ impl Node {
             return Err(PullFailed::Waiting { nodes, epoch });
         }
         let Some(pull) = self.recovery.pending.lock().unwrap().get(&oid).cloned() else {
+            // A copy lost by a failed flush is never used as it is, even in the moment before
+            // it is held pending (a flush restoring it, the next plan).
+            if self.recovery.lost(oid).is_some() {
+                return Err(PullFailed::Unavailable);
+            }
             return Ok(());
         };
         let res = pull
@@ -279,6 +316,7 @@ impl Node {
             // suspect (every copy of the newest version was): installed, it is not suspect.
             let state = ObjState {
                 suspect: false,
+                lost: false,
                 ..ObjState::from_wire(frame.header.offset, frame.header.aux)
             };
             let store = self.store.clone();
@@ -391,10 +429,18 @@ impl Node {
         let mut present: HashSet<u64> = HashSet::from([self.me.id]);
         // oid -> the holders of its newest version, with their states
         let mut best: HashMap<ObjectId, Vec<(SocketAddr, ObjState)>> = HashMap::new();
+        // oid -> the newest version some other node lost (failed fdatasync) and has not
+        // restored: never a source, but that node may yet keep what remains of it.
+        let mut lost_elsewhere: HashMap<ObjectId, Version> = HashMap::new();
         for (addr, list) in sources.iter().zip(listings) {
             let Some(list) = list else { continue };
             present.insert(ids[addr]);
             for (oid, st) in list {
+                if st.lost {
+                    let w = lost_elsewhere.entry(oid).or_default();
+                    *w = (*w).max(st.version);
+                    continue;
+                }
                 let b = best.entry(oid).or_default();
                 match b.first().map(|(_, s)| s.version) {
                     Some(v) if v > st.version => continue,
@@ -411,39 +457,36 @@ impl Node {
         oids.dedup();
         let mut pending = HashMap::new();
         let mut waiting = 0;
+        let mut unsettled = 0;
+        let all_listed = unlisted.is_empty() && safety.is_complete();
         for oid in oids {
-            if !ep.ring.holds(self.me.id, oid, copies) {
+            let owned = ep.ring.holds(self.me.id, oid, copies);
+            let holders = best.remove(&oid).unwrap_or_default();
+            let lost_want = self.recovery.lost(oid);
+            if !owned {
+                if let Some(want) = lost_want {
+                    self.drop_lost_unowned(e, oid, want, &holders, all_listed)
+                        .await;
+                }
                 continue;
             }
             if !safety.safe(oid) {
                 waiting += 1;
                 continue;
             }
-            let holders = best.remove(&oid).unwrap_or_default();
-            let lost_want = self.recovery.lost.lock().unwrap().get(&oid).copied();
-            let all_listed = unlisted.is_empty() && safety.is_complete();
+            let mut mine = local.get(&oid).copied();
             if let Some(want) = lost_want {
                 // Only a copy at least as new as the one lost will do; none up: it waits,
                 // unless every node that could hold one listed its copies and none has it
                 // (the data is gone everywhere: the flush that lost it failed, so it was never
-                // promised durable): then the newest copy there is will do.
+                // promised durable): then what remains here competes with the newest copy
+                // there is, as a suspect copy.
                 let sources: Vec<SocketAddr> = holders
                     .iter()
                     .filter(|(_, st)| st.version >= want)
                     .map(|(a, _)| *a)
                     .collect();
-                if sources.is_empty() && all_listed {
-                    tracing::error!(
-                        "epoch {e}: object {oid}: no node holds the data this node lost at {want:?}; taking the newest copy there is"
-                    );
-                    self.recovery.lost.lock().unwrap().remove(&oid);
-                    let _ = self
-                        .blocking({
-                            let store = self.store.clone();
-                            move || store.forget(oid)
-                        })
-                        .await;
-                } else {
+                if !sources.is_empty() || !all_listed {
                     if sources.is_empty() {
                         waiting += 1;
                     }
@@ -457,12 +500,31 @@ impl Node {
                     );
                     continue;
                 }
+                match self.accept_lost(e, oid, want).await {
+                    Some(st) => mine = st,
+                    None => {
+                        // Could not even keep what remains: it stays lost, planned again.
+                        waiting += 1;
+                        pending.insert(
+                            oid,
+                            Arc::new(Pull {
+                                want: ObjState::live(want),
+                                sources: Vec::new(),
+                                result: OnceCell::new(),
+                            }),
+                        );
+                        continue;
+                    }
+                }
             }
-            let mine = if lost_want.is_some() {
-                None
-            } else {
-                local.get(&oid).copied()
-            };
+            // Another node lost a version newer than this copy and may yet keep what remains
+            // of it: whatever is decided now, plan again once it has.
+            if lost_elsewhere
+                .get(&oid)
+                .is_some_and(|w| mine.is_none_or(|m| m.version < *w))
+            {
+                unsettled += 1;
+            }
             match reference(self.me.id, &ids, mine, &holders) {
                 Reference::Mine => {
                     if mine.is_some_and(|m| m.suspect) {
@@ -491,7 +553,56 @@ impl Node {
             pending,
             safety,
             waiting,
+            unsettled,
             unlisted,
+        }
+    }
+
+    /// Keeps what remains of this node's lost copy of `oid` (no node holds the version lost,
+    /// `want`): it becomes a suspect copy at the version last made durable here. None when the
+    /// store failed; the copy stays lost.
+    async fn accept_lost(&self, e: u32, oid: ObjectId, want: Version) -> Option<Option<ObjState>> {
+        let store = self.store.clone();
+        let _ordered = self.replica_lock(oid).lock().await;
+        match self.blocking(move || store.accept_lost(oid)).await {
+            Ok(Ok(st)) => {
+                tracing::error!(
+                    "epoch {e}: object {oid}: no node holds the data this node lost at {want:?} with a failed fdatasync; keeping what remains here ({st:?}) to compare with the other copies"
+                );
+                self.recovery.lost.lock().unwrap().remove(&oid);
+                self.recovery.update(|s| s.data_lost += 1);
+                Some(st)
+            }
+            Ok(Err(err)) => {
+                tracing::warn!("epoch {e}: object {oid}: keeping what remains failed: {err}");
+                None
+            }
+            Err(err) => {
+                tracing::warn!("epoch {e}: object {oid}: keeping what remains failed: {err}");
+                None
+            }
+        }
+    }
+
+    /// A lost copy of an object this node no longer owns: dropped once a copy at least as new
+    /// is held elsewhere (the owners recover from it), or kept as a suspect copy (which the
+    /// owners then see) once every node listed and none holds one.
+    async fn drop_lost_unowned(
+        &self,
+        e: u32,
+        oid: ObjectId,
+        want: Version,
+        holders: &[(SocketAddr, ObjState)],
+        all_listed: bool,
+    ) {
+        if holders.iter().any(|(_, st)| st.version >= want) {
+            let store = self.store.clone();
+            let _ordered = self.replica_lock(oid).lock().await;
+            if matches!(self.blocking(move || store.forget(oid)).await, Ok(Ok(()))) {
+                self.recovery.lost.lock().unwrap().remove(&oid);
+            }
+        } else if all_listed {
+            let _ = self.accept_lost(e, oid, want).await;
         }
     }
 
@@ -502,6 +613,7 @@ impl Node {
         self.recovery.update(|s| {
             *s = RecoveryStatus {
                 epoch: e,
+                data_lost: s.data_lost,
                 ..Default::default()
             }
         });
@@ -517,7 +629,7 @@ impl Node {
         let copies = cfg.copies as usize;
         let mut wait = RETRY_FIRST;
         loop {
-            let (pending, safety, waiting, unlisted) =
+            let (pending, safety, waiting, unsettled, unlisted) =
                 match self.plan(&ep, copies, cfg.min_copies() as usize).await {
                     Plan::Changed => return,
                     Plan::Retry => {
@@ -532,15 +644,17 @@ impl Node {
                         pending,
                         safety,
                         waiting,
+                        unsettled,
                         unlisted,
-                    } => (pending, safety, waiting, unlisted),
+                    } => (pending, safety, waiting, unsettled, unlisted),
                 };
             let total = pending.len() as u64;
             if total > 0 {
                 tracing::info!("epoch {e}: recovering {total} object(s)");
             }
             let sourceless = pending.values().filter(|p| p.sources.is_empty()).count();
-            let complete = safety.is_complete() && unlisted.is_empty() && sourceless == 0;
+            let complete =
+                safety.is_complete() && unlisted.is_empty() && sourceless == 0 && unsettled == 0;
             let (mut waiting_for, waiting_epoch) = safety.waiting_for(None);
             waiting_for.extend(unlisted.iter().copied());
             waiting_for.sort();
@@ -567,13 +681,18 @@ impl Node {
             if !self.pull_all(e, oids).await {
                 return;
             }
-            if complete {
+            // A flush may have lost a copy while the round pulled: not done until it is back.
+            if complete && self.recovery.lost.lock().unwrap().is_empty() {
                 if total > 0 {
                     tracing::info!("epoch {e}: recovery done");
                 }
                 break;
             }
-            if unlisted.is_empty() {
+            if unlisted.is_empty() && waiting == 0 {
+                tracing::info!(
+                    "epoch {e}: {unsettled} object(s) wait for other nodes to settle copies lost by failed fdatasyncs, or for copies lost here: planning again"
+                );
+            } else if unlisted.is_empty() {
                 tracing::warn!(
                     "epoch {e}: {waiting} object(s) here may have newer copies only on {} (down; they may hold objects written at epoch {waiting_epoch}): their I/O waits; 'dog cluster recover --force' accepts the loss",
                     waiting_for
@@ -656,7 +775,8 @@ impl Node {
     }
 }
 
-/// The recovery task: one round per epoch, restarted whenever the epoch changes.
+/// The recovery task: one round per epoch, restarted whenever the epoch changes, and run
+/// again for the same epoch when [`Recovery::plan_again`] asks.
 pub(super) async fn run(node: Arc<Node>) {
     let mut rx = node.subscribe();
     loop {
@@ -670,8 +790,15 @@ pub(super) async fn run(node: Arc<Node>) {
                 }
             }
             _ = round => {
-                if rx.changed().await.is_err() {
-                    return;
+                // Wait for the next epoch, or plan this one again when asked.
+                tokio::select! {
+                    biased;
+                    r = rx.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                    }
+                    _ = node.recovery.replan.notified() => {}
                 }
             }
         }

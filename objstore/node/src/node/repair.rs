@@ -32,7 +32,7 @@ impl Node {
             return;
         }
         let node = self.clone();
-        tokio::spawn(async move {
+        self.spawn(async move {
             let mut wait = REPAIR_FIRST;
             loop {
                 tokio::time::sleep(wait).await;
@@ -166,14 +166,17 @@ impl Node {
     /// meanwhile; the local copy stays, unreadable, so nothing treats the object as new) and
     /// pulled again from an owner holding at least the version lost (`want`). Err names the
     /// first that no owner up holds that new: the data the flush was to make durable is not
-    /// here, the flush must fail, and the object stays held until such a copy is found.
+    /// here, the flush must fail, and the object stays held until such a copy is found; the
+    /// recovery round plans it again (and keeps what remains once no node holds that data).
     pub(super) async fn restore_lost(&self, lost: &[(ObjectId, Version)]) -> Result<(), ObjectId> {
         let ep = self.epoch();
         let epoch = ep.view.epoch;
         let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
         let mut first_err = None;
         for &(oid, want) in lost {
-            // Block I/O on it before anything else: a pull with no source fails (Busy).
+            // First of all: from now on nothing uses this copy as it is.
+            self.recovery.lose(oid, want);
+            let want = self.recovery.lost(oid).unwrap_or(want);
             let hold = self.recovery.hold(oid, ObjState::live(want));
             let mut held = Vec::new();
             for n in ep.ring.replicas(oid, copies) {
@@ -190,16 +193,18 @@ impl Node {
                 .filter(|(_, st)| st.version >= want)
                 .map(|(a, _)| *a)
                 .collect();
-            self.recovery.lose(oid, want);
             self.recovery.release(oid, &hold, sources);
-            let restored = self.ensure_recovered(oid).await.is_ok();
-            if !restored {
-                tracing::error!(
-                    "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner holds it (restored: {restored})"
-                );
-                first_err.get_or_insert(oid);
-            } else {
+            // Restored only when a copy at least as new as the one lost is installed.
+            let restored =
+                self.ensure_recovered(oid).await.is_ok() && self.recovery.lost(oid).is_none();
+            if restored {
                 tracing::info!("object {oid} restored from another replica after a failed flush");
+            } else {
+                tracing::error!(
+                    "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner up gives it; it stays unreadable here and is planned again"
+                );
+                self.recovery.plan_again();
+                first_err.get_or_insert(oid);
             }
         }
         match first_err {

@@ -201,9 +201,10 @@ impl Node {
         let _ordered = self.obj_lock(oid).lock().await;
         let cur = self.store.meta(oid);
         let base = cur.map(|c| c.version).unwrap_or_default();
-        if expected != Version::NONE && expected != base {
-            // The client last saw the object at another version: this is an attempt it gave
-            // up on, arriving late, or the object changed since. Never applied over it.
+        if expected != base {
+            // The client last saw the object at another version (or saw none, and there is
+            // one): this is an attempt it gave up on, arriving late, or the object changed
+            // since. Never applied over it; the client retries from `base`.
             let mut f = Failure::new(
                 ResultCode::Conflict,
                 format!("object {oid} is at {base:?}, the change expects {expected:?}"),

@@ -32,7 +32,7 @@ pub(super) async fn serve(node: Arc<Node>, mut listener: Listener) {
     loop {
         match listener.accept().await {
             Ok((rd, wr, peer)) => {
-                tokio::spawn(connection(node.clone(), rd, wr, peer));
+                node.spawn(connection(node.clone(), rd, wr, peer));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotConnected => return,
             Err(e) => {
@@ -54,10 +54,10 @@ async fn connection(node: Arc<Node>, rd: Reader, wr: Writer, peer: SocketAddr) {
     loop {
         match read_frame(&mut r).await {
             Ok(Some(frame)) => {
-                let node = node.clone();
+                let n = node.clone();
                 let wr = wr.clone();
-                tokio::spawn(async move {
-                    let (h, payload) = handle(&node, frame).await;
+                node.spawn(async move {
+                    let (h, payload) = handle(&n, frame).await;
                     let mut w = wr.lock().await;
                     if write_frame(&mut *w, &h, &payload).await.is_ok() {
                         let _ = w.flush().await;
@@ -161,6 +161,25 @@ async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
         dispatch(node, &h, frame.payload).await
     };
     let epoch = node.epoch().view.epoch;
+    if tracing::enabled!(tracing::Level::TRACE) {
+        match &res {
+            Ok(r) => tracing::trace!(
+                "{:?} {} at epoch {} (here {epoch}): ok {:?}",
+                h.opcode,
+                ObjectId(h.oid),
+                h.epoch,
+                r.version
+            ),
+            Err(f) => tracing::trace!(
+                "{:?} {} at epoch {} (here {epoch}): {:?} {}",
+                h.opcode,
+                ObjectId(h.oid),
+                h.epoch,
+                f.code,
+                f.message
+            ),
+        }
+    }
     match res {
         Ok(r) => {
             let mut rh = h.response(ResultCode::Ok, epoch);
@@ -208,6 +227,23 @@ fn task_failure(e: tokio::task::JoinError) -> Failure {
 
 /// The version a client expects an object at (the first 8 bytes of a `WriteObj` or `RemoveObj`
 /// payload), and the rest.
+/// What `PeerList` answers: every copy here with its state, a copy lost by a failed flush
+/// and not restored shown at the version lost and marked lost ([`ObjState::lost`]).
+fn listing(node: &Node) -> Vec<(ObjectId, ObjState)> {
+    let mut list = node.store.list();
+    for (oid, want) in node.recovery.lost_copies() {
+        let lost = ObjState {
+            lost: true,
+            ..ObjState::live(want)
+        };
+        match list.binary_search_by_key(&oid, |(o, _)| *o) {
+            Ok(i) => list[i].1 = lost,
+            Err(i) => list.insert(i, (oid, lost)),
+        }
+    }
+    list
+}
+
 fn split_expected(payload: &Bytes) -> Option<(Version, Bytes)> {
     let v = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
     Some((Version(v), payload.slice(8..)))
@@ -342,8 +378,8 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::Flush => {
             let store = node.store.clone();
-            match node.blocking(move || store.flush()).await {
-                Ok(Ok(())) => Ok(Reply::empty()),
+            let mut lost = match node.blocking(move || store.flush()).await {
+                Ok(Ok(())) => Vec::new(),
                 Ok(Err(StoreError::SyncFailed { oids, source })) => {
                     // The data of these copies may be gone: never acknowledge them; restore
                     // them from the other owners (installed durably) or fail.
@@ -351,17 +387,27 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                         "flush could not make {} object(s) durable ({source}); restoring them from other replicas",
                         oids.len()
                     );
-                    node.restore_lost(&oids).await.map_err(|oid| {
-                        Failure::new(
-                            ResultCode::Io,
-                            format!("object {oid} could not be made durable here and no replica could restore it"),
-                        )
-                    })?;
-                    Ok(Reply::empty())
+                    oids
                 }
-                Ok(Err(e)) => Err(e.into()),
-                Err(e) => Err(task_failure(e)),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(e) => return Err(task_failure(e)),
+            };
+            // Copies an earlier flush lost and nothing has restored yet: their data is not
+            // durable here either, so this flush fails too unless they come back now.
+            for (oid, want) in node.recovery.lost_copies() {
+                if !lost.iter().any(|(o, _)| *o == oid) {
+                    lost.push((oid, want));
+                }
             }
+            if !lost.is_empty() {
+                node.restore_lost(&lost).await.map_err(|oid| {
+                    Failure::new(
+                        ResultCode::Io,
+                        format!("object {oid} could not be made durable here and no replica could restore it"),
+                    )
+                })?;
+            }
+            Ok(Reply::empty())
         }
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
             ResultCode::NotFound,
@@ -392,7 +438,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     format!("changes of epochs before {cur} are still in progress"),
                 ));
             }
-            Ok(Reply::bytes(encode_list(&node.store.list())))
+            Ok(Reply::bytes(encode_list(&listing(node))))
         }
         Opcode::PeerWrite => {
             let _change = node.enter(h.epoch);

@@ -104,6 +104,7 @@ fn parse_name(name: &str) -> Option<(ObjectId, ObjState)> {
             version: Version(u64::from_str_radix(version, 16).ok()?),
             deleted,
             suspect,
+            lost: false,
         },
     ))
 }
@@ -207,6 +208,7 @@ impl FileStore {
     ) -> Result<(), StoreError> {
         let state = ObjState {
             suspect: false,
+            lost: false,
             ..state
         };
         let name = file_name(oid, state.version, state.deleted, false);
@@ -368,6 +370,36 @@ impl ObjectBackend for FileStore {
         Ok(())
     }
 
+    fn accept_lost(&self, oid: ObjectId) -> Result<Option<ObjState>, StoreError> {
+        let _g = self.lock(oid).write().unwrap();
+        let Some(e) = self.entry(oid) else {
+            self.bad.lock().unwrap().remove(&oid);
+            return Ok(None);
+        };
+        if !self.bad.lock().unwrap().contains(&oid) {
+            return Ok(Some(e.state));
+        }
+        // The file holds what its last successful sync made durable (its name's version) and
+        // maybe some later pages: suspect at the named version, marked as such on disk.
+        let after = Entry {
+            state: ObjState {
+                version: e.disk,
+                suspect: true,
+                ..e.state
+            },
+            marked: true,
+            ..e
+        };
+        let (from, to) = (self.path(oid, &e), self.path(oid, &after));
+        if from != to {
+            fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
+            fsync_dir(&self.dir).map_err(|err| StoreError::io(oid, "sync dir", err))?;
+        }
+        self.index.lock().unwrap().insert(oid, after);
+        self.bad.lock().unwrap().remove(&oid);
+        Ok(Some(after.state))
+    }
+
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
         let Some(e) = self.entry(oid) else {
@@ -509,6 +541,39 @@ mod tests {
             1,
             "only .tmp is left"
         );
+    }
+
+    /// A copy whose fdatasync failed is unreadable; kept with `accept_lost` (no replica holds
+    /// its data), it is suspect at the version last synced, readable, and stays suspect after a
+    /// reopen.
+    #[test]
+    fn a_lost_copy_kept_is_suspect_at_its_synced_version() {
+        let d = tempfile::tempdir().unwrap();
+        let oid = ObjectId::data(Vid(1), ObjIndex(3));
+        let s = FileStore::open(d.path()).unwrap();
+        s.write(oid, 0, b"a", v(1)).unwrap();
+        s.write(oid, 0, b"b", v(2)).unwrap();
+        s.flush().unwrap();
+        s.write(oid, 0, b"c", v(3)).unwrap();
+        // What a failed fdatasync does to it (see `flush`).
+        s.dirty.lock().unwrap().remove(&oid);
+        s.bad.lock().unwrap().insert(oid);
+        assert!(s.read(oid, 0, 1).is_err());
+        let kept = s.accept_lost(oid).unwrap().unwrap();
+        assert_eq!(
+            kept,
+            ObjState {
+                suspect: true,
+                ..ObjState::live(v(2))
+            }
+        );
+        assert_eq!(s.meta(oid), Some(kept));
+        assert!(s.read(oid, 0, 1).is_ok());
+        // Accepting a copy that is not lost changes nothing.
+        assert_eq!(s.accept_lost(oid).unwrap(), Some(kept));
+        drop(s);
+        let s = FileStore::open(d.path()).unwrap();
+        assert_eq!(s.meta(oid), Some(kept));
     }
 
     /// The version in a file's name is the last one synced: a reopen without a flush shows the

@@ -319,6 +319,7 @@ impl ObjectBackend for MemStore {
             },
             state: ObjState {
                 suspect: false,
+                lost: false,
                 ..state
             },
         };
@@ -338,6 +339,20 @@ impl ObjectBackend for MemStore {
             }
         }
         Ok(())
+    }
+
+    fn accept_lost(&self, oid: ObjectId) -> Result<Option<ObjState>, StoreError> {
+        let mut guard = self.state.lock().unwrap();
+        let st: &mut State = &mut guard;
+        if st.bad.remove(&oid) {
+            // The live state went back to the durable one when the flush failed.
+            for map in [&mut st.live, &mut st.durable] {
+                if let Some(o) = map.get_mut(&oid) {
+                    o.state.suspect = true;
+                }
+            }
+        }
+        Ok(st.live.get(&oid).map(|o| o.state))
     }
 
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {

@@ -22,7 +22,7 @@
 //! - A `flush` that could not make some objects durable says which ([`StoreError::SyncFailed`]);
 //!   their data may be gone and a later flush does not make it durable again: from then on they
 //!   are unreadable (an I/O error) until `put_if_newer` or `forget`, and the node restores them
-//!   from another replica.
+//!   from another replica; when no replica holds that data, `accept_lost` keeps what remains.
 //! - The backend is synchronous: the node calls it on tokio's blocking pool.
 
 pub mod file;
@@ -115,6 +115,12 @@ pub trait ObjectBackend: Send + Sync + 'static {
     /// Declares a suspect copy ([`ObjState::suspect`]) the reference its replicas copy: it is
     /// no longer suspect. No-op for a copy that is not suspect.
     fn settle(&self, oid: ObjectId) -> Result<(), StoreError>;
+    /// Keeps what remains of a copy whose data a failed `flush` lost (see the module
+    /// documentation), when no other node holds that data: the copy becomes readable again as
+    /// a suspect copy ([`ObjState::suspect`]) at the last version made durable here, whose
+    /// bytes may hold some of the lost writes. Returns its state, None when nothing remains.
+    /// For a copy not lost, returns its state unchanged.
+    fn accept_lost(&self, oid: ObjectId) -> Result<Option<ObjState>, StoreError>;
     /// Drops every trace of an object (a copy this node no longer owns, or one it must fetch
     /// again); forgetting a missing object is not an error.
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError>;
