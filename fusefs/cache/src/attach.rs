@@ -211,21 +211,61 @@ impl<B: Backend> Cache<B> {
         Ok(CachedVdi::gated(self.inner.clone(), vdi))
     }
 
-    /// Before a VDI is deleted: drops what is cached of it (dirty data too: it is being
-    /// deleted), detaches it and releases its lock.
-    pub async fn forget_vdi(&self, name: &str) {
+    /// Deletes a VDI through `delete` (given this cache's lock owner: the VDI may be attached
+    /// here), and only once that succeeded drops what is cached of it (dirty data too),
+    /// detaches it and forgets its record. While `delete` runs no push of the VDI runs or
+    /// starts (one landing after it would make its objects again), and its lease is not
+    /// renewed; if it fails, the VDI stays attached with its cached data, dirty data
+    /// included, and its lease is renewed again.
+    pub async fn delete_vdi<E, F>(
+        &self,
+        name: &str,
+        delete: impl FnOnce(String) -> F,
+    ) -> Result<(), E>
+    where
+        F: std::future::Future<Output = Result<(), E>>,
+    {
         let inner = &self.inner;
+        let owner = inner.attach.owner.clone();
         let Some(vid) = inner.vid_of(name) else {
-            return;
+            return delete(owner).await;
         };
-        inner.drop_vdi(vid, true);
-        inner.attach.attached.lock().unwrap().remove(&vid);
-        let _round = inner.attach.renewing.lock().await;
-        inner.attach.unheld(vid);
-        inner.forget_record(vid);
-        if let Err(e) = inner.client.release(name, &inner.attach.owner).await {
-            tracing::warn!("releasing the lock of '{name}': {e}");
+        let _pushes = inner.pushes.push_lock.lock().await;
+        // Its lease is not renewed meanwhile (a renewal after the delete would find the lock
+        // gone and take the VDI for lost); the other VDIs' renewals go on.
+        let held = {
+            let _round = inner.attach.renewing.lock().await;
+            inner.attach.held.lock().unwrap().remove(&vid)
+        };
+        // Detached: a push that wants to make room fails (and leaves the data dirty) instead
+        // of starting; one under way is waited for.
+        let detached = inner.attach.attached.lock().unwrap().remove(&vid);
+        let objects: Vec<crate::space::Pinned> = (inner.space.objects.lock().unwrap())
+            .iter()
+            .filter(|(k, _)| k.0 == vid)
+            .map(|(_, o)| inner.space.pin(o))
+            .collect();
+        for o in &objects {
+            drop(o.pushing.lock().await);
         }
+        drop(objects);
+        if let Err(e) = delete(owner).await {
+            if let Some(v) = detached {
+                inner.attach.attached.lock().unwrap().insert(vid, v);
+            }
+            if let Some(h) = held {
+                // Renewed again (taken back at its generation if its lease ended meanwhile).
+                inner.attach.held.lock().unwrap().insert(vid, h);
+            }
+            return Err(e);
+        }
+        let dropped = inner.drop_vdi(vid, true);
+        inner.forget_record(vid);
+        tracing::info!(
+            "dropped {} cached of deleted VDI '{name}'",
+            objstore_proto::size::format_size(dropped)
+        );
+        Ok(())
     }
 }
 

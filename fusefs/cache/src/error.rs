@@ -48,6 +48,9 @@ pub enum CacheError {
         #[source]
         source: std::io::Error,
     },
+    /// The unmount is done: the cache released its locks, and takes no more writes.
+    #[error("sheepfs is unmounting: the cache takes no more writes")]
+    Closed,
     /// A fetch from the cluster that this read started or joined failed.
     #[error("reading VDI '{name}' from the cluster")]
     Fetch {

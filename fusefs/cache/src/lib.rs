@@ -35,6 +35,8 @@
 //!   cluster's client).
 //! - [`fill`]: fetched ranges written into the cache, admission ([`fill::Fills`]).
 //! - [`push`]: pushes to the cluster and the background flusher ([`push::Pushes`]).
+//! - [`full`]: what a write does when the cache cannot take it (its disk or size full).
+//! - [`closing`]: writes while the unmount pushes the last dirty data, and after it.
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
 //! - [`control`]: what `cachectl` asks of the cache, through sheepfs's control socket.
 //! - [`vdi`]: a VDI seen through the cache ([`CachedVdi`]), the filesystem's handle.
@@ -63,10 +65,12 @@ mod admit;
 mod attach;
 mod backend;
 mod bitmap;
+mod closing;
 mod control;
 mod dir;
 mod error;
 mod fill;
+mod full;
 mod lifecycle;
 mod object;
 mod orphan;
@@ -115,6 +119,10 @@ pub(crate) struct Inner<B: Backend> {
     fills: fill::Fills,
     pushes: push::Pushes,
     stats: stats::Stats,
+    closing: closing::Closing,
+    /// VDIs the mount is attaching again because the last mount left them dirty or attached
+    /// ([`Cache::start`]): a push of one of them waits for it instead of failing.
+    reattaching: tokio::sync::watch::Sender<usize>,
 }
 
 /// A handle on the cache, shared by the filesystem, the flusher and the control socket;

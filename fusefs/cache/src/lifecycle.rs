@@ -72,6 +72,8 @@ impl<B: Backend> Cache<B> {
             fills: Fills::new(cfg.size),
             pushes: Pushes::default(),
             stats: Stats::default(),
+            closing: Default::default(),
+            reattaching: tokio::sync::watch::Sender::new(0),
             cfg,
         };
         let keys = object::scan(&inner.space.obj_dir);
@@ -163,6 +165,7 @@ impl<B: Backend> Cache<B> {
                 .filter(|r| !r.released)
                 .map(|r| r.vid),
         );
+        self.inner.reattaching.send_replace(pending.len());
         for vid in pending {
             let name = self
                 .inner
@@ -175,10 +178,13 @@ impl<B: Backend> Cache<B> {
             let inner = self.inner.clone();
             rt.spawn(async move {
                 let Some(name) = name else {
+                    inner.reattaching.send_modify(|n| *n -= 1);
                     tracing::error!("cache holds unpushed writes of VDI id {vid:x} but no record of its name; they stay in the cache");
                     return;
                 };
-                match inner.attach(&name).await {
+                let attached = inner.attach(&name).await;
+                inner.reattaching.send_modify(|n| *n -= 1);
+                match attached {
                     Ok(_) => {
                         tracing::info!("pushing unpushed writes of VDI '{name}' left by the last mount");
                         match inner.flush(Some(vid), |_, _| {}).await {
@@ -202,6 +208,9 @@ impl<B: Backend> Cache<B> {
     /// clean. Returns the dirty bytes left (0 unless the cluster could not take them).
     pub async fn shutdown(&self) -> u64 {
         let inner = &self.inner;
+        // Files may still be open and written (a signal detaches the mount): from here on
+        // their writes go to the cluster, and no write adds dirty data after this push.
+        inner.start_closing().await;
         for attempt in 1..=3 {
             match inner.flush(None, |_, _| {}).await {
                 Ok(_) => break,
@@ -277,6 +286,8 @@ impl<B: Backend> Cache<B> {
                 Err(e) => tracing::warn!("releasing the lock of '{}': {e}", v.name()),
             }
         }
+        // The locks are released: writes still coming (open files) are refused.
+        inner.refuse_writes();
         let state_path = inner.cfg.dir.join("state.json");
         if let Ok(mut st) = std::fs::read(&state_path)
             .map_err(|_| ())

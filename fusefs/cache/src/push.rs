@@ -45,14 +45,16 @@ impl<B: Backend> Inner<B> {
         if self.pushes.failing.load(Ordering::Relaxed) {
             self.pushes.push_retries.fetch_add(1, Ordering::Relaxed);
         }
-        let vdi = self
-            .attach
-            .attached
-            .lock()
-            .unwrap()
-            .get(&o.key.0)
-            .cloned()
-            .ok_or(PushError::NotAttached { vid: o.key.0 })?;
+        let attached = || self.attach.attached.lock().unwrap().get(&o.key.0).cloned();
+        let vdi = match attached() {
+            Some(v) => v,
+            None => {
+                // Right after mount, the VDIs the last mount left are being attached again.
+                let mut rx = self.reattaching.subscribe();
+                let _ = rx.wait_for(|n| *n == 0).await;
+                attached().ok_or(PushError::NotAttached { vid: o.key.0 })?
+            }
+        };
         let _one = o.pushing.lock().await;
         let snapshot = {
             let mut st = o.state.lock().unwrap();

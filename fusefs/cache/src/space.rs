@@ -431,19 +431,7 @@ impl<B: Backend> Inner<B> {
             // lock (a write making room would otherwise wait for a whole fsync or flusher
             // round); fsyncs do not need it to: a push marks the cluster unflushed before
             // its blocks are seen clean ([`Inner::push_object`]).
-            let oldest = self
-                .space
-                .objects
-                .lock()
-                .unwrap()
-                .iter()
-                .rev()
-                .find(|(_, o)| {
-                    let st = o.state.lock().unwrap();
-                    !st.dirty.is_empty() && st.rewritten.is_none()
-                })
-                .map(|(_, o)| self.space.pin(o));
-            match oldest {
+            match self.oldest_dirty() {
                 Some(o) => {
                     if let Err(e) = self.push_object(&o).await {
                         self.push_failed(chain(&e));
@@ -456,6 +444,16 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
+    }
+
+    /// The least recently used object with dirty blocks and no push under way, pinned.
+    pub(crate) fn oldest_dirty(&self) -> Option<Pinned> {
+        let objects = self.space.objects.lock().unwrap();
+        let (_, o) = objects.iter().rev().find(|(_, o)| {
+            let st = o.state.lock().unwrap();
+            !st.dirty.is_empty() && st.rewritten.is_none()
+        })?;
+        Some(self.space.pin(o))
     }
 
     /// Makes room for `bytes` by evicting clean objects only (never waits on the network);
@@ -599,7 +597,12 @@ impl<B: Backend> Inner<B> {
         let o = match created {
             Ok(o) => Arc::new(o),
             Err(e) => {
-                tracing::warn!("creating cache object {key:?}: {e}");
+                // A full disk is logged once per episode by the write it sends to the cluster.
+                if crate::full::disk_full(&e) {
+                    tracing::debug!("creating cache object {key:?}: {e}");
+                } else {
+                    tracing::warn!("creating cache object {key:?}: {e}");
+                }
                 return None;
             }
         };

@@ -15,6 +15,9 @@ pub(crate) struct Stats {
     pub(crate) counters: Mutex<HashMap<u32, Arc<Counters>>>,
     /// The modes of VDIs with handles, as their requests read them ([`Inner::mode_cell`]).
     pub(crate) mode_cells: Mutex<HashMap<u32, Arc<ModeCell>>>,
+    /// When a writeback write last went straight to the cluster because the cache was full
+    /// ([`crate::object::clock_ms`]; 0: not in such an episode, see [`crate::full`]).
+    pub(crate) full_at: AtomicU64,
 }
 
 #[derive(Default)]

@@ -256,3 +256,147 @@ async fn mode_changes_writeback_writethrough_off() {
     assert_eq!(vol.stats().writes, 3);
     assert_eq!(cache.stats().used, 0, "mode off caches nothing");
 }
+
+/// A tmpfs of `mib` MiB mounted over a new temporary directory, unmounted when dropped (also
+/// when the test fails); None (the test is skipped, and says so) where mounting is not
+/// allowed.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(mib: u64) -> Option<SmallDisk> {
+        let d = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(d.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(SmallDisk(d))
+    }
+
+    /// Fills what is left of the disk with a file `name` (ENOSPC from here on); returns its
+    /// path.
+    fn fill(&self, name: &str) -> std::path::PathBuf {
+        use std::io::Write;
+        let p = self.0.path().join(name);
+        let mut f = std::fs::File::create(&p).unwrap();
+        let block = vec![0x5au8; 4096];
+        while f.write_all(&block).is_ok() {}
+        p
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cache_disk_sends_writes_to_the_cluster_and_stays_coherent() {
+    let Some(disk) = SmallDisk::mount(8) else {
+        return;
+    };
+    let dir = disk.0.path().join("cache");
+    let cluster = MemCluster::default();
+    let vol = cluster.add("full", 9, 24 * MIB, 1 << 20);
+    // The bound is far above what the disk holds: the disk fills first.
+    let cache = Cache::open(config(&dir, 256 * MIB), cluster.clone()).unwrap();
+    cache.start(&tokio::runtime::Handle::current()).unwrap();
+    let v = cache.open_vdi("full", true).await.unwrap().expect("cached");
+
+    // Cached (dirty) before the disk fills, object 1 only in part: the next write into it
+    // needs new blocks on the full disk (before the fix, that write failed with EIO).
+    let mut want = pattern(10, 3 * MIB as usize / 2);
+    v.write(0, Bytes::from(want.clone())).await.unwrap();
+    want.resize(24 * MIB as usize, 0);
+    let ballast = disk.fill("ballast");
+
+    // Dirty data fills the disk: writes push and evict to make room, and all succeed, at
+    // odd offsets and lengths (partial blocks, across objects).
+    let pass = |seed: u64, from: usize, to: usize, want: &mut Vec<u8>| {
+        let data = pattern(seed, to - from);
+        let v = &v;
+        let mut writes = Vec::new();
+        let mut at = from;
+        while at < to {
+            let end = (at + 300_000).min(to);
+            writes.push((at, Bytes::copy_from_slice(&data[at - from..end - from])));
+            want[at..end].copy_from_slice(&data[at - from..end - from]);
+            at = end;
+        }
+        async move {
+            for (at, b) in writes {
+                v.write(at as u64, b)
+                    .await
+                    .unwrap_or_else(|e| panic!("write at {at}: {e}"));
+            }
+        }
+    };
+    pass(11, 4096 + 100, 24 * MIB as usize, &mut want).await;
+    let check = |what: &str, ok: fn(&cache_control::VdiStats) -> bool, want: &[u8]| {
+        let st = cache.stats();
+        assert!(ok(&st.total), "{what}: {:?}", st.total);
+        assert_eq!(st.used, st.total.used, "no reserved bytes leaked");
+        let (v, want) = (&v, want.to_vec());
+        async move { assert!(read_all(v, 24).await == want, "reads see every write") }
+    };
+    check(
+        "room made by pushing and evicting",
+        |t| t.evictions > 0 && t.pushed_bytes > 0,
+        &want,
+    )
+    .await;
+
+    // Nothing left to evict on a full disk: writes go straight to the cluster.
+    cache.flush(None, |_, _| {}).await.unwrap();
+    cache.evict(None, false);
+    let ballast2 = disk.fill("ballast2");
+    pass(
+        13,
+        3 * MIB as usize + 512,
+        7 * MIB as usize + 1000,
+        &mut want,
+    )
+    .await;
+    check(
+        "writes went through",
+        |t| t.full_writethroughs > 0 && t.full_writethrough_bytes > 0,
+        &want,
+    )
+    .await;
+    assert!(vol.contents()[..8 * MIB as usize] == want[..8 * MIB as usize]);
+
+    // Room again: the cache takes writes again.
+    std::fs::remove_file(ballast).unwrap();
+    std::fs::remove_file(ballast2).unwrap();
+    let again = pattern(12, MIB as usize);
+    v.write(20 * MIB, Bytes::from(again.clone())).await.unwrap();
+    want[20 * MIB as usize..21 * MIB as usize].copy_from_slice(&again);
+    assert!(cache.stats().dirty >= MIB, "the write was cached");
+    cache.flush(None, |_, _| {}).await.unwrap();
+    assert!(vol.contents() == want, "the cluster has every write");
+    assert!(read_all(&v, 24).await == want);
+    let st = cache.stats();
+    assert_eq!(st.used, st.total.used, "no reserved bytes leaked");
+    cache.shutdown().await;
+}
+
+/// The first `mib` MiB of a VDI, read through the cache.
+async fn read_all(v: &objcache::CachedVdi<MemCluster>, mib: u64) -> Vec<u8> {
+    let mut got = Vec::new();
+    for i in 0..mib {
+        let r = v
+            .read_missed(i * MIB, MIB, Missed::default())
+            .await
+            .unwrap();
+        got.extend_from_slice(&r);
+    }
+    got
+}

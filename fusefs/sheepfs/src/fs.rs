@@ -227,11 +227,19 @@ impl Filesystem for SheepFs {
                 tracing::warn!("refusing to delete VDI '{name}': it is open on this mount");
                 return reply.error(Errno::EBUSY);
             }
-            if let Some(cache) = &sh.cache {
-                // Deleting: what this mount cached of it (dirty too) goes, and so does its lock.
-                cache.forget_vdi(&name).await;
-            }
-            match vdi::delete(&sh.client, &name).await {
+            // Through the cache, what this mount cached of it (dirty too) goes only once the
+            // cluster deleted it (its lock goes with it).
+            let deleted = match &sh.cache {
+                Some(cache) => {
+                    let (client, n) = (&sh.client, &name);
+                    let delete = |owner: String| async move {
+                        vdi::delete_held(client, n, Some(&owner)).await
+                    };
+                    cache.delete_vdi(&name, delete).await
+                }
+                None => vdi::delete(&sh.client, &name).await,
+            };
+            match deleted {
                 Ok(()) => {
                     sh.names.lock().unwrap().retain(|_, n| *n != name);
                     tracing::info!("deleted VDI '{name}'");

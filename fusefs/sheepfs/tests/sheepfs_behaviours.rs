@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{cache_args, cachectl, cachectl_ok, open_rw, stats, strs, Rig, SHEEPFS};
+use common::{cache_args, cachectl, cachectl_ok, open_rw, stats, strs, Rig, Tmpfs, SHEEPFS};
 use testkit::mount::{is_mounted, Mount};
 use testkit::{pseudo_random, wait_until};
 
@@ -347,35 +347,6 @@ fn signals_with_files_open_keep_every_acknowledged_write() {
             rig.cluster.read_vdi("g", at, 1 << 20) == data,
             "signal {sig}: the write did not reach the cluster"
         );
-    }
-}
-
-/// A tmpfs mounted over a directory, unmounted on drop (even when the test fails); then the
-/// directory tree `owner` (which the cluster's TempDir could not remove while the tmpfs was
-/// mounted inside it) is removed.
-struct Tmpfs(std::path::PathBuf, std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str, owner: &Path) -> Tmpfs {
-        std::fs::create_dir_all(dir).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "mount tmpfs: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs(dir.to_path_buf(), owner.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        testkit::mount::detach(&self.0);
-        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 

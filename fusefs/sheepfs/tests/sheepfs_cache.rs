@@ -3,45 +3,17 @@
 mod common;
 
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    cache_args, cachectl, cachectl_bin, cachectl_ok, fio_verify_args as fio_job, open_rw, run,
-    stats, strs, Rig, SHEEPFS,
+    cache_args, cachectl, cachectl_bin, cachectl_ok, fio, fio_verify_args as fio_job, open_rw,
+    remount, rig_with_cache, stats, strs, Rig, SHEEPFS,
 };
 use serde_json::Value;
 use testkit::mount::Mount;
 use testkit::{pseudo_random, wait_until};
-
-/// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
-/// drop in reverse order), after the rig has unmounted and stopped everything.
-fn rig_with_cache(nodes: usize, size: &str) -> (tempfile::TempDir, Rig, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let cache = tmp.path().join("cache");
-    let args = cache_args(&cache, size);
-    (tmp, Rig::start(nodes, 3, "1M", &strs(&args)), cache)
-}
-
-fn fio(args: &[&str]) -> Value {
-    let out = run("fio", args);
-    let v: Value = serde_json::from_slice(&out.stdout).expect("fio json");
-    assert_eq!(v["jobs"][0]["error"], 0, "fio error");
-    v
-}
-
-/// Mounts sheepfs again on the rig's mount point with `cache` (the old mount must be gone).
-fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
-    let args = cache_args(cache, size);
-    rig.mount = Mount::start(
-        Path::new(SHEEPFS),
-        &rig.cluster.addr(0),
-        &rig.mount.dir,
-        &rig.cluster.dir.path().join(log),
-        &strs(&args),
-    );
-}
 
 /// A verifying random-write fio run on another thread.
 fn fio_verify_in_background(

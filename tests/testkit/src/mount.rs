@@ -272,6 +272,30 @@ impl Mount {
         self.proc = None;
     }
 
+    /// Sends `sig` to the daemon (it keeps the mount: see [`Mount::wait_exit`]).
+    pub fn signal(&mut self, sig: libc::c_int) {
+        if let Some(p) = self.proc.as_ref() {
+            p.signal(sig);
+        }
+    }
+
+    /// Waits up to `timeout` for the daemon to exit on its own (after a signal, an unmount);
+    /// panics if it does not. Returns its exit status; the mount is no longer this value's.
+    #[track_caller]
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        self.sentinel = None;
+        let p = self.proc.as_mut().expect("a running daemon");
+        let Some(status) = p.wait_exit(timeout) else {
+            panic!(
+                "{} did not exit within {timeout:?}; its log ends:\n{}",
+                p.name(),
+                p.log_tail(3000)
+            );
+        };
+        self.proc = None;
+        status
+    }
+
     pub fn kill9(&mut self) {
         self.sentinel = None;
         if let Some(p) = self.proc.as_mut() {

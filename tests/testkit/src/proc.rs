@@ -169,6 +169,31 @@ impl Proc {
         false
     }
 
+    /// Sends `sig` to the process (not its group).
+    pub fn signal(&self, sig: libc::c_int) {
+        if let Some(c) = self.child.as_ref() {
+            // SAFETY: signalling our own child, not yet reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, sig) };
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own, and reaps it; None if it is
+    /// still running then (or was stopped already).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.child.as_mut()?;
+            if let Ok(Some(status)) = c.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The last `bytes` of the log.
     pub fn log_tail(&self, bytes: u64) -> String {
         log_tail(&self.log, bytes)

@@ -3,8 +3,10 @@
 //!
 //! - [`read`]: hits, misses, fetches in flight.
 //! - [`write`]: writes, per mode, and discards.
+//! - [`through`]: writes sent to the cluster past the cache (a full cache, an unmount).
 
 mod read;
+mod through;
 mod write;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -8,10 +8,12 @@ use cache_control::CacheMode;
 use objstore_client::{VdiError, Volume};
 
 use super::{io_err, CachedVdi};
+use crate::closing::Admit;
+use crate::full::disk_full;
 use crate::object::{CachedObject, State, BLOCK};
 use crate::space::Pinned;
 use crate::stats::Counters;
-use crate::{Backend, CacheError};
+use crate::{Backend, CacheError, Inner};
 
 impl<B: Backend> CachedVdi<B> {
     /// A writeback write that needs no waiting (one object, no partial block to fetch, room
@@ -26,6 +28,10 @@ impl<B: Backend> CachedVdi<B> {
         }
         let os = self.object_size;
         let Some((idx, off, n)) = self.one_piece(offset, data.len() as u64) else {
+            return false;
+        };
+        // Counted as under way until it returns (the unmount waits for it).
+        let Admit::Cache(_under_way) = self.inner.writeback_write() else {
             return false;
         };
         let key = (self.vid(), idx);
@@ -82,8 +88,13 @@ impl<B: Backend> CachedVdi<B> {
                 true
             }
             Err(e) => {
-                // Nothing acknowledged: the slow path retries and reports.
-                tracing::warn!("writing the cache: {e}");
+                // Nothing acknowledged: the slow path retries and reports (a full disk is
+                // logged there once per episode).
+                if disk_full(&e) {
+                    tracing::debug!("writing the cache: {e}");
+                } else {
+                    tracing::warn!("writing the cache: {e}");
+                }
                 self.inner.settle(reserved, 0);
                 false
             }
@@ -94,6 +105,9 @@ impl<B: Backend> CachedVdi<B> {
     pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), CacheError> {
         self.pass_gate().await;
         self.check_lock()?;
+        if self.inner.closing.closed() {
+            return Err(CacheError::Closed);
+        }
         match self.mode() {
             CacheMode::Off => {
                 // A push in flight would land its older bytes over this write.
@@ -119,7 +133,17 @@ impl<B: Backend> CachedVdi<B> {
                     }
                     .into());
                 }
-                self.store(offset, data, true).await?;
+                match self.inner.writeback_write() {
+                    Admit::Cache(_under_way) => self.store(offset, data, true).await?,
+                    // The unmount is pushing the last dirty data: nothing new stays here.
+                    Admit::Cluster => {
+                        for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
+                            let piece = data.slice(at..at + n as usize);
+                            self.to_cluster(idx, off, piece, false).await?;
+                        }
+                    }
+                    Admit::Refuse => return Err(CacheError::Closed),
+                }
                 if self.inner.space.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
                     self.inner.pushes.wake_flusher.notify_one();
                 }
@@ -129,14 +153,42 @@ impl<B: Backend> CachedVdi<B> {
     }
 
     /// Puts written data into the cache; `dirty` for writeback. Partial blocks not yet cached
-    /// are read from the cluster first (writeback) or left uncached (writethrough).
+    /// are read from the cluster first (writeback) or left uncached (writethrough). A piece
+    /// the cache cannot take goes to the cluster (writeback) or only updates what is cached
+    /// (writethrough: the cluster has it already); see [`crate::full`].
     async fn store(&self, offset: u64, data: Bytes, dirty: bool) -> Result<(), CacheError> {
-        let os = self.object_size;
         for (idx, off, n, at) in self.pieces(offset, data.len() as u64) {
-            let key = (self.vid(), idx);
-            let base = idx as u64 * os;
-            let piece = &data[at..at + n as usize];
-            let (b0, b1) = CachedObject::block_range(off, n);
+            let piece = data.slice(at..at + n as usize);
+            match self.store_piece(idx, off, &piece, dirty).await? {
+                None => self.inner.cache_took_write(),
+                Some(why) if dirty => {
+                    let n = piece.len() as u64;
+                    self.inner.wrote_through_full(&self.counters, n, &why);
+                    self.to_cluster(idx, off, piece, true).await?
+                }
+                Some(_) => self.update_cached(idx, off, &piece, false)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// [`CachedVdi::store`] of the piece of a write in object `idx`; `Some(why)` if the
+    /// cache could not take it (nothing stored then, and no room kept).
+    async fn store_piece(
+        &self,
+        idx: u32,
+        off: u64,
+        piece: &[u8],
+        dirty: bool,
+    ) -> Result<Option<String>, CacheError> {
+        let os = self.object_size;
+        let key = (self.vid(), idx);
+        let base = idx as u64 * os;
+        let n = piece.len() as u64;
+        let (b0, b1) = CachedObject::block_range(off, n);
+        // One more try after freeing disk space, if the cache's disk is full.
+        let mut freed_disk = false;
+        loop {
             let new_blocks = {
                 let o = self.inner.object(key, os, false).await;
                 o.map(|o| {
@@ -145,38 +197,34 @@ impl<B: Backend> CachedVdi<B> {
                 })
                 .unwrap_or(b1 - b0)
             };
-            let reserved = new_blocks as u64 * BLOCK;
-            let room = self.inner.reserve(reserved).await;
-            let o = if room {
-                self.inner.object(key, os, true).await
-            } else {
-                None
+            let bytes = new_blocks as u64 * BLOCK;
+            if !self.inner.reserve(bytes).await {
+                return Ok(Some("no room could be made within the timeout".into()));
+            }
+            let reserved = Reserved {
+                inner: &self.inner,
+                bytes,
             };
-            let Some(o) = o else {
-                if room {
-                    self.inner.settle(reserved, 0);
+            let Some(o) = self.inner.object(key, os, true).await else {
+                // Most likely its disk is full (the reason is logged).
+                drop(reserved);
+                if !freed_disk {
+                    freed_disk = true;
+                    if self.inner.free_disk().await {
+                        continue;
+                    }
                 }
-                if dirty {
-                    // No room (the cluster is not taking dirty data, or the cache disk failed):
-                    // write through instead, which fails with the cluster's error if it is
-                    // down, and bring blocks cached earlier up to date (after any push of
-                    // them in flight, which would land older bytes over this write).
-                    let held = self.cached_in(base + off, n);
-                    let _pushes = hold_pushes(&held).await;
-                    self.bypassing(self.vdi.write_at(base + off, Bytes::copy_from_slice(piece)))
-                        .await?;
-                    self.update_cached(idx, off, piece);
-                }
-                continue;
+                return Ok(Some("its files could not be created".into()));
             };
             // Edge blocks only partly written need their other bytes (fetched before taking
             // the object's lock, written under it).
             let obj_end = os.min(self.vdi.size().saturating_sub(base));
             let mut edges = Vec::new();
-            if off % BLOCK != 0 {
+            if !off.is_multiple_of(BLOCK) {
                 edges.push(b0);
             }
-            if (off + n) % BLOCK != 0 && (off + n) < obj_end && !edges.contains(&(b1 - 1)) {
+            if !(off + n).is_multiple_of(BLOCK) && (off + n) < obj_end && !edges.contains(&(b1 - 1))
+            {
                 edges.push(b1 - 1);
             }
             let mut old_blocks = Vec::new();
@@ -188,26 +236,46 @@ impl<B: Backend> CachedVdi<B> {
                 }
             }
             // Data and bits change together under the object's locks, so a concurrent fill
-            // can never put older bytes over this write.
-            let _writing = o.writing.lock().unwrap();
-            let mut st = o.state.lock().unwrap();
-            let mut skip = Vec::new();
-            for &b in &edges {
-                if st.valid.get(b) {
-                    continue;
+            // can never put older bytes over this write. Nothing is marked before the data
+            // is written: a failure leaves the bits as they were.
+            let committed = {
+                let _writing = o.writing.lock().unwrap();
+                let mut st = o.state.lock().unwrap();
+                let mut skip = Vec::new();
+                let mut written = Ok(());
+                for &b in &edges {
+                    if st.valid.get(b) {
+                        continue;
+                    }
+                    match old_blocks.iter().find(|(ob, _)| *ob == b) {
+                        Some((_, old)) => {
+                            written = o.write_data(old, b as u64 * BLOCK);
+                            if written.is_err() {
+                                break;
+                            }
+                        }
+                        None => skip.push(b), // writethrough: leave partial blocks uncached
+                    }
                 }
-                match old_blocks.iter().find(|(ob, _)| *ob == b) {
-                    Some((_, old)) => o
-                        .write_data(old, b as u64 * BLOCK)
-                        .map_err(io_err("writing the cache", key))?,
-                    None => skip.push(b), // writethrough: leave partial blocks uncached
+                written
+                    .and_then(|_| commit(&o, &mut st, off, piece, &skip, dirty))
+                    .map(|r| (r, o.save(&st)))
+            };
+            let ((added, dirtied), saved) = match committed {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(o);
+                    drop(reserved);
+                    if disk_full(&e) && !freed_disk {
+                        freed_disk = true;
+                        if self.inner.free_disk().await {
+                            continue;
+                        }
+                    }
+                    return Ok(Some(format!("writing the cache: {e}")));
                 }
-            }
-            let (added, dirtied) = commit(&o, &mut st, off, piece, &skip, dirty)
-                .map_err(io_err("writing the cache", key))?;
-            let saved = o.save(&st);
-            drop(st);
-            self.inner.settle(reserved, added as u64 * BLOCK);
+            };
+            reserved.settle(added as u64 * BLOCK);
             saved.map_err(io_err("writing cache metadata", key))?;
             self.inner
                 .space
@@ -215,8 +283,8 @@ impl<B: Backend> CachedVdi<B> {
                 .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
             Counters::add(&self.counters.fills, 1);
             Counters::add(&self.counters.fill_bytes, n);
+            return Ok(None);
         }
-        Ok(())
     }
 
     /// Forgets cached blocks of a range (they are no longer what the cluster holds).
@@ -256,6 +324,9 @@ impl<B: Backend> CachedVdi<B> {
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), CacheError> {
         self.pass_gate().await;
         self.check_lock()?;
+        if self.inner.closing.closed() {
+            return Err(CacheError::Closed);
+        }
         let held = self.cached_in(offset, len);
         let _pushes = hold_pushes(&held).await;
         let end = offset + len;
@@ -287,29 +358,31 @@ impl<B: Backend> CachedVdi<B> {
     }
 
     /// The cached objects of a range, in index order (pinned).
-    fn cached_in(&self, offset: u64, len: u64) -> Vec<Pinned> {
+    pub(super) fn cached_in(&self, offset: u64, len: u64) -> Vec<Pinned> {
         self.pieces(offset, len)
             .filter_map(|(idx, ..)| self.peek(idx))
             .collect()
     }
+}
 
-    /// Puts `data` (just written to the cluster at `off` of object `idx`) into the blocks of
-    /// it that are cached; blocks not cached stay so.
-    fn update_cached(&self, idx: u32, off: u64, data: &[u8]) {
-        let Some(o) = self.peek(idx) else { return };
-        let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
-        let _writing = o.writing.lock().unwrap();
-        let st = o.state.lock().unwrap();
-        for b in b0..b1 {
-            if !st.valid.get(b) {
-                continue;
-            }
-            let s = (b as u64 * BLOCK).max(off);
-            let e = ((b as u64 + 1) * BLOCK).min(off + data.len() as u64);
-            let slice = &data[(s - off) as usize..(e - off) as usize];
-            if let Err(err) = o.write_data(slice, s) {
-                tracing::warn!("updating the cache after a write-through: {err}");
-            }
+/// Bytes [`Inner::reserve`]d for a write, given back unless [`Reserved::settle`]d with what
+/// the write really added (so no early return leaks them).
+struct Reserved<'a, B: Backend> {
+    inner: &'a Inner<B>,
+    bytes: u64,
+}
+
+impl<B: Backend> Reserved<'_, B> {
+    fn settle(mut self, added: u64) {
+        self.inner.settle(self.bytes, added);
+        self.bytes = 0;
+    }
+}
+
+impl<B: Backend> Drop for Reserved<'_, B> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.inner.settle(self.bytes, 0);
         }
     }
 }
@@ -318,7 +391,7 @@ impl<B: Backend> CachedVdi<B> {
 /// guards live: for changes that reach the cluster without the cache (a discard, a write
 /// that bypasses it), which a push of older bytes must not follow. Taken in the objects'
 /// order, as every caller lists them by index.
-async fn hold_pushes(objects: &[Pinned]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
+pub(super) async fn hold_pushes(objects: &[Pinned]) -> Vec<tokio::sync::MutexGuard<'_, ()>> {
     let mut guards = Vec::with_capacity(objects.len());
     for o in objects {
         guards.push(o.pushing.lock().await);
@@ -349,10 +422,38 @@ fn commit(
     } else {
         off + n
     };
-    if s0 < e0 {
-        o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0)?;
-    }
+    let write_data = || match s0 < e0 {
+        true => o.write_data(&piece[(s0 - off) as usize..(e0 - off) as usize], s0),
+        false => Ok(()),
+    };
     let (mut added, mut dirtied) = (0, 0);
+    // Cached clean blocks are marked dirty on disk before their bytes change: a crash in
+    // between must not leave a clean block whose bytes the cluster never had (its next read
+    // would differ from the cluster's, and an eviction would bring the old bytes back). A
+    // block left dirty with its old bytes is only pushed again.
+    let clean: Vec<usize> = match dirty {
+        true => (b0..b1)
+            .filter(|&b| !skip.contains(&b) && st.valid.get(b) && !st.dirty.get(b))
+            .collect(),
+        false => Vec::new(),
+    };
+    if clean.is_empty() {
+        write_data()?;
+    } else {
+        for &b in &clean {
+            st.dirty.set_range(b, b + 1, true);
+        }
+        if let Err(e) = o.save(st).and_then(|_| write_data()) {
+            // Nothing acknowledged, nothing counted: the caller sends the write to the
+            // cluster, and its bytes into these blocks.
+            for &b in &clean {
+                st.dirty.set_range(b, b + 1, false);
+            }
+            let _ = o.save(st);
+            return Err(e);
+        }
+        dirtied += clean.len();
+    }
     for b in (b0..b1).filter(|b| !skip.contains(b)) {
         if !st.valid.get(b) {
             st.valid.set_range(b, b + 1, true);

@@ -302,7 +302,12 @@ fn serve(args: Args) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: unmounting {}", mountpoint.display()),
         }
         if let Err(e) = unmounter.unmount() {
-            tracing::warn!("unmount {}: {e}; detaching it (open files get errors)", mountpoint.display());
+            let open_files = if cache.is_some() {
+                "files still open are written straight to the cluster while the cache pushes its dirty data, and get errors once it is done"
+            } else {
+                "open files get errors"
+            };
+            tracing::warn!("unmount {}: {e}; detaching it: {open_files}", mountpoint.display());
             if let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().to_string_lossy().as_bytes()) {
                 // SAFETY: a valid NUL-terminated path.
                 unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };

@@ -154,3 +154,84 @@ pub fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
         .open(path)
         .unwrap()
 }
+
+/// A rig with a cache. The TempDir holds the cache; bound first, it is dropped last (bindings
+/// drop in reverse order), after the rig has unmounted and stopped everything.
+pub fn rig_with_cache(nodes: usize, size: &str) -> (tempfile::TempDir, Rig, PathBuf) {
+    let (tmp, rig, cache, _) = rig_with_cache_and(nodes, 3, size, &[]);
+    (tmp, rig, cache)
+}
+
+/// [`rig_with_cache`] with `copies` and `extra` sheepfs options; also returns the options,
+/// for remounts.
+pub fn rig_with_cache_and(
+    nodes: usize,
+    copies: u32,
+    size: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, Rig, PathBuf, Vec<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let mut args = cache_args(&cache, size);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let rig = Rig::start(nodes, copies, "1M", &strs(&args));
+    (tmp, rig, cache, args)
+}
+
+/// The 4 KiB a test writes as its `v`th pattern (0: zeros, never written), for models of
+/// what each block must hold.
+pub fn block_pattern(v: u64) -> Vec<u8> {
+    if v == 0 {
+        vec![0u8; 4096]
+    } else {
+        testkit::pseudo_random(4096, v)
+    }
+}
+
+pub fn fio(args: &[&str]) -> Value {
+    let out = run("fio", args);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("fio json");
+    assert_eq!(v["jobs"][0]["error"], 0, "fio error");
+    v
+}
+
+/// Mounts sheepfs again on the rig's mount point with `cache` (the old mount must be gone).
+pub fn remount(rig: &mut Rig, cache: &Path, size: &str, log: &str) {
+    let args = cache_args(cache, size);
+    rig.mount = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(0),
+        &rig.mount.dir,
+        &rig.cluster.dir.path().join(log),
+        &strs(&args),
+    );
+}
+
+/// A tmpfs mounted over a directory, unmounted on drop (even when the test fails); then the
+/// directory tree `owner` (which the cluster's TempDir could not remove while the tmpfs was
+/// mounted inside it) is removed.
+pub struct Tmpfs(pub PathBuf, PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, size: &str, owner: &Path) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_path_buf(), owner.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        testkit::mount::detach(&self.0);
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}

@@ -24,7 +24,9 @@ use crate::lock;
 
 pub use handle::Vdi;
 pub use inode::InodeHeader;
-pub use table::{check_not_attached, create, delete, list, list_names, resize, VdiInfo};
+pub use table::{
+    check_not_attached, create, delete, delete_held, list, list_names, resize, VdiInfo,
+};
 
 /// Most object requests one VDI operation keeps in flight.
 pub const PARALLEL: usize = 16;

@@ -144,8 +144,26 @@ pub async fn check_not_attached(client: &Client, name: &str) -> Result<(), VdiEr
 
 /// Deletes a VDI and every object it owns.
 pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
+    delete_held(client, name, None).await
+}
+
+/// [`delete`], also when the VDI's attachment lock is held by `owner` (the caller itself: a
+/// mount deleting a VDI it attached); the lock goes with the VDI.
+pub async fn delete_held(
+    client: &Arc<Client>,
+    name: &str,
+    owner: Option<&str>,
+) -> Result<(), VdiError> {
     use futures::StreamExt;
-    check_not_attached(client, name).await?;
+    match lock::holder(client, name).await? {
+        Some(holder) if Some(holder.owner.as_str()) != owner => {
+            return Err(VdiError::Attached {
+                name: name.to_string(),
+                host: holder.host,
+            })
+        }
+        _ => {}
+    }
     let lock_key = keys::lock(name);
     let vdi = Vdi::open(client.clone(), name).await?;
     let vid = vdi.header().vid;
