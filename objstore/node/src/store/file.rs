@@ -350,7 +350,7 @@ impl ObjectBackend for FileStore {
         version: Version,
     ) -> Option<Result<(), StoreError>> {
         let _g = self.lock(oid).try_write().ok()?;
-        if !self.entry(oid).is_some_and(|e| !e.state.deleted) {
+        if self.entry(oid).is_none_or(|e| e.state.deleted) {
             return None;
         }
         Some(self.write_locked(oid, offset, data, version))
