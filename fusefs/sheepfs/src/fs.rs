@@ -7,7 +7,10 @@
 //! Inode numbers: the root is 1; the VDI with id `vid` is `vid + 1`. Open files bypass the
 //! page cache (`FOPEN_DIRECT_IO`), so a read never returns pages that went stale when the VDI
 //! was written through another path (`dog`, another host); direct writes to one file run in
-//! parallel (`FOPEN_PARALLEL_DIRECT_WRITES`).
+//! parallel (`FOPEN_PARALLEL_DIRECT_WRITES`). Shared mappings are allowed
+//! (`FUSE_DIRECT_IO_ALLOW_MMAP`): the kernel keeps page cache for mapped pages only, keeps
+//! it coherent with direct reads and writes, and writes dirty mapped pages back as ordinary
+//! [`Filesystem::write`] requests, so they take the same path as `write(2)`.
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -108,6 +111,14 @@ impl Filesystem for SheepFs {
         let want = InitFlags::FUSE_ASYNC_DIO | InitFlags::FUSE_ASYNC_READ;
         if let Err(missing) = config.add_capabilities(want) {
             tracing::warn!("kernel lacks {missing:?}: O_DIRECT aio will run one request at a time");
+        }
+        // Shared mappings of direct-I/O files (Linux 6.6+): the kernel writes dirty mapped
+        // pages back before a direct read or write of their range, drops the range's pages
+        // after a direct write, and sends their writeback as ordinary writes (docs/sheepfs.md).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            tracing::warn!(
+                "kernel lacks {missing:?}: shared mmap of the files fails with ENODEV (Linux 6.6 or later allows it)"
+            );
         }
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             tracing::warn!("kernel caps max_background at {max}");

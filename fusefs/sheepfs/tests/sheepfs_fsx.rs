@@ -98,3 +98,54 @@ fn fsx_both_with_cache() {
     let (_tmp, rig) = cached();
     exercise(&rig, Mode::Both, 6);
 }
+
+/// What a mapping on this host shows after the VDI was written elsewhere (`dog vdi write`,
+/// as another host would): `read(2)` and a new mapping see the new bytes at once; a page
+/// mapped before may keep its old bytes until the file is opened or mapped again.
+#[test]
+fn a_mapping_sees_writes_made_elsewhere_once_the_file_is_mapped_again() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    let rig = plain();
+    rig.cluster.dog_ok(&["vdi", "create", "m", "4M"]);
+    rig.cluster.write_vdi("m", 0, &[1u8; 4096]);
+    let f = std::fs::File::open(rig.path("m")).unwrap();
+    let map = |f: &std::fs::File| {
+        // SAFETY: a fresh read-only shared mapping of one page of an open file.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        p as *const u8
+    };
+    // SAFETY: reads of the first byte of live one-page mappings.
+    let first = |p: *const u8| unsafe { std::ptr::read_volatile(p) };
+    let old = map(&f);
+    assert_eq!(first(old), 1);
+
+    rig.cluster.write_vdi("m", 0, &[2u8; 4096]);
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, 0).unwrap();
+    assert_eq!(b[0], 2, "read(2) asks sheepfs");
+    // Not asserted: the page may have been evicted meanwhile (then it shows 2).
+    eprintln!("the old mapping shows {} after the write elsewhere", first(old));
+
+    let again = std::fs::File::open(rig.path("m")).unwrap();
+    assert_eq!(first(old), 2, "an open drops the file's cached pages");
+    rig.cluster.write_vdi("m", 0, &[3u8; 4096]);
+    let fresh = map(&again);
+    assert_eq!(first(fresh), 3, "a new mapping sees the new bytes");
+    assert_eq!(first(old), 3, "mapping again dropped the old pages too");
+    // SAFETY: unmapping the two mappings made above, once.
+    unsafe {
+        libc::munmap(old as *mut _, 4096);
+        libc::munmap(fresh as *mut _, 4096);
+    }
+}
