@@ -32,6 +32,7 @@ use objcache::{Cache, CacheError, Missed};
 
 use crate::errno;
 use crate::handles::{cache_fail, fail, ino_of, Disk, Shared};
+use crate::locks::PlainLocks;
 
 const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
@@ -45,6 +46,15 @@ const MAX_BACKGROUND: u16 = 128;
 const FALLOC_KEEP_SIZE: i32 = 0x01;
 const FALLOC_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_ZERO_RANGE: i32 = 0x10;
+
+/// The attachment locks of a mount without a cache (`sheepfs` without `--no-lock`).
+#[derive(Debug, Clone)]
+pub struct WriteLocks {
+    /// Names the mount in the lock's owner (`HOST/mount:PATH`).
+    pub mountpoint: String,
+    /// The leases' TTL (`--lock-ttl`).
+    pub ttl: Duration,
+}
 
 pub struct SheepFs {
     rt: tokio::runtime::Handle,
@@ -60,9 +70,24 @@ fn utf8(name: &OsStr) -> Result<String, Errno> {
 }
 
 impl SheepFs {
-    pub fn new(client: Arc<Client>, cache: Option<Cache>, rt: tokio::runtime::Handle) -> SheepFs {
+    /// `locks`: without a cache, take the attachment lock for read-write opens (see
+    /// [`WriteLocks`]); ignored with a cache, which takes the locks itself.
+    pub fn new(
+        client: Arc<Client>,
+        cache: Option<Cache>,
+        locks: Option<WriteLocks>,
+        rt: tokio::runtime::Handle,
+    ) -> SheepFs {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let locks = match (&cache, locks) {
+            (None, Some(l)) => {
+                let locks = Arc::new(PlainLocks::new(client.clone(), &l.mountpoint, l.ttl));
+                rt.spawn(locks.clone().keeper());
+                Some(locks)
+            }
+            _ => None,
+        };
         let sh = Arc::new(Shared {
             client,
             cache,
@@ -73,6 +98,8 @@ impl SheepFs {
             uid,
             gid,
             mounted_at: SystemTime::now(),
+            locks,
+            rt: rt.clone(),
         });
         SheepFs { rt, sh }
     }
@@ -242,6 +269,9 @@ impl Filesystem for SheepFs {
                 // Deleting: what this mount cached of it (dirty too) goes, and so does its lock.
                 cache.forget_vdi(&name).await;
             }
+            if let Some(locks) = &sh.locks {
+                locks.forget(&name).await;
+            }
             match vdi::delete(&sh.client, &name).await {
                 Ok(()) => {
                     sh.names.lock().unwrap().retain(|_, n| *n != name);
@@ -372,6 +402,9 @@ impl Filesystem for SheepFs {
                 return reply.written(data.len() as u32);
             }
         }
+        if let Some(e) = self.sh.refused(ino.0, &disk) {
+            return reply.error(cache_fail("write", &disk.vdi().header().name, &e));
+        }
         let data = Bytes::copy_from_slice(data);
         self.rt.spawn(async move {
             let end = disk.vdi().size();
@@ -412,6 +445,9 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        if let Some(e) = self.sh.refused(ino.0, &disk) {
+            return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e));
+        }
         self.rt.spawn(async move {
             match disk.flush().await {
                 Ok(()) => reply.ok(),
@@ -559,6 +595,9 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        if let Some(e) = self.sh.refused(ino.0, &disk) {
+            return reply.error(cache_fail("fallocate", &disk.vdi().header().name, &e));
+        }
         self.rt.spawn(async move {
             let vdi = disk.vdi().clone();
             let size = vdi.size();

@@ -14,7 +14,8 @@
 //! lock, so the counter may run ahead of the held lock's generation. Generations only grow,
 //! and each attachment's is greater than every earlier attachment's.
 //!
-//! The lock is advisory: it binds the clients that take it (sheepfs with a cache).
+//! The lock is advisory: it binds the clients that take it (sheepfs: with a cache, and
+//! without one unless mounted with `--no-lock`).
 //!
 //! # Leases
 //!
@@ -66,6 +67,14 @@ impl LockInfo {
     pub fn leased(&self) -> bool {
         self.lease.is_some()
     }
+}
+
+/// This host's name, as lock owners record it (`/proc/sys/kernel/hostname`; `localhost` if
+/// it cannot be read).
+pub fn local_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// sheepfs's `--lock-ttl` default: a host that died loses its locks within this.
