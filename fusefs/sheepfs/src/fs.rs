@@ -154,6 +154,20 @@ impl Filesystem for SheepFs {
         Ok(())
     }
 
+    fn destroy(&mut self) {
+        // The session ended (unmounted): nothing is open any more.
+        if let Some(locks) = self.sh.locks.clone() {
+            let released = self
+                .rt
+                .block_on(tokio::time::timeout(Duration::from_secs(10), async move {
+                    locks.release_all().await
+                }));
+            if released.is_err() {
+                tracing::warn!("releasing the locks at unmount timed out: they free themselves when their leases end");
+            }
+        }
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if parent != INodeNo::ROOT {
             return reply.error(Errno::ENOENT);

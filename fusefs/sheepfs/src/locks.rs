@@ -21,7 +21,6 @@ use objcache::{chain, CacheError};
 use objstore_client::lock::{self, LockInfo, Renewal};
 use objstore_client::{Client, Vdi};
 
-
 struct Held {
     info: LockInfo,
     vid: u32,
@@ -69,14 +68,8 @@ impl PlainLocks {
             h.writers += 1;
             return Ok(());
         }
-        let info = lock::acquire(
-            &self.client,
-            &name,
-            &self.owner,
-            &self.host,
-            Some(self.ttl),
-        )
-        .await?;
+        let info =
+            lock::acquire(&self.client, &name, &self.owner, &self.host, Some(self.ttl)).await?;
         let vid = vdi.header().vid.0;
         self.forget_lost(vid);
         held.insert(
@@ -126,6 +119,22 @@ impl PlainLocks {
         }
     }
 
+    /// At unmount: releases every lock still held (a file closed just before, its release
+    /// task not run yet).
+    pub(crate) async fn release_all(&self) {
+        let mut held = self.held.lock().await;
+        for (name, h) in held.drain() {
+            self.forget_lost(h.vid);
+            if let Err(e) = lock::release(&self.client, &name, &self.owner).await {
+                tracing::warn!(
+                    "releasing the lock of '{name}': {} (it frees itself within {:?})",
+                    chain(&e),
+                    self.ttl
+                );
+            }
+        }
+    }
+
     /// Whether the lock of VDI `vid` was lost while files of it are open read-write here.
     pub(crate) fn is_lost(&self, vid: u32) -> bool {
         self.any_lost.load(Ordering::Acquire) && self.lost.lock().unwrap().contains(&vid)
@@ -156,13 +165,7 @@ impl PlainLocks {
                         h.info = now;
                     }
                     Ok(Renewal::Lost(holder)) => {
-                        let now = match &holder {
-                            Some(o) => format!(
-                                "it is now attached by {} (owner {}, generation {})",
-                                o.host, o.owner, o.gen
-                            ),
-                            None => "it was attached or written elsewhere since".to_string(),
-                        };
+                        let now = Renewal::lost_to(holder.as_ref());
                         tracing::error!(
                             "lost the lock of VDI '{name}' (generation {}): its lease ended and {now}; writes to it through this mount now fail with EIO until its files are closed and opened again",
                             h.info.gen

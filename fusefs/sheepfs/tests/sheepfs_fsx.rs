@@ -17,7 +17,10 @@ const SIZE: u64 = 8 << 20;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
-    Some(v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")))
+    Some(
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
+    )
 }
 
 /// Runs fsx in `mode` on a new VDI of `rig`, then checks the cluster holds what fsx left.
@@ -38,7 +41,10 @@ fn exercise(rig: &Rig, mode: Mode, default_seed: u64) {
         started.elapsed()
     );
     assert_eq!(report.counts.values().sum::<usize>(), ops);
-    assert!(report.fallocate, "the mount takes punch hole and zero range");
+    assert!(
+        report.fallocate,
+        "the mount takes punch hole and zero range"
+    );
     if mode != Mode::Buffered {
         assert!(report.counts["mapwrite"] > ops / 10, "{:?}", report.counts);
     }
@@ -135,7 +141,10 @@ fn a_mapping_sees_writes_made_elsewhere_once_the_file_is_mapped_again() {
     f.read_exact_at(&mut b, 0).unwrap();
     assert_eq!(b[0], 2, "read(2) asks sheepfs");
     // Not asserted: the page may have been evicted meanwhile (then it shows 2).
-    eprintln!("the old mapping shows {} after the write elsewhere", first(old));
+    eprintln!(
+        "the old mapping shows {} after the write elsewhere",
+        first(old)
+    );
 
     let again = std::fs::File::open(rig.path("m")).unwrap();
     assert_eq!(first(old), 2, "an open drops the file's cached pages");

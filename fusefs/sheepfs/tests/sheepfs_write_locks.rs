@@ -50,7 +50,12 @@ fn refused(path: impl Into<PathBuf>) {
         .write(true)
         .open(&path)
         .expect_err("a second writer is refused");
-    assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "{}: {e}", path.display());
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::EBUSY),
+        "{}: {e}",
+        path.display()
+    );
 }
 
 /// The line a refused mount logs, from `VDI 'x' is attached` to the end of the line.
@@ -119,7 +124,10 @@ fn a_second_writer_is_refused_the_same_way_by_mounts_with_and_without_a_cache() 
     refused(rig.path("x"));
     let first_log = std::fs::read_to_string(rig.cluster.dir.path().join("sheepfs.log")).unwrap();
     let line = refusal_line(&first_log);
-    assert!(line.contains("/mount:") && line.contains("mnt-plain"), "{line}");
+    assert!(
+        line.contains("/mount:") && line.contains("mnt-plain"),
+        "{line}"
+    );
     drop(g);
     wait_until("the lock released at close", Duration::from_secs(5), || {
         locks(&rig.cluster).is_empty()
@@ -137,9 +145,11 @@ fn a_second_writer_is_refused_the_same_way_by_mounts_with_and_without_a_cache() 
         refusal_line(&std::fs::read_to_string(rig.cluster.dir.path().join("sheepfs.log")).unwrap())
     );
     drop(cached);
-    wait_until("the cache's lock released at unmount", Duration::from_secs(10), || {
-        locks(&rig.cluster).is_empty()
-    });
+    wait_until(
+        "the cache's lock released at unmount",
+        Duration::from_secs(10),
+        || locks(&rig.cluster).is_empty(),
+    );
 
     // rm right after the last close works: the close's lock is released first.
     let k = open_rw(rig.path("x"));
@@ -162,9 +172,11 @@ fn a_killed_mount_without_a_cache_loses_its_lock_within_its_ttl_and_a_lost_lock_
     refused(other.path("x"));
     drop(f);
     rig.mount.kill9();
-    wait_until("the dead mount's lock to free itself", Duration::from_secs(10), || {
-        locks(&rig.cluster).is_empty()
-    });
+    wait_until(
+        "the dead mount's lock to free itself",
+        Duration::from_secs(10),
+        || locks(&rig.cluster).is_empty(),
+    );
     let g = open_rw(other.path("x"));
     let mut b = [0u8; 5];
     g.read_exact_at(&mut b, 0).unwrap();
@@ -180,16 +192,22 @@ fn a_killed_mount_without_a_cache_loses_its_lock_within_its_ttl_and_a_lost_lock_
             .status
             .success()
     };
-    wait_until("another attachment after a break", Duration::from_secs(20), attached);
-    wait_until("writes to fail once the lock is lost", Duration::from_secs(10), || {
-        match g.write_all_at(b"late", 0) {
+    wait_until(
+        "another attachment after a break",
+        Duration::from_secs(20),
+        attached,
+    );
+    wait_until(
+        "writes to fail once the lock is lost",
+        Duration::from_secs(10),
+        || match g.write_all_at(b"late", 0) {
             Ok(()) => false,
             Err(e) => {
                 assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
                 true
             }
-        }
-    });
+        },
+    );
     assert!(log_of(tmp.path(), "plain").contains("lost the lock of VDI 'x'"));
     assert_eq!(g.sync_all().unwrap_err().raw_os_error(), Some(libc::EIO));
 }
@@ -214,7 +232,12 @@ fn no_lock_writes_a_vdi_held_elsewhere_and_is_refused_with_a_cache() {
     assert!(gen_before.is_u64());
 
     let out = std::process::Command::new(SHEEPFS)
-        .args(["--cluster", &rig.cluster.addr(0), "--no-lock", "--foreground"])
+        .args([
+            "--cluster",
+            &rig.cluster.addr(0),
+            "--no-lock",
+            "--foreground",
+        ])
         .arg("--cache-dir")
         .arg(tmp.path().join("c"))
         .arg(tmp.path().join("mnt-x"))
@@ -222,5 +245,8 @@ fn no_lock_writes_a_vdi_held_elsewhere_and_is_refused_with_a_cache() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--no-lock is for a mount without a cache"), "{err}");
+    assert!(
+        err.contains("--no-lock is for a mount without a cache"),
+        "{err}"
+    );
 }

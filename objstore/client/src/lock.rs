@@ -93,6 +93,19 @@ pub enum Renewal {
     Lost(Option<LockInfo>),
 }
 
+impl Renewal {
+    /// For a log line after [`Renewal::Lost`] with `holder`: who has the VDI now.
+    pub fn lost_to(holder: Option<&LockInfo>) -> String {
+        match holder {
+            Some(h) => format!(
+                "it is now attached by {} (owner {}, generation {})",
+                h.host, h.owner, h.gen
+            ),
+            None => "it was attached or written elsewhere since".to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum LockError {

@@ -219,7 +219,9 @@ fn serve(args: Args) -> anyhow::Result<()> {
         bail!("--cache-size, --cache-mode, --cache-max-dirty* and --cache-sequential-cutoff need --cache-dir");
     }
     if args.cache_dir.is_some() && args.no_lock {
-        bail!("--no-lock is for a mount without a cache: the cache always locks the VDIs it attaches");
+        bail!(
+            "--no-lock is for a mount without a cache: the cache always locks the VDIs it attaches"
+        );
     }
     if args.cache_size < 16 << 20 {
         bail!(

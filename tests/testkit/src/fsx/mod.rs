@@ -72,14 +72,35 @@ impl Options {
 /// One operation: where and how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Read { off: u64, len: u64 },
-    Write { off: u64, len: u64 },
+    Read {
+        off: u64,
+        len: u64,
+    },
+    Write {
+        off: u64,
+        len: u64,
+    },
     /// `kept`: through the mapping of the whole file kept for the run.
-    MapRead { off: u64, len: u64, kept: bool },
+    MapRead {
+        off: u64,
+        len: u64,
+        kept: bool,
+    },
     /// `msync`: followed by msync(MS_SYNC) of its pages.
-    MapWrite { off: u64, len: u64, kept: bool, msync: bool },
-    Punch { off: u64, len: u64 },
-    Zero { off: u64, len: u64 },
+    MapWrite {
+        off: u64,
+        len: u64,
+        kept: bool,
+        msync: bool,
+    },
+    Punch {
+        off: u64,
+        len: u64,
+    },
+    Zero {
+        off: u64,
+        len: u64,
+    },
     Fsync,
 }
 
@@ -185,7 +206,10 @@ impl fmt::Display for Failure {
             writeln!(f, "  got      {:02x?}", self.got)?;
             match &self.last_change {
                 Some((n, op)) => writeln!(f, "  last changed by operation {n}: {op}")?,
-                None => writeln!(f, "  never changed by this run (expected its initial bytes)")?,
+                None => writeln!(
+                    f,
+                    "  never changed by this run (expected its initial bytes)"
+                )?,
             }
         }
         writeln!(f, "  operations before it:")?;
@@ -285,10 +309,11 @@ impl Run<'_> {
         };
         let at = off + i as u64;
         let end = (i + 16).min(got.len());
-        let last_change = self.changes.iter().rev().find(|(_, c)| {
-            c.changes()
-                .is_some_and(|(o, l)| (o..o + l).contains(&at))
-        });
+        let last_change = self
+            .changes
+            .iter()
+            .rev()
+            .find(|(_, c)| c.changes().is_some_and(|(o, l)| (o..o + l).contains(&at)));
         Err(Failure {
             offset: Some(at),
             expected: want[i..end].to_vec(),
@@ -314,8 +339,8 @@ impl Run<'_> {
                 (Mode::Buffered, 13..=55) | (Mode::Both, 13..=34) => Op::Read { off, len },
                 (Mode::Buffered, _) | (Mode::Both, 35..=56) => Op::Write { off, len },
                 (Mode::Mapped, 13..=55) | (Mode::Both, 57..=78) => Op::MapRead {
-                        off,
-                        len,
+                    off,
+                    len,
                     kept: rng.below(2) == 0,
                 },
                 _ => Op::MapWrite {
