@@ -1,6 +1,6 @@
 //! The fsx-style exerciser (`testkit::fsx`) on real mounts of a real cluster, with the cache
 //! and without: seeded random reads, writes, shared-mapping reads and writes (msync'd or left
-//! dirty), discards and fsyncs of one VDI, each checked against a model; then the cluster
+//! dirty), discards, fsyncs and refused shrinks of one VDI, each checked against a model; then the cluster
 //! itself (`dog vdi read`) must hold the model's bytes once the file is fsynced.
 //!
 //! A failure prints the seed; `FSX_SEED=N` replays it (`FSX_OPS` changes the count).
@@ -32,6 +32,7 @@ fn exercise(rig: &Rig, mode: Mode, default_seed: u64) {
     let f = open_rw(rig.path("fsx"));
     let mut opts = Options::new(seed, ops, mode);
     opts.max_len = 192 << 10;
+    opts.refuses_shrink = true;
     let started = Instant::now();
     let report = fsx::run(&f, vec![0u8; SIZE as usize], &opts)
         .unwrap_or_else(|e| panic!("{e}\nsheepfs log:\n{}", rig.mount.log_tail()));
@@ -48,6 +49,11 @@ fn exercise(rig: &Rig, mode: Mode, default_seed: u64) {
     if mode != Mode::Buffered {
         assert!(report.counts["mapwrite"] > ops / 10, "{:?}", report.counts);
     }
+    assert!(
+        report.counts.get("shrink").is_some_and(|&n| n > 0),
+        "{:?}",
+        report.counts
+    );
     // Durable and in the cluster: what another client reads.
     f.sync_all().unwrap();
     let cluster = rig.cluster.read_vdi("fsx", 0, SIZE);

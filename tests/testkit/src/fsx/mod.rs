@@ -10,8 +10,9 @@
 //! purpose: the next reads must see them all the same. Every read of any kind compares what
 //! it got with the model; the run ends with a read of the whole file both ways.
 //!
-//! The file's size never changes: VDIs do not shrink through the mount (truncate to a smaller
-//! size is refused with EINVAL), so there is no truncate operation.
+//! The file's size never changes: VDIs do not shrink through the mount. With
+//! [`Options::refuses_shrink`], `shrink` operations check that: `ftruncate` to a smaller size
+//! must fail with EINVAL, and the reads after it find every byte where it was.
 //!
 //! A failure ([`Failure`]) names the seed, the operation and its number, the first offset
 //! that differs with the expected and received bytes around it, the last operation that wrote
@@ -52,6 +53,9 @@ pub struct Options {
     /// Whether to draw punch-hole and zero-range operations (dropped anyway if the first one
     /// is refused with EOPNOTSUPP).
     pub fallocate: bool,
+    /// Whether the file refuses to shrink (a VDI): then `shrink` operations try a smaller
+    /// size, must fail with EINVAL, and must leave every byte as it was.
+    pub refuses_shrink: bool,
     /// Operations kept for a failure report.
     pub history: usize,
 }
@@ -64,6 +68,7 @@ impl Options {
             mode,
             max_len: 256 << 10,
             fallocate: true,
+            refuses_shrink: false,
             history: 24,
         }
     }
@@ -102,6 +107,10 @@ pub enum Op {
         len: u64,
     },
     Fsync,
+    /// `ftruncate` to a smaller size, which must be refused.
+    Shrink {
+        to: u64,
+    },
 }
 
 impl Op {
@@ -114,6 +123,7 @@ impl Op {
             Op::Punch { .. } => "punch",
             Op::Zero { .. } => "zero",
             Op::Fsync => "fsync",
+            Op::Shrink { .. } => "shrink",
         }
     }
 
@@ -155,6 +165,7 @@ impl fmt::Display for Op {
                 f.write_str(if msync { "" } else { " no msync" })
             }
             Op::Fsync => Ok(()),
+            Op::Shrink { to } => write!(f, "to {to:#x} (must be refused)"),
         }
     }
 }
@@ -279,8 +290,8 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn fail(&self, step: usize, op: &Op) -> Failure {
-        Failure {
+    fn fail(&self, step: usize, op: &Op) -> Box<Failure> {
+        Box::new(Failure {
             seed: self.opts.seed,
             mode: self.opts.mode,
             step,
@@ -291,18 +302,18 @@ impl Run<'_> {
             last_change: None,
             error: None,
             log: self.log.iter().cloned().collect(),
-        }
+        })
     }
 
-    fn io_fail(&self, step: usize, op: &Op, what: &str, e: std::io::Error) -> Failure {
-        Failure {
+    fn io_fail(&self, step: usize, op: &Op, what: &str, e: std::io::Error) -> Box<Failure> {
+        Box::new(Failure {
             error: Some(format!("{what}: {e}")),
-            ..self.fail(step, op)
-        }
+            ..*self.fail(step, op)
+        })
     }
 
     /// Compares `got` (read at `off`) with the model.
-    fn check(&self, step: usize, op: &Op, off: u64, got: &[u8]) -> Result<(), Failure> {
+    fn check(&self, step: usize, op: &Op, off: u64, got: &[u8]) -> Result<(), Box<Failure>> {
         let want = &self.model[off as usize..off as usize + got.len()];
         let Some(i) = want.iter().zip(got).position(|(a, b)| a != b) else {
             return Ok(());
@@ -314,13 +325,13 @@ impl Run<'_> {
             .iter()
             .rev()
             .find(|(_, c)| c.changes().is_some_and(|(o, l)| (o..o + l).contains(&at)));
-        Err(Failure {
+        Err(Box::new(Failure {
             offset: Some(at),
             expected: want[i..end].to_vec(),
             got: got[i..end].to_vec(),
             last_change: last_change.cloned(),
-            ..self.fail(step, op)
-        })
+            ..*self.fail(step, op)
+        }))
     }
 
     /// Draws the next operation.
@@ -332,7 +343,9 @@ impl Run<'_> {
         loop {
             let pick = rng.below(100);
             let op = match (self.opts.mode, pick) {
-                (_, 0..=2) => Op::Fsync,
+                (_, 0..=1) => Op::Fsync,
+                (_, 2) if self.opts.refuses_shrink => Op::Shrink { to: off },
+                (_, 2) => Op::Fsync,
                 (_, 3..=7) if fallocate => Op::Punch { off, len },
                 (_, 8..=12) if fallocate => Op::Zero { off, len },
                 (_, 3..=12) => continue,
@@ -358,7 +371,7 @@ impl Run<'_> {
         Mapping::new(self.file, off, len, write)
     }
 
-    fn apply(&mut self, step: usize, op: &Op, rng: &mut Rng) -> Result<(), Failure> {
+    fn apply(&mut self, step: usize, op: &Op, rng: &mut Rng) -> Result<(), Box<Failure>> {
         match *op {
             Op::Read { off, len } => {
                 let mut buf = vec![0u8; len as usize];
@@ -416,6 +429,14 @@ impl Run<'_> {
                     Err(e) => return Err(self.io_fail(step, op, "fallocate", e)),
                 }
             }
+            Op::Shrink { to } => match self.file.set_len(to) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(self.io_fail(step, op, "ftruncate (expected EINVAL)", e)),
+                Ok(()) => {
+                    let e = std::io::Error::other("it succeeded");
+                    return Err(self.io_fail(step, op, "ftruncate (expected EINVAL)", e));
+                }
+            },
             Op::Fsync => self
                 .file
                 .sync_all()
@@ -425,7 +446,7 @@ impl Run<'_> {
     }
 
     /// Reads the whole file with pread (and through a fresh mapping in the mapped modes).
-    fn final_check(&self) -> Result<(), Failure> {
+    fn final_check(&self) -> Result<(), Box<Failure>> {
         let size = self.model.len() as u64;
         let read = Op::Read { off: 0, len: size };
         let mut buf = vec![0u8; size as usize];
@@ -477,7 +498,7 @@ pub fn run(file: &File, initial: Vec<u8>, opts: &Options) -> Result<Report, Box<
     }
     for step in 1..=opts.ops {
         let op = run.draw(&mut rng);
-        run.apply(step, &op, &mut rng).map_err(Box::new)?;
+        run.apply(step, &op, &mut rng)?;
         *run.report.counts.entry(op.name()).or_default() += 1;
         if op.changes().is_some() {
             run.changes.push((step, op.clone()));
@@ -487,7 +508,7 @@ pub fn run(file: &File, initial: Vec<u8>, opts: &Options) -> Result<Report, Box<
             run.log.pop_front();
         }
     }
-    run.final_check().map_err(Box::new)?;
+    run.final_check()?;
     run.kept = None;
     Ok(Report {
         content: run.model,
