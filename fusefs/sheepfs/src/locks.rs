@@ -8,8 +8,7 @@
 //! Each lock is bound to a lease of `--lock-ttl`, renewed by [`PlainLocks::keeper`] every
 //! third of it. A lease that ended while the mount lived is taken back with the same
 //! generation if nobody attached since; otherwise the lock is *lost*: writes, discards and
-//! fsyncs of the VDI fail with EIO until every read-write file of it is closed and opened
-//! again. `sheepfs --no-lock` opens read-write without the lock (and then bumps the VDI's
+//! fsyncs of the VDI fail with EIO until a read-write open takes the lock again. `sheepfs --no-lock` opens read-write without the lock (and then bumps the VDI's
 //! generation on the first write, as `dog vdi write` does).
 
 use std::collections::{HashMap, HashSet};
@@ -60,26 +59,26 @@ impl PlainLocks {
     }
 
     /// For a read-write open of `vdi`: takes its lock, or counts one more writer if this
-    /// mount holds it. Refused ([`lock::LockError::Held`]) if another owner holds it.
+    /// mount holds it. Refused ([`lock::LockError::Held`]) if another owner holds it. A lock
+    /// this mount lost is taken again if it can be (the VDI's files here write again), as
+    /// the cache attaches a lost VDI again.
     pub(crate) async fn open_rw(&self, vdi: &Vdi) -> Result<(), CacheError> {
-        let name = vdi.header().name;
+        let h = vdi.header();
+        let (name, vid) = (h.name, h.vid.0);
         let mut held = self.held.lock().await;
-        if let Some(h) = held.get_mut(&name) {
+        let lost = self.is_lost(vid);
+        if let Some(h) = held.get_mut(&name).filter(|_| !lost) {
             h.writers += 1;
             return Ok(());
         }
         let info =
             lock::acquire(&self.client, &name, &self.owner, &self.host, Some(self.ttl)).await?;
-        let vid = vdi.header().vid.0;
+        if lost {
+            tracing::info!("VDI '{name}' locked again after its lock was lost");
+        }
         self.forget_lost(vid);
-        held.insert(
-            name,
-            Held {
-                info,
-                vid,
-                writers: 1,
-            },
-        );
+        let writers = held.get(&name).map_or(0, |h| h.writers) + 1;
+        held.insert(name, Held { info, vid, writers });
         Ok(())
     }
 
@@ -167,7 +166,7 @@ impl PlainLocks {
                     Ok(Renewal::Lost(holder)) => {
                         let now = Renewal::lost_to(holder.as_ref());
                         tracing::error!(
-                            "lost the lock of VDI '{name}' (generation {}): its lease ended and {now}; writes to it through this mount now fail with EIO until its files are closed and opened again",
+                            "lost the lock of VDI '{name}' (generation {}): its lease ended and {now}; writes to it through this mount now fail with EIO until a read-write open locks it again",
                             h.info.gen
                         );
                         // Still counted as writers (their closes come); no longer renewed.

@@ -210,6 +210,17 @@ fn a_killed_mount_without_a_cache_loses_its_lock_within_its_ttl_and_a_lost_lock_
     );
     assert!(log_of(tmp.path(), "plain").contains("lost the lock of VDI 'x'"));
     assert_eq!(g.sync_all().unwrap_err().raw_os_error(), Some(libc::EIO));
+    // A new read-write open tries the lock again: refused while the intruder holds it; once
+    // it lets go, taken, and every file of the VDI on that mount writes again.
+    refused(other.path("x"));
+    rig.cluster
+        .dog_ok(&["vdi", "lock", "release", "x", "--owner", "intruder"]);
+    let g2 = open_rw(other.path("x"));
+    g.write_all_at(b"again", 0).unwrap();
+    g.sync_all().unwrap();
+    drop(g2);
+    assert_eq!(rig.cluster.read_vdi("x", 0, 5), b"again");
+    assert!(log_of(tmp.path(), "plain").contains("VDI 'x' locked again after its lock was lost"));
 }
 
 #[test]
