@@ -157,11 +157,10 @@ impl Filesystem for SheepFs {
     fn destroy(&mut self) {
         // The session ended (unmounted): nothing is open any more.
         if let Some(locks) = self.sh.locks.clone() {
-            let released = self
-                .rt
-                .block_on(tokio::time::timeout(Duration::from_secs(10), async move {
-                    locks.release_all().await
-                }));
+            // The timer is made inside block_on: this thread is not a runtime thread.
+            let released = self.rt.block_on(async move {
+                tokio::time::timeout(Duration::from_secs(10), locks.release_all()).await
+            });
             if released.is_err() {
                 tracing::warn!("releasing the locks at unmount timed out: they free themselves when their leases end");
             }

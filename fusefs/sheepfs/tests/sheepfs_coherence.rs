@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{cache_args, open_rw, stats, strs, Rig, SHEEPFS};
+use common::{cache_args_aged, open_rw, stats, strs, Rig, SHEEPFS};
 use testkit::mount::Mount;
 use testkit::wait_until;
 
@@ -25,12 +25,7 @@ fn read_at(f: &std::fs::File, off: u64, len: usize) -> Vec<u8> {
 fn cached_rig(max_age: &str) -> (tempfile::TempDir, PathBuf, Rig) {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
-    let mut args = cache_args(&cache, "64M");
-    let age = args
-        .iter()
-        .position(|a| a == "--cache-max-dirty-age")
-        .unwrap();
-    args[age + 1] = max_age.into();
+    let args = cache_args_aged(&cache, "64M", max_age);
     let rig = Rig::start(3, 2, "1M", &strs(&args));
     rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
     (tmp, cache, rig)
