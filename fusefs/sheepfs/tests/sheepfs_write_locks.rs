@@ -261,3 +261,20 @@ fn no_lock_writes_a_vdi_held_elsewhere_and_is_refused_with_a_cache() {
         "{err}"
     );
 }
+
+/// Unmounting right after the last close leaves no lock behind, and the process exits
+/// cleanly (no panic on the way).
+#[test]
+fn unmount_right_after_close_leaves_no_lock() {
+    let mut rig = Rig::start(3, 2, "1M", &["--lock-ttl", "30s"]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
+    let f = open_rw(rig.path("x"));
+    f.write_all_at(b"bye", 0).unwrap();
+    drop(f);
+    rig.mount.unmount_and_wait();
+    // Well inside the 30 s lease: released, not expired.
+    assert!(locks(&rig.cluster).is_empty(), "{:?}", locks(&rig.cluster));
+    let log = std::fs::read_to_string(rig.cluster.dir.path().join("sheepfs.log")).unwrap();
+    assert!(!log.contains("panicked"), "{log}");
+    assert_eq!(rig.cluster.read_vdi("x", 0, 3), b"bye");
+}
