@@ -47,6 +47,17 @@ pub fn find_bins(dir: &Path) -> Result<Bins> {
     })
 }
 
+/// sheepfs's `--no-lock` if the binary has it, else nothing (binaries from before the mount
+/// without a cache took the attachment lock): the cache-off mount writes the VDI that the
+/// cache mount holds attached, which the lock would refuse.
+pub fn no_lock_arg(bins: &Bins) -> Result<Vec<String>> {
+    let mut cmd = Command::new(bins.path("sheepfs"));
+    cmd.arg("--help");
+    let help = output(cmd, "sheepfs --help")?;
+    let has = String::from_utf8_lossy(&help).contains("--no-lock");
+    Ok(has.then(|| "--no-lock".to_string()).into_iter().collect())
+}
+
 /// Runs `cmd` to completion; its stdout, or an error naming it with its stderr.
 pub fn output(cmd: Command, what: &str) -> Result<Vec<u8>> {
     Ok(testkit::output(cmd, what)?)

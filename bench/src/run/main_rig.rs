@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   WORK/raw/file ── bindfs --multithreaded ──► WORK/bind/file      (references, same disk)
-//!   sheep × N ── sheepfs (no cache)  ──► WORK/off/bench
+//!   sheep × N ── sheepfs (no cache, --no-lock) ──► WORK/off/bench
 //!            └── sheepfs --cache-dir WORK/cache (10G, writeback) ──► WORK/on/bench (held open)
 //! ```
 //!

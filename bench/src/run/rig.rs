@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::cluster::{output, Bins, Cluster, Mount};
+use super::cluster::{no_lock_arg, output, Bins, Cluster, Mount};
 use super::fio::{Engine, FioJob, FioResult};
 use super::plan::{seq_job, Step};
 use super::proc::{check_interrupt, Watched};
@@ -65,7 +65,7 @@ impl OffRig {
             &cluster,
             &dir.join("off"),
             &dir.join("sheepfs-off.log"),
-            &[],
+            &no_lock_arg(bins)?,
         )?;
         let rig = OffRig {
             off,

@@ -324,13 +324,7 @@ pub(crate) async fn lock_keeper<B: Backend>(
 impl<B: Backend> Inner<B> {
     /// The lock of `vid` ended and another attachment came: detach, fail writes.
     fn lock_lost(&self, vid: u32, info: &LockInfo, holder: Option<LockInfo>) {
-        let now = match &holder {
-            Some(h) => format!(
-                "it is now attached by {} (owner {}, generation {})",
-                h.host, h.owner, h.gen
-            ),
-            None => "it was attached or written elsewhere since".to_string(),
-        };
+        let now = Renewal::lost_to(holder.as_ref());
         tracing::error!(
             "lost the lock of VDI '{}' (generation {}): its lease ended and {now}; writes to it through this mount now fail with EIO ({} unpushed here stay in the cache: see 'cachectl evict {} --discard-dirty')",
             info.vdi,

@@ -78,9 +78,7 @@ pub(crate) fn rand_u64() -> u64 {
 }
 
 pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
+    objstore_client::lock::local_host()
 }
 
 impl<B: Backend> Inner<B> {

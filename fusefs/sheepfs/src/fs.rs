@@ -7,7 +7,10 @@
 //! Inode numbers: the root is 1; the VDI with id `vid` is `vid + 1`. Open files bypass the
 //! page cache (`FOPEN_DIRECT_IO`), so a read never returns pages that went stale when the VDI
 //! was written through another path (`dog`, another host); direct writes to one file run in
-//! parallel (`FOPEN_PARALLEL_DIRECT_WRITES`).
+//! parallel (`FOPEN_PARALLEL_DIRECT_WRITES`). Shared mappings are allowed
+//! (`FUSE_DIRECT_IO_ALLOW_MMAP`): the kernel keeps page cache for mapped pages only, keeps
+//! it coherent with direct reads and writes, and writes dirty mapped pages back as ordinary
+//! [`Filesystem::write`] requests, so they take the same path as `write(2)`.
 
 use std::ffi::OsStr;
 use std::future::Future;
@@ -29,6 +32,7 @@ use objcache::{Cache, CacheError, Missed};
 
 use crate::errno;
 use crate::handles::{cache_fail, fail, ino_of, Disk, Shared};
+use crate::locks::PlainLocks;
 
 const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
@@ -42,6 +46,15 @@ const MAX_BACKGROUND: u16 = 128;
 const FALLOC_KEEP_SIZE: i32 = 0x01;
 const FALLOC_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_ZERO_RANGE: i32 = 0x10;
+
+/// The attachment locks of a mount without a cache (`sheepfs` without `--no-lock`).
+#[derive(Debug, Clone)]
+pub struct WriteLocks {
+    /// Names the mount in the lock's owner (`HOST/mount:PATH`).
+    pub mountpoint: String,
+    /// The leases' TTL (`--lock-ttl`).
+    pub ttl: Duration,
+}
 
 pub struct SheepFs {
     rt: tokio::runtime::Handle,
@@ -57,9 +70,24 @@ fn utf8(name: &OsStr) -> Result<String, Errno> {
 }
 
 impl SheepFs {
-    pub fn new(client: Arc<Client>, cache: Option<Cache>, rt: tokio::runtime::Handle) -> SheepFs {
+    /// `locks`: without a cache, take the attachment lock for read-write opens (see
+    /// [`WriteLocks`]); ignored with a cache, which takes the locks itself.
+    pub fn new(
+        client: Arc<Client>,
+        cache: Option<Cache>,
+        locks: Option<WriteLocks>,
+        rt: tokio::runtime::Handle,
+    ) -> SheepFs {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let locks = match (&cache, locks) {
+            (None, Some(l)) => {
+                let locks = Arc::new(PlainLocks::new(client.clone(), &l.mountpoint, l.ttl));
+                rt.spawn(locks.clone().keeper());
+                Some(locks)
+            }
+            _ => None,
+        };
         let sh = Arc::new(Shared {
             client,
             cache,
@@ -70,6 +98,8 @@ impl SheepFs {
             uid,
             gid,
             mounted_at: SystemTime::now(),
+            locks,
+            rt: rt.clone(),
         });
         SheepFs { rt, sh }
     }
@@ -109,11 +139,32 @@ impl Filesystem for SheepFs {
         if let Err(missing) = config.add_capabilities(want) {
             tracing::warn!("kernel lacks {missing:?}: O_DIRECT aio will run one request at a time");
         }
+        // Shared mappings of direct-I/O files (Linux 6.6+): the kernel writes dirty mapped
+        // pages back before a direct read or write of their range, drops the range's pages
+        // after a direct write, and sends their writeback as ordinary writes (docs/sheepfs.md).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            tracing::warn!(
+                "kernel lacks {missing:?}: shared mmap of the files fails with ENODEV (Linux 6.6 or later allows it)"
+            );
+        }
         if let Err(max) = config.set_max_background(MAX_BACKGROUND) {
             tracing::warn!("kernel caps max_background at {max}");
         }
         let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
         Ok(())
+    }
+
+    fn destroy(&mut self) {
+        // The session ended (unmounted): nothing is open any more.
+        if let Some(locks) = self.sh.locks.clone() {
+            // The timer is made inside block_on: this thread is not a runtime thread.
+            let released = self.rt.block_on(async move {
+                tokio::time::timeout(Duration::from_secs(10), locks.release_all()).await
+            });
+            if released.is_err() {
+                tracing::warn!("releasing the locks at unmount timed out: they free themselves when their leases end");
+            }
+        }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -237,7 +288,12 @@ impl Filesystem for SheepFs {
                     };
                     cache.delete_vdi(&name, delete).await
                 }
-                None => vdi::delete(&sh.client, &name).await,
+                None => {
+                    if let Some(locks) = &sh.locks {
+                        locks.forget(&name).await;
+                    }
+                    vdi::delete(&sh.client, &name).await
+                }
             };
             match deleted {
                 Ok(()) => {
@@ -369,6 +425,9 @@ impl Filesystem for SheepFs {
                 return reply.written(data.len() as u32);
             }
         }
+        if let Some(e) = self.sh.refused(ino.0, &disk) {
+            return reply.error(cache_fail("write", &disk.vdi().header().name, &e));
+        }
         let data = Bytes::copy_from_slice(data);
         self.rt.spawn(async move {
             let end = disk.vdi().size();
@@ -409,6 +468,9 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        if let Some(e) = self.sh.refused(ino.0, &disk) {
+            return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e));
+        }
         self.rt.spawn(async move {
             match disk.flush().await {
                 Ok(()) => reply.ok(),
@@ -556,6 +618,9 @@ impl Filesystem for SheepFs {
         let Some(disk) = self.sh.opened(ino.0) else {
             return reply.error(Errno::EBADF);
         };
+        if let Some(e) = self.sh.refused(ino.0, &disk) {
+            return reply.error(cache_fail("fallocate", &disk.vdi().header().name, &e));
+        }
         self.rt.spawn(async move {
             let vdi = disk.vdi().clone();
             let size = vdi.size();

@@ -17,6 +17,7 @@ use objstore_proto::Vid;
 use objcache::{chain, Cache, CacheError, CachedVdi};
 
 use crate::errno;
+use crate::locks::PlainLocks;
 
 /// An open VDI: straight to the cluster (with its requests in flight, counted), or through
 /// the cache.
@@ -185,6 +186,9 @@ pub(crate) struct Shared {
     pub(crate) uid: u32,
     pub(crate) gid: u32,
     pub(crate) mounted_at: SystemTime,
+    /// Without a cache (and without `--no-lock`): the locks of the VDIs open read-write.
+    pub(crate) locks: Option<Arc<PlainLocks>>,
+    pub(crate) rt: tokio::runtime::Handle,
 }
 
 fn secs(t: u64) -> SystemTime {
@@ -299,6 +303,16 @@ impl Shared {
     /// inode afresh, so it sees what other clients allocated or resized before it.
     pub(crate) async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, InUse), Errno> {
         let fresh = self.make_disk(name, rw).await?;
+        // Without a cache every handle is plain: a read-write one takes the lock.
+        let locked = match (&self.locks, &fresh) {
+            (Some(locks), Disk::Plain(v, _)) if rw => {
+                if let Err(e) = locks.open_rw(v).await {
+                    return Err(cache_fail("open", name, &e));
+                }
+                true
+            }
+            _ => false,
+        };
         let ino = ino_of(fresh.vdi().header().vid);
         let mut replaced = None;
         let shared = {
@@ -314,6 +328,10 @@ impl Shared {
             }
             entry.handles += 1;
             entry.writers += rw as usize;
+            if locked {
+                // Its writes are made under the lock: they leave the generation alone.
+                entry.disk.vdi().set_under_lock();
+            }
             InUse::of(&entry.disk)
         };
         if let (Some(plain), Disk::Cached(cached)) = (replaced, &fresh) {
@@ -332,6 +350,11 @@ impl Shared {
     pub(crate) fn release(&self, ino: u64, rw: bool) {
         let mut open = self.open.lock().unwrap();
         if let Some(o) = open.get_mut(&ino) {
+            if let (Some(locks), true) = (&self.locks, rw) {
+                let (locks, h) = (locks.clone(), o.disk.vdi().header());
+                self.rt
+                    .spawn(async move { locks.close_rw(&h.name, h.vid.0).await });
+            }
             o.handles -= 1;
             o.writers = o.writers.saturating_sub(rw as usize);
             if o.handles == 0 {
@@ -387,6 +410,17 @@ impl Shared {
             None => cached.open_gate(),
         }
         Ok(true)
+    }
+
+    /// Why writes, discards and fsyncs of open VDI `ino` are refused, if they are: its lock
+    /// (taken without a cache) was lost.
+    pub(crate) fn refused(&self, ino: u64, disk: &Disk) -> Option<CacheError> {
+        let locks = self.locks.as_ref()?;
+        locks
+            .is_lost(ino.saturating_sub(1) as u32)
+            .then(|| CacheError::LockLost {
+                name: disk.vdi().header().name,
+            })
     }
 
     pub(crate) fn client(&self) -> &Arc<Client> {

@@ -11,6 +11,7 @@
 //! ```
 //! - [`fs`]: the `fuser::Filesystem` implementation.
 //! - `handles`: the open VDIs' handles (plain or cached), and taking one over into the cache.
+//! - `locks`: without a cache, the attachment locks of the VDIs open read-write.
 //! - [`socket`]: the cache's control socket server; the protocol is the `cache_control`
 //!   crate (`fusefs/control`), shared with `cachectl`.
 //! - [`errno`]: the one mapping from library errors to errno values.
@@ -19,7 +20,8 @@
 pub mod errno;
 pub mod fs;
 mod handles;
+mod locks;
 pub mod mount;
 pub mod socket;
 
-pub use fs::SheepFs;
+pub use fs::{SheepFs, WriteLocks};

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{cache_args, cachectl, cachectl_ok, open_rw, stats, strs, Rig, Tmpfs, SHEEPFS};
+use common::{
+    cache_args, cache_args_aged, cachectl, cachectl_ok, open_rw, stats, strs, Rig, Tmpfs, SHEEPFS,
+};
 use testkit::mount::{is_mounted, Mount};
 use testkit::{pseudo_random, wait_until};
 
@@ -205,12 +207,7 @@ fn the_flusher_pushes_over_max_dirty_and_after_max_age() {
 
     let tmp2 = tempfile::tempdir().unwrap();
     let cache2 = tmp2.path().join("cache");
-    let mut args = cache_args(&cache2, "256M");
-    let age = args
-        .iter()
-        .position(|a| a == "--cache-max-dirty-age")
-        .unwrap();
-    args[age + 1] = "1".into();
+    let args = cache_args_aged(&cache2, "256M", "1");
     let m2 = Mount::start(
         Path::new(SHEEPFS),
         &rig.cluster.addr(0),

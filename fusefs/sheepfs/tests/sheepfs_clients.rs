@@ -156,6 +156,12 @@ fn mount_and_dog_see_the_same_bytes() {
         "dog sees the mount's write"
     );
 
+    // The mount's lock goes with the kernel's release of the closed file, just after close.
+    testkit::wait_until(
+        "the mount's lock released",
+        std::time::Duration::from_secs(5),
+        || rig.cluster.dog_json(&["vdi", "lock", "list"]) == serde_json::json!([]),
+    );
     let other = pseudo_random(2 << 20, 6);
     rig.cluster.write_vdi("x", 5 << 20, &other);
     let mut got = vec![0u8; other.len()];

@@ -14,7 +14,8 @@
 //! lock, so the counter may run ahead of the held lock's generation. Generations only grow,
 //! and each attachment's is greater than every earlier attachment's.
 //!
-//! The lock is advisory: it binds the clients that take it (sheepfs with a cache).
+//! The lock is advisory: it binds the clients that take it (sheepfs: with a cache, and
+//! without one unless mounted with `--no-lock`).
 //!
 //! # Leases
 //!
@@ -68,6 +69,14 @@ impl LockInfo {
     }
 }
 
+/// This host's name, as lock owners record it (`/proc/sys/kernel/hostname`; `localhost` if
+/// it cannot be read).
+pub fn local_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
 /// sheepfs's `--lock-ttl` default: a host that died loses its locks within this.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
@@ -82,6 +91,19 @@ pub enum Renewal {
     /// The lease had ended and the lock is no longer this holder's to take back: another
     /// attachment came (the holder is given if it still holds the lock).
     Lost(Option<LockInfo>),
+}
+
+impl Renewal {
+    /// For a log line after [`Renewal::Lost`] with `holder`: who has the VDI now.
+    pub fn lost_to(holder: Option<&LockInfo>) -> String {
+        match holder {
+            Some(h) => format!(
+                "it is now attached by {} (owner {}, generation {})",
+                h.host, h.owner, h.gen
+            ),
+            None => "it was attached or written elsewhere since".to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Error)]

@@ -18,11 +18,14 @@
 //! - [`build`]: the binaries under test, built fresh, or taken from a named directory.
 //! - [`replicas::check`]: every copy of every object of a VDI read from disk and compared.
 //! - [`pause::Paused`]: a node frozen with SIGSTOP (a hung node), continued on drop.
+//! - [`fsx::run`]: an fsx-style exerciser: seeded random reads, writes, mapped reads and
+//!   writes, discards and fsyncs of a file, checked against a model.
 
 pub mod build;
 pub mod cluster;
 mod error;
 pub mod etcd;
+pub mod fsx;
 pub mod mount;
 pub mod netns;
 pub mod pause;

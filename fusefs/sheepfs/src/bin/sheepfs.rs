@@ -14,7 +14,7 @@ use clap::Parser;
 use objcache::{Cache, CacheConfig};
 use objstore_client::{Client, ClientOptions};
 use sheepfs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
-use sheepfs::SheepFs;
+use sheepfs::{SheepFs, WriteLocks};
 
 const READY: &str = "sheepfs-ready";
 
@@ -77,12 +77,19 @@ struct Args {
     /// data out. 0 caches every stream on its first pass.
     #[arg(long, value_parser = size_arg, default_value = "16M")]
     cache_sequential_cutoff: u64,
-    /// With a cache: the VDIs it attaches read-write are locked under a lease of this TTL
-    /// (whole seconds, 1s to 1h), renewed every third of it through any node. If this
-    /// sheepfs dies, or cannot reach the cluster for that long, its locks free themselves:
-    /// another host may then attach the VDI without 'dog vdi lock break'.
+    /// The VDIs this mount opens read-write (with a cache: attaches) are locked under a
+    /// lease of this TTL (whole seconds, 1s to 1h), renewed every third of it through any
+    /// node. If this sheepfs dies, or cannot reach the cluster for that long, its locks free
+    /// themselves: another host may then attach the VDI without 'dog vdi lock break'.
     #[arg(long, value_parser = lock_ttl_arg, default_value = "15s")]
     lock_ttl: Duration,
+    /// Without a cache: open VDIs read-write without taking their attachment lock, so this
+    /// mount writes a VDI that another mount or host holds, and is not refused by it (for
+    /// tools that coordinate writers themselves). Each file's first write still bumps the
+    /// VDI's generation, so caches elsewhere drop what they hold of it when they next attach.
+    /// Not with --cache-dir (the cache always locks what it attaches).
+    #[arg(long)]
+    no_lock: bool,
 }
 
 fn lock_ttl_arg(s: &str) -> Result<Duration, String> {
@@ -211,6 +218,11 @@ fn serve(args: Args) -> anyhow::Result<()> {
     if args.cache_dir.is_none() && std::env::args().any(|a| a.starts_with("--cache-")) {
         bail!("--cache-size, --cache-mode, --cache-max-dirty* and --cache-sequential-cutoff need --cache-dir");
     }
+    if args.cache_dir.is_some() && args.no_lock {
+        bail!(
+            "--no-lock is for a mount without a cache: the cache always locks the VDIs it attaches"
+        );
+    }
     if args.cache_size < 16 << 20 {
         bail!(
             "--cache-size {} is too small: at least 16M",
@@ -257,7 +269,11 @@ fn serve(args: Args) -> anyhow::Result<()> {
             Some(cache)
         }
     };
-    let fs = SheepFs::new(client, cache.clone(), rt.handle().clone());
+    let locks = (!args.no_lock).then(|| WriteLocks {
+        mountpoint: mountpoint.to_string_lossy().into_owned(),
+        ttl: args.lock_ttl,
+    });
+    let fs = SheepFs::new(client, cache.clone(), locks, rt.handle().clone());
     if let Some(cache) = &cache {
         let _guard = rt.enter();
         fs.serve_control().with_context(|| {

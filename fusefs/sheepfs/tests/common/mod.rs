@@ -142,6 +142,17 @@ pub fn cache_args(dir: &Path, size: &str) -> Vec<String> {
     ]
 }
 
+/// [`cache_args`] with the flusher's age limit at `max_age` seconds.
+pub fn cache_args_aged(dir: &Path, size: &str, max_age: &str) -> Vec<String> {
+    let mut args = cache_args(dir, size);
+    let age = args
+        .iter()
+        .position(|a| a == "--cache-max-dirty-age")
+        .unwrap();
+    args[age + 1] = max_age.into();
+    args
+}
+
 pub fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
