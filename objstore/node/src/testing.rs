@@ -214,6 +214,20 @@ impl MemCluster {
     pub async fn client(&self, opts: ClientOptions) -> Result<Client, ClientError> {
         Client::connect_via(Arc::new(self.net.clone()), &self.addrs(), opts).await
     }
+
+    /// A client whose operations give up after `timeout`, connected on `rt` (for tests that
+    /// drive the cluster from a plain thread).
+    pub fn client_on(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        timeout: std::time::Duration,
+    ) -> Arc<Client> {
+        let opts = ClientOptions {
+            timeout,
+            ..ClientOptions::default()
+        };
+        Arc::new(rt.block_on(self.client(opts)).expect("client"))
+    }
 }
 
 impl Drop for MemCluster {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use objstore_client::conn::Conn;
 use objstore_client::transport::Link;
-use objstore_client::{Client, ClientOptions};
+use objstore_client::Client;
 use objstore_node::store::mem::{Fault, Op};
 use objstore_node::store::ObjectBackend;
 use objstore_node::testing::MemCluster;
@@ -32,11 +32,7 @@ fn oid(i: u32) -> ObjectId {
 }
 
 fn client(c: &MemCluster, rt: &tokio::runtime::Runtime, timeout: Duration) -> Arc<Client> {
-    let opts = ClientOptions {
-        timeout,
-        ..ClientOptions::default()
-    };
-    Arc::new(rt.block_on(c.client(opts)).expect("client"))
+    c.client_on(rt, timeout)
 }
 
 /// The owners of `oid` in node 0's view, primary first, as node indexes.

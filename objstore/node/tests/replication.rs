@@ -23,11 +23,7 @@ fn oid(i: u32) -> ObjectId {
 }
 
 fn client(c: &MemCluster, rt: &tokio::runtime::Runtime, timeout: Duration) -> Arc<Client> {
-    let opts = ClientOptions {
-        timeout,
-        ..ClientOptions::default()
-    };
-    Arc::new(rt.block_on(c.client(opts)).expect("client"))
+    c.client_on(rt, timeout)
 }
 
 /// Node `i`'s index among the owners of `oid` (0: the primary), per node `via`'s view.

@@ -570,6 +570,14 @@ mod tests {
         );
     }
 
+    /// `a` at v1 and `b` at v2, flushed, then `c` at v3 not flushed.
+    fn written_flushed_then_again(s: &FileStore, oid: ObjectId) {
+        s.write(oid, 0, b"a", v(1)).unwrap();
+        s.write(oid, 0, b"b", v(2)).unwrap();
+        s.flush().unwrap();
+        s.write(oid, 0, b"c", v(3)).unwrap();
+    }
+
     /// `write_now` writes in place into an existing object whose lock is free, and declines
     /// (doing nothing) to create one or to wait for its lock.
     #[test]
@@ -598,10 +606,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let oid = ObjectId::data(Vid(1), ObjIndex(3));
         let s = FileStore::open(d.path()).unwrap();
-        s.write(oid, 0, b"a", v(1)).unwrap();
-        s.write(oid, 0, b"b", v(2)).unwrap();
-        s.flush().unwrap();
-        s.write(oid, 0, b"c", v(3)).unwrap();
+        written_flushed_then_again(&s, oid);
         // What a failed fdatasync does to it (see `flush`).
         s.dirty.lock().unwrap().remove(&oid);
         s.bad.lock().unwrap().insert(oid);
@@ -632,10 +637,7 @@ mod tests {
         let oid = ObjectId::data(Vid(1), ObjIndex(0));
         {
             let s = FileStore::open(d.path()).unwrap();
-            s.write(oid, 0, b"a", v(1)).unwrap();
-            s.write(oid, 0, b"b", v(2)).unwrap();
-            s.flush().unwrap();
-            s.write(oid, 0, b"c", v(3)).unwrap();
+            written_flushed_then_again(&s, oid);
             // Dropped without a flush: as after kill -9.
         }
         let s = FileStore::open(d.path()).unwrap();
