@@ -22,7 +22,7 @@
 //!    node does not own are dropped, each only once every owner shows it holds that version or a
 //!    newer one. Any new epoch abandons the current round and starts over.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -31,14 +31,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{Notify, OnceCell};
 
+mod plan;
+
 use super::history::{self, Safety};
-use super::reference::{reference, Reference};
 use super::{Epoch, Node};
 use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
-use objstore_proto::version::decode_list;
+use plan::Plan;
 
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 const PULL_PARALLEL: usize = 4;
@@ -104,26 +105,6 @@ impl Default for Recovery {
             status: Mutex::default(),
         }
     }
-}
-
-/// What planning gave.
-enum Plan {
-    /// The epoch changed meanwhile.
-    Changed,
-    /// The cluster store could not be read; try again.
-    Retry,
-    Ready {
-        pending: HashMap<ObjectId, Arc<Pull>>,
-        safety: Safety,
-        /// Objects held or listed that wait for nodes that are down.
-        waiting: u64,
-        /// Objects of which another node lost a newer version and has not decided what
-        /// remains: the round plans again.
-        unsettled: u64,
-        /// Members of the epoch whose listing did not come: their copies, maybe the newest
-        /// of some objects, were not seen, so the round plans again until they answer.
-        unlisted: Vec<SocketAddr>,
-    },
 }
 
 impl Recovery {
@@ -352,258 +333,6 @@ impl Node {
         } else {
             PullFailed::Unavailable
         })
-    }
-
-    /// Lists `(oid, state)` from a peer, waiting a little for a peer not yet at `epoch`.
-    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, ObjState)>> {
-        let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
-        loop {
-            let h = Header::request(Opcode::PeerList, 0, epoch);
-            let conn = self.peers.get(addr, LIST_TIMEOUT).await.ok()?;
-            match conn.call(h, Bytes::new(), LIST_TIMEOUT).await {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => {
-                    return decode_list(&f.payload);
-                }
-                Ok(f)
-                    if matches!(
-                        f.header.result_code(),
-                        ResultCode::NodeBehind | ResultCode::Busy
-                    ) && tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Ok(_) => return None,
-                Err(_) => {
-                    self.peers.drop_conn(addr).await;
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// Builds the pending set for `ep` and judges which objects must wait.
-    async fn plan(&self, ep: &Epoch, copies: usize, min_copies: usize) -> Plan {
-        let e = ep.view.epoch;
-        let d = self.driver.clone();
-        let prev = self
-            .blocking(move || d.view_at(e - 1))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten();
-        let mut ids: HashMap<SocketAddr, u64> = HashMap::new();
-        for n in ep
-            .view
-            .nodes
-            .iter()
-            .chain(prev.iter().flat_map(|p| &p.nodes))
-        {
-            ids.insert(n.addr, n.id);
-        }
-        ids.remove(&self.me.addr);
-        let mut sources: Vec<SocketAddr> = ids.keys().copied().collect();
-        sources.sort();
-        let listings =
-            futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e))).await;
-        let d = self.driver.clone();
-        let hist = match self.blocking(move || history::load(&*d, e)).await {
-            Ok(Ok(h)) => h,
-            Ok(Err(err)) => {
-                tracing::warn!("epoch {e}: cannot read the cluster's history: {err}");
-                return Plan::Retry;
-            }
-            Err(err) => {
-                tracing::warn!("epoch {e}: cannot read the cluster's history: {err}");
-                return Plan::Retry;
-            }
-        };
-        if self.epoch().view.epoch != e {
-            return Plan::Changed;
-        }
-        let unlisted: Vec<SocketAddr> = sources
-            .iter()
-            .zip(&listings)
-            .filter(|(a, l)| l.is_none() && ep.view.nodes.iter().any(|n| n.addr == **a))
-            .map(|(a, _)| *a)
-            .collect();
-        let mut present: HashSet<u64> = HashSet::from([self.me.id]);
-        // oid -> the holders of its newest version, with their states
-        let mut best: HashMap<ObjectId, Vec<(SocketAddr, ObjState)>> = HashMap::new();
-        // oid -> the newest version some other node lost (failed fdatasync) and has not
-        // restored: never a source, but that node may yet keep what remains of it.
-        let mut lost_elsewhere: HashMap<ObjectId, Version> = HashMap::new();
-        for (addr, list) in sources.iter().zip(listings) {
-            let Some(list) = list else { continue };
-            present.insert(ids[addr]);
-            for (oid, st) in list {
-                if st.lost {
-                    let w = lost_elsewhere.entry(oid).or_default();
-                    *w = (*w).max(st.version);
-                    continue;
-                }
-                let b = best.entry(oid).or_default();
-                match b.first().map(|(_, s)| s.version) {
-                    Some(v) if v > st.version => continue,
-                    Some(v) if v < st.version => b.clear(),
-                    _ => {}
-                }
-                b.push((*addr, st));
-            }
-        }
-        let safety = Safety::judge(&hist, e, &present, copies, min_copies);
-        let local: HashMap<ObjectId, ObjState> = self.store.list().into_iter().collect();
-        let mut oids: Vec<ObjectId> = best.keys().chain(local.keys()).copied().collect();
-        oids.sort_unstable();
-        oids.dedup();
-        let mut pending = HashMap::new();
-        let mut waiting = 0;
-        let mut unsettled = 0;
-        let all_listed = unlisted.is_empty() && safety.is_complete();
-        for oid in oids {
-            let owned = ep.ring.holds(self.me.id, oid, copies);
-            let holders = best.remove(&oid).unwrap_or_default();
-            let lost_want = self.recovery.lost(oid);
-            if !owned {
-                if let Some(want) = lost_want {
-                    self.drop_lost_unowned(e, oid, want, &holders, all_listed)
-                        .await;
-                }
-                continue;
-            }
-            if !safety.safe(oid) {
-                waiting += 1;
-                continue;
-            }
-            let mut mine = local.get(&oid).copied();
-            if let Some(want) = lost_want {
-                // Only a copy at least as new as the one lost will do; none up: it waits,
-                // unless every node that could hold one listed its copies and none has it
-                // (the data is gone everywhere: the flush that lost it failed, so it was never
-                // promised durable): then what remains here competes with the newest copy
-                // there is, as a suspect copy.
-                let sources: Vec<SocketAddr> = holders
-                    .iter()
-                    .filter(|(_, st)| st.version >= want)
-                    .map(|(a, _)| *a)
-                    .collect();
-                if !sources.is_empty() || !all_listed {
-                    if sources.is_empty() {
-                        waiting += 1;
-                    }
-                    pending.insert(
-                        oid,
-                        Arc::new(Pull {
-                            want: ObjState::live(want),
-                            sources,
-                            result: OnceCell::new(),
-                        }),
-                    );
-                    continue;
-                }
-                match self.accept_lost(e, oid, want).await {
-                    Some(st) => mine = st,
-                    None => {
-                        // Could not even keep what remains: it stays lost, planned again.
-                        waiting += 1;
-                        pending.insert(
-                            oid,
-                            Arc::new(Pull {
-                                want: ObjState::live(want),
-                                sources: Vec::new(),
-                                result: OnceCell::new(),
-                            }),
-                        );
-                        continue;
-                    }
-                }
-            }
-            // Another node lost a version newer than this copy and may yet keep what remains
-            // of it: whatever is decided now, plan again once it has.
-            if lost_elsewhere
-                .get(&oid)
-                .is_some_and(|w| mine.is_none_or(|m| m.version < *w))
-            {
-                unsettled += 1;
-            }
-            match reference(self.me.id, &ids, mine, &holders) {
-                Reference::Mine => {
-                    if mine.is_some_and(|m| m.suspect) {
-                        // Every copy of the newest version was being written when its node
-                        // stopped: this one is the reference the others copy.
-                        let store = self.store.clone();
-                        let settled = self.blocking(move || store.settle(oid)).await;
-                        if !matches!(settled, Ok(Ok(()))) {
-                            tracing::warn!("epoch {e}: could not settle suspect object {oid}");
-                        }
-                    }
-                }
-                Reference::Pull(want, sources) => {
-                    pending.insert(
-                        oid,
-                        Arc::new(Pull {
-                            want,
-                            sources,
-                            result: OnceCell::new(),
-                        }),
-                    );
-                }
-            }
-        }
-        Plan::Ready {
-            pending,
-            safety,
-            waiting,
-            unsettled,
-            unlisted,
-        }
-    }
-
-    /// Keeps what remains of this node's lost copy of `oid` (no node holds the version lost,
-    /// `want`): it becomes a suspect copy at the version last made durable here. None when the
-    /// store failed; the copy stays lost.
-    async fn accept_lost(&self, e: u32, oid: ObjectId, want: Version) -> Option<Option<ObjState>> {
-        let store = self.store.clone();
-        let _ordered = self.replica_lock(oid).lock().await;
-        match self.blocking(move || store.accept_lost(oid)).await {
-            Ok(Ok(st)) => {
-                tracing::error!(
-                    "epoch {e}: object {oid}: no node holds the data this node lost at {want:?} with a failed fdatasync; keeping what remains here ({st:?}) to compare with the other copies"
-                );
-                self.recovery.lost.lock().unwrap().remove(&oid);
-                self.recovery.update(|s| s.data_lost += 1);
-                Some(st)
-            }
-            Ok(Err(err)) => {
-                tracing::warn!("epoch {e}: object {oid}: keeping what remains failed: {err}");
-                None
-            }
-            Err(err) => {
-                tracing::warn!("epoch {e}: object {oid}: keeping what remains failed: {err}");
-                None
-            }
-        }
-    }
-
-    /// A lost copy of an object this node no longer owns: dropped once a copy at least as new
-    /// is held elsewhere (the owners recover from it), or kept as a suspect copy (which the
-    /// owners then see) once every node listed and none holds one.
-    async fn drop_lost_unowned(
-        &self,
-        e: u32,
-        oid: ObjectId,
-        want: Version,
-        holders: &[(SocketAddr, ObjState)],
-        all_listed: bool,
-    ) {
-        if holders.iter().any(|(_, st)| st.version >= want) {
-            let store = self.store.clone();
-            let _ordered = self.replica_lock(oid).lock().await;
-            if matches!(self.blocking(move || store.forget(oid)).await, Ok(Ok(()))) {
-                self.recovery.lost.lock().unwrap().remove(&oid);
-            }
-        } else if all_listed {
-            let _ = self.accept_lost(e, oid, want).await;
-        }
     }
 
     /// One round of recovery for `ep`; returns early when the epoch changes.

@@ -8,6 +8,9 @@
 //! without waiting for the next write to the object. The newest version among the owners wins
 //! (a change that failed but was applied somewhere counts as in flight, and an in-flight change
 //! may take effect); a copy of that version that is not suspect wins over a suspect one.
+//!
+//! Also the repair of a copy a failed `fdatasync` lost: `Flush` restores it from another
+//! owner before answering ([`Node::restore_lost`]), and listings mark it lost meanwhile.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,8 +19,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::replicate::FORWARD_TIMEOUT;
+use super::server::Failure;
 use super::Node;
-use crate::store::{ObjState, Version};
+use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 
@@ -211,5 +215,58 @@ impl Node {
             Some(oid) => Err(oid),
             None => Ok(()),
         }
+    }
+
+    /// `Flush`: every write before it made durable here. Copies whose `fdatasync` failed, now
+    /// or at an earlier flush, and that are not restored yet, are restored from the other
+    /// owners first (installed durably), or the flush fails: an `fdatasync` error is never
+    /// followed by a success for the same data.
+    pub(super) async fn flush_here(&self) -> Result<(), Failure> {
+        let store = self.store.clone();
+        let mut lost = match self.blocking(move || store.flush()).await {
+            Ok(Ok(())) => Vec::new(),
+            Ok(Err(StoreError::SyncFailed { oids, source })) => {
+                tracing::error!(
+                    "flush could not make {} object(s) durable ({source}); restoring them from other replicas",
+                    oids.len()
+                );
+                oids
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            Err(e) => return Err(super::server::task_failure(e)),
+        };
+        for (oid, want) in self.recovery.lost_copies() {
+            if !lost.iter().any(|(o, _)| *o == oid) {
+                lost.push((oid, want));
+            }
+        }
+        if lost.is_empty() {
+            return Ok(());
+        }
+        self.restore_lost(&lost).await.map_err(|oid| {
+            Failure::new(
+                ResultCode::Io,
+                format!(
+                    "object {oid} could not be made durable here and no replica could restore it"
+                ),
+            )
+        })
+    }
+
+    /// What `PeerList` answers: every copy here with its state, a copy lost by a failed flush
+    /// and not restored shown at the version lost and marked lost ([`ObjState::lost`]).
+    pub(super) fn listing(&self) -> Vec<(ObjectId, ObjState)> {
+        let mut list = self.store.list();
+        for (oid, want) in self.recovery.lost_copies() {
+            let lost = ObjState {
+                lost: true,
+                ..ObjState::live(want)
+            };
+            match list.binary_search_by_key(&oid, |(o, _)| *o) {
+                Ok(i) => list[i].1 = lost,
+                Err(i) => list.insert(i, (oid, lost)),
+            }
+        }
+        list
     }
 }

@@ -216,7 +216,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 /// A store task that did not finish. Cancelled means it never ran: the node is shutting down
 /// (its runtime drops blocking tasks not yet started), so the client tries again elsewhere
 /// (`ShuttingDown`) instead of failing the I/O; a panic is an I/O error.
-fn task_failure(e: tokio::task::JoinError) -> Failure {
+pub(super) fn task_failure(e: tokio::task::JoinError) -> Failure {
     let code = if e.is_cancelled() {
         ResultCode::ShuttingDown
     } else {
@@ -227,23 +227,6 @@ fn task_failure(e: tokio::task::JoinError) -> Failure {
 
 /// The version a client expects an object at (the first 8 bytes of a `WriteObj` or `RemoveObj`
 /// payload), and the rest.
-/// What `PeerList` answers: every copy here with its state, a copy lost by a failed flush
-/// and not restored shown at the version lost and marked lost ([`ObjState::lost`]).
-fn listing(node: &Node) -> Vec<(ObjectId, ObjState)> {
-    let mut list = node.store.list();
-    for (oid, want) in node.recovery.lost_copies() {
-        let lost = ObjState {
-            lost: true,
-            ..ObjState::live(want)
-        };
-        match list.binary_search_by_key(&oid, |(o, _)| *o) {
-            Ok(i) => list[i].1 = lost,
-            Err(i) => list.insert(i, (oid, lost)),
-        }
-    }
-    list
-}
-
 fn split_expected(payload: &Bytes) -> Option<(Version, Bytes)> {
     let v = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
     Some((Version(v), payload.slice(8..)))
@@ -376,39 +359,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .await?;
             Ok(Reply::state(Bytes::new(), ObjState::tombstone(v)))
         }
-        Opcode::Flush => {
-            let store = node.store.clone();
-            let mut lost = match node.blocking(move || store.flush()).await {
-                Ok(Ok(())) => Vec::new(),
-                Ok(Err(StoreError::SyncFailed { oids, source })) => {
-                    // The data of these copies may be gone: never acknowledge them; restore
-                    // them from the other owners (installed durably) or fail.
-                    tracing::error!(
-                        "flush could not make {} object(s) durable ({source}); restoring them from other replicas",
-                        oids.len()
-                    );
-                    oids
-                }
-                Ok(Err(e)) => return Err(e.into()),
-                Err(e) => return Err(task_failure(e)),
-            };
-            // Copies an earlier flush lost and nothing has restored yet: their data is not
-            // durable here either, so this flush fails too unless they come back now.
-            for (oid, want) in node.recovery.lost_copies() {
-                if !lost.iter().any(|(o, _)| *o == oid) {
-                    lost.push((oid, want));
-                }
-            }
-            if !lost.is_empty() {
-                node.restore_lost(&lost).await.map_err(|oid| {
-                    Failure::new(
-                        ResultCode::Io,
-                        format!("object {oid} could not be made durable here and no replica could restore it"),
-                    )
-                })?;
-            }
-            Ok(Reply::empty())
-        }
+        Opcode::Flush => node.flush_here().await.map(|()| Reply::empty()),
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
             ResultCode::NotFound,
             format!("object {oid} is not recovered here yet"),
@@ -438,7 +389,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     format!("changes of epochs before {cur} are still in progress"),
                 ));
             }
-            Ok(Reply::bytes(encode_list(&listing(node))))
+            Ok(Reply::bytes(encode_list(&node.listing())))
         }
         Opcode::PeerWrite => {
             let _change = node.enter(h.epoch);

@@ -1,0 +1,203 @@
+//! The file store's tests.
+
+use super::*;
+use objstore_proto::oid::{ObjIndex, Vid};
+
+fn v(n: u64) -> Version {
+    Version(n)
+}
+
+#[test]
+fn write_read_version_tombstone() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(2));
+    assert!(matches!(s.read(oid, 0, 4), Err(StoreError::NotFound(_))));
+    s.write(oid, 4096, b"hello", v(3)).unwrap();
+    assert_eq!(s.read(oid, 4094, 9).unwrap(), b"\0\0hello\0\0");
+    assert_eq!(s.meta(oid).unwrap(), ObjState::live(v(3)));
+    s.write(oid, 0, b"x", v(5)).unwrap();
+    assert_eq!(s.meta(oid).unwrap().version, v(5));
+    s.flush().unwrap();
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(s.list(), vec![(oid, ObjState::live(v(5)))]);
+    assert_eq!(s.read(oid, 0, 1).unwrap(), b"x");
+    // A delete is a tombstone that survives a reopen and reads as missing.
+    assert!(s.put_if_newer(oid, &[], ObjState::tombstone(v(6))).unwrap());
+    assert!(s.is_empty());
+    assert!(matches!(s.read(oid, 0, 1), Err(StoreError::NotFound(_))));
+    assert!(!s.put_if_newer(oid, b"old", ObjState::live(v(5))).unwrap());
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(s.list(), vec![(oid, ObjState::tombstone(v(6)))]);
+    assert_eq!(
+        s.read_whole(oid).unwrap(),
+        (vec![], ObjState::tombstone(v(6)))
+    );
+    // A write over the tombstone makes a new object of zeros.
+    s.write(oid, 2, b"y", v(7)).unwrap();
+    assert_eq!(s.read(oid, 0, 4).unwrap(), b"\0\0y\0");
+    s.forget(oid).unwrap();
+    s.forget(oid).unwrap();
+    assert!(s.list().is_empty());
+    assert_eq!(
+        fs::read_dir(d.path()).unwrap().count(),
+        1,
+        "only .tmp is left"
+    );
+}
+
+/// `a` at v1 and `b` at v2, flushed, then `c` at v3 not flushed.
+fn written_flushed_then_again(s: &FileStore, oid: ObjectId) {
+    s.write(oid, 0, b"a", v(1)).unwrap();
+    s.write(oid, 0, b"b", v(2)).unwrap();
+    s.flush().unwrap();
+    s.write(oid, 0, b"c", v(3)).unwrap();
+}
+
+/// `write_now` writes in place into an existing object whose lock is free, and declines
+/// (doing nothing) to create one or to wait for its lock.
+#[test]
+fn write_now_only_writes_what_needs_no_waiting() {
+    let d = tempfile::tempdir().unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(4));
+    let s = FileStore::open(d.path()).unwrap();
+    assert!(s.write_now(oid, 0, b"a", v(1)).is_none());
+    assert!(s.meta(oid).is_none());
+    s.write(oid, 0, b"a", v(1)).unwrap();
+    s.write_now(oid, 1, b"b", v(2)).unwrap().unwrap();
+    assert_eq!(s.read(oid, 0, 2).unwrap(), b"ab");
+    assert_eq!(s.meta(oid).unwrap().version, v(2));
+    {
+        let _flushing = s.lock(oid).read().unwrap();
+        assert!(s.write_now(oid, 0, b"c", v(3)).is_none());
+    }
+    assert_eq!(s.meta(oid).unwrap().version, v(2));
+}
+
+/// A copy whose fdatasync failed is unreadable; kept with `accept_lost` (no replica holds
+/// its data), it is suspect at the version last synced, readable, and stays suspect after a
+/// reopen.
+#[test]
+fn a_lost_copy_kept_is_suspect_at_its_synced_version() {
+    let d = tempfile::tempdir().unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(3));
+    let s = FileStore::open(d.path()).unwrap();
+    written_flushed_then_again(&s, oid);
+    // What a failed fdatasync does to it (see `flush`).
+    s.dirty.lock().unwrap().remove(&oid);
+    s.bad.lock().unwrap().insert(oid);
+    assert!(s.read(oid, 0, 1).is_err());
+    let kept = s.accept_lost(oid).unwrap().unwrap();
+    assert_eq!(
+        kept,
+        ObjState {
+            suspect: true,
+            ..ObjState::live(v(2))
+        }
+    );
+    assert_eq!(s.meta(oid), Some(kept));
+    assert!(s.read(oid, 0, 1).is_ok());
+    // Accepting a copy that is not lost changes nothing.
+    assert_eq!(s.accept_lost(oid).unwrap(), Some(kept));
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(s.meta(oid), Some(kept));
+}
+
+/// The version in a file's name is the last one synced: a reopen without a flush shows the
+/// version of the bytes known durable, never a newer one, and marks the copy suspect (its
+/// bytes may be newer); a copy flushed since its last write is not suspect.
+#[test]
+fn unflushed_versions_are_not_claimed_after_a_crash() {
+    let d = tempfile::tempdir().unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(0));
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        written_flushed_then_again(&s, oid);
+        // Dropped without a flush: as after kill -9.
+    }
+    let s = FileStore::open(d.path()).unwrap();
+    let st = s.meta(oid).unwrap();
+    assert_eq!((st.version, st.suspect), (v(2), true));
+    assert_eq!(s.read(oid, 0, 1).unwrap(), b"c");
+    // The same version from elsewhere replaces a suspect copy; settling keeps it.
+    assert!(s.put_if_newer(oid, b"b", ObjState::live(v(2))).unwrap());
+    assert!(!s.meta(oid).unwrap().suspect);
+    s.write(oid, 0, b"d", v(3)).unwrap();
+    s.flush().unwrap();
+    s.write(oid, 1, b"e", v(4)).unwrap();
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert!(s.meta(oid).unwrap().suspect);
+    s.settle(oid).unwrap();
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    let st = s.meta(oid).unwrap();
+    assert_eq!((st.version, st.suspect), (v(3), false));
+    assert_eq!(s.read(oid, 0, 2).unwrap(), b"de");
+}
+
+#[test]
+fn reopen_keeps_newest_copy_and_clears_tmp() {
+    let d = tempfile::tempdir().unwrap();
+    let oid = ObjectId::data(Vid(9), ObjIndex(0));
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        assert!(s.put_if_newer(oid, b"new", ObjState::live(v(7))).unwrap());
+        assert!(!s.put_if_newer(oid, b"older", ObjState::live(v(6))).unwrap());
+    }
+    // An older copy left by a crash, and a name written by an older release (decimal).
+    fs::write(d.path().join(format!("{oid}.4")), b"old").unwrap();
+    fs::write(d.path().join(".tmp/junk"), b"partial").unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(
+        s.read_whole(oid).unwrap(),
+        (b"new".to_vec(), ObjState::live(v(7)))
+    );
+    assert!(!d.path().join(format!("{oid}.4")).exists());
+    assert!(!d.path().join(".tmp/junk").exists());
+}
+
+/// A flush that starts while an earlier one is still syncing what it took must not return
+/// before that sync: its caller's writes may be among them. (Before the fix, the second
+/// flush found nothing dirty and returned at once.)
+#[test]
+fn a_flush_waits_for_an_earlier_flush_still_syncing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let (x, y) = (
+        ObjectId::data(Vid(1), ObjIndex(0)),
+        ObjectId::data(Vid(1), ObjIndex(1)),
+    );
+    for oid in [x, y] {
+        s.write(oid, 0, b"created", v(1)).unwrap();
+        s.write(oid, 0, b"written", v(2)).unwrap();
+    }
+    // The first flush will stop at x until the test lets go of its lock.
+    let s = &s;
+    let held = s.lock(x).write().unwrap();
+    std::thread::scope(move |scope| {
+        let first = scope.spawn(move || s.flush());
+        // It has taken both objects: nothing is dirty now.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !s.dirty.lock().unwrap().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the first flush never started"
+            );
+            std::thread::yield_now();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        scope.spawn(move || tx.send(s.flush().is_ok()).unwrap());
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "a flush returned while an earlier one had not synced x yet"
+        );
+        drop(held);
+        assert!(first.join().unwrap().is_ok());
+        assert!(rx.recv().unwrap());
+    });
+}
