@@ -384,3 +384,58 @@ async fn a_writethrough_write_during_a_push_of_its_block_leaves_the_cluster_righ
         assert_eq!(cache.stats().dirty, 0);
     }
 }
+
+/// Reads `len` bytes at `offset` through the cache (hit, or fetched where missed).
+async fn read(v: &CachedVdi<MemCluster>, offset: u64, len: u64) -> Vec<u8> {
+    match v.read_hit(offset, len) {
+        Ok(b) => b,
+        Err(missed) => v.read_missed(offset, len, missed).await.unwrap().to_vec(),
+    }
+}
+
+/// A discard the cluster refuses: the dirty (acknowledged, not yet pushed) blocks it covers
+/// keep their bytes, and clean cached blocks it covers partly read what the cluster holds.
+/// Before, the discard dropped the dirty blocks and zeroed the clean ones in the cache first:
+/// the acknowledged write read back as the cluster's older bytes, and the clean block read
+/// zeros the cluster never got (until it was evicted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discard_the_cluster_refuses_loses_no_write_and_leaves_the_cache_as_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let os = 4 * MIB;
+    let One { vol, cache, v, .. } = one_vdi(dir.path(), "f", 12, 16 * MIB, os, 64 * MIB).await;
+    // A clean cached block: written, pushed, flushed.
+    let clean = pattern(1, 4096);
+    v.write(0, Bytes::from(clean.clone())).await.unwrap();
+    v.flush().await.unwrap();
+    // A dirty one: written, not pushed.
+    let dirty = pattern(2, 8192);
+    v.write(os, Bytes::from(dirty.clone())).await.unwrap();
+    vol.set_failing(true);
+    assert!(v.discard(100, 200).await.is_err());
+    assert!(v.discard(os, 8192).await.is_err());
+    vol.set_failing(false);
+    assert_eq!(
+        read(&v, 0, 4096).await,
+        clean,
+        "the clean block after a failed discard"
+    );
+    assert_eq!(
+        read(&v, os, 8192).await,
+        dirty,
+        "the dirty blocks after a failed discard"
+    );
+    // Once the cluster takes them, the discards read as zeros, here and there.
+    v.discard(100, 200).await.unwrap();
+    v.discard(os, 4096 + 10).await.unwrap();
+    v.flush().await.unwrap();
+    let mut want = clean.clone();
+    want[100..300].fill(0);
+    assert_eq!(read(&v, 0, 4096).await, want);
+    let mut want2 = dirty.clone();
+    want2[..4096 + 10].fill(0);
+    assert_eq!(read(&v, os, 8192).await, want2);
+    let all = vol.contents();
+    assert_eq!(&all[..4096], &want[..]);
+    assert_eq!(&all[os as usize..os as usize + 8192], &want2[..]);
+    cache.shutdown().await;
+}

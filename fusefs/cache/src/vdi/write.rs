@@ -289,6 +289,12 @@ impl<B: Backend> CachedVdi<B> {
 
     /// Forgets cached blocks of a range (they are no longer what the cluster holds).
     fn invalidate(&self, offset: u64, len: u64) {
+        self.forget_blocks(offset, len, false);
+    }
+
+    /// Forgets the blocks a range touches, partly covered ones included; only those whose
+    /// bytes the cluster holds too (valid and not dirty) when `clean_only`.
+    fn forget_blocks(&self, offset: u64, len: u64, clean_only: bool) {
         for (idx, off, n, _) in self.pieces(offset, len) {
             let Some(o) = self.peek(idx) else { continue };
             let (b0, b1) = CachedObject::block_range(off, n);
@@ -296,13 +302,23 @@ impl<B: Backend> CachedVdi<B> {
             let _writing = o.writing.lock().unwrap();
             let mut st = o.state.lock().unwrap();
             let before = (st.valid.count(), st.dirty.count());
-            st.valid.set_range(b0, b1, false);
-            st.dirty.set_range(b0, b1, false);
+            if clean_only {
+                for b in b0..b1 {
+                    if !st.dirty.get(b) {
+                        st.valid.set_range(b, b + 1, false);
+                    }
+                }
+            } else {
+                st.valid.set_range(b0, b1, false);
+                st.dirty.set_range(b0, b1, false);
+            }
             if st.dirty.is_empty() {
                 st.dirty_since = None;
             }
-            let _ = o.save(&st);
             let after = (st.valid.count(), st.dirty.count());
+            if after != before {
+                let _ = o.save(&st);
+            }
             drop(st);
             self.inner
                 .space
@@ -318,6 +334,13 @@ impl<B: Backend> CachedVdi<B> {
     /// blocks inside it are forgotten; cached blocks it covers only partly get zeros in that
     /// part and keep their other bytes (and dirty state).
     ///
+    /// Order, so that a discard that fails (or a kill -9 in the middle) never leaves the cache
+    /// and the cluster disagreeing, nor loses an acknowledged write: first the clean blocks it
+    /// touches are forgotten (the cluster holds their bytes), then the cluster discards, and
+    /// only once it has are the dirty blocks forgotten (whole) or zeroed in part (they stay
+    /// dirty, so the zeros reach the cluster with their other bytes). A discard that fails
+    /// leaves the dirty blocks as they were.
+    ///
     /// A push of a cached object in the range that is in flight is waited for, and none
     /// starts until the cluster has the discard: the push's older bytes never land after
     /// the zeros, and it never writes into an object the discard removes.
@@ -329,6 +352,8 @@ impl<B: Backend> CachedVdi<B> {
         }
         let held = self.cached_in(offset, len);
         let _pushes = hold_pushes(&held).await;
+        self.forget_blocks(offset, len, true);
+        self.bypassing(self.vdi.discard(offset, len)).await?;
         let end = offset + len;
         let first_whole = offset.next_multiple_of(BLOCK);
         let last_whole = end / BLOCK * BLOCK;
@@ -354,7 +379,7 @@ impl<B: Backend> CachedVdi<B> {
                 }
             }
         }
-        Ok(self.bypassing(self.vdi.discard(offset, len)).await?)
+        Ok(())
     }
 
     /// The cached objects of a range, in index order (pinned).
