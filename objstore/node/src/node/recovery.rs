@@ -145,9 +145,37 @@ impl Recovery {
         self.planned_set.notify_waiters();
     }
 
-    /// `oid` was installed whole at a version at least as new as any pull would bring.
-    pub(super) fn settled(&self, oid: ObjectId) {
-        self.pending.lock().unwrap().remove(&oid);
+    /// `oid` was installed whole at `version`, newer than the copy here: no pull is needed any
+    /// more, unless the copy here had lost a newer version (it then stays pending).
+    pub(super) fn settled(&self, oid: ObjectId, version: Version) {
+        if self.restored(oid, version) {
+            self.pending.lock().unwrap().remove(&oid);
+        }
+    }
+
+    /// A copy of `oid` at `version` was installed here: a copy lost at that version or an
+    /// older one is restored. False while the copy here is still lost (it lost a newer one).
+    pub(super) fn restored(&self, oid: ObjectId, version: Version) -> bool {
+        let mut lost = self.lost.lock().unwrap();
+        match lost.get(&oid) {
+            Some(want) if version < *want => false,
+            Some(_) => {
+                lost.remove(&oid);
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// This node no longer counts its copy of `oid` as lost (it kept what remains, or dropped
+    /// the copy).
+    pub(super) fn unlose(&self, oid: ObjectId) {
+        self.lost.lock().unwrap().remove(&oid);
+    }
+
+    /// Whether some copy here is lost and not restored.
+    fn any_lost(&self) -> bool {
+        !self.lost.lock().unwrap().is_empty()
     }
 
     /// Holds `oid` pending with no source, so its I/O waits (`Busy`) while the caller finds
@@ -309,11 +337,7 @@ impl Node {
                 .expect("store task");
             match put {
                 Ok(_) => {
-                    let mut lost = self.recovery.lost.lock().unwrap();
-                    if lost.get(&oid).is_some_and(|w| state.version >= *w) {
-                        lost.remove(&oid);
-                    }
-                    drop(lost);
+                    self.recovery.restored(oid, state.version);
                     self.recovery.update(|s| s.done += 1);
                     return Ok(());
                 }
@@ -411,7 +435,7 @@ impl Node {
                 return;
             }
             // A flush may have lost a copy while the round pulled: not done until it is back.
-            if complete && self.recovery.lost.lock().unwrap().is_empty() {
+            if complete && !self.recovery.any_lost() {
                 if total > 0 {
                     tracing::info!("epoch {e}: recovery done");
                 }

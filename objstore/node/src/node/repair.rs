@@ -158,10 +158,14 @@ impl Node {
         let state = ObjState::from_wire(f.header.offset, f.header.aux);
         let store = self.store.clone();
         let _replica = self.replica_lock(oid).lock().await;
-        super::server::blocking(self, move || store.put_if_newer(oid, &f.payload, state))
-            .await
-            .map(|_| ())
-            .map_err(|f| f.message)
+        let installed =
+            super::server::blocking(self, move || store.put_if_newer(oid, &f.payload, state))
+                .await
+                .map_err(|f| f.message)?;
+        if installed {
+            self.recovery.restored(oid, state.version);
+        }
+        Ok(())
     }
 }
 

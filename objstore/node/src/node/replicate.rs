@@ -423,7 +423,7 @@ impl Node {
                 .await
                 .map_err(|f| (f, Version::NONE))?;
         if installed {
-            self.recovery.settled(oid);
+            self.recovery.settled(oid, state.version);
             return Ok(());
         }
         let local = self.store.meta(oid).map(|c| c.version).unwrap_or_default();

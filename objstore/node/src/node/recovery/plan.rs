@@ -257,7 +257,7 @@ impl Node {
                 tracing::error!(
                     "epoch {e}: object {oid}: no node holds the data this node lost at {want:?} with a failed fdatasync; keeping what remains here ({st:?}) to compare with the other copies"
                 );
-                self.recovery.lost.lock().unwrap().remove(&oid);
+                self.recovery.unlose(oid);
                 self.recovery.update(|s| s.data_lost += 1);
                 Some(st)
             }
@@ -287,7 +287,7 @@ impl Node {
             let store = self.store.clone();
             let _ordered = self.replica_lock(oid).lock().await;
             if matches!(self.blocking(move || store.forget(oid)).await, Ok(Ok(()))) {
-                self.recovery.lost.lock().unwrap().remove(&oid);
+                self.recovery.unlose(oid);
             }
         } else if all_listed {
             let _ = self.accept_lost(e, oid, want).await;
