@@ -4,7 +4,7 @@ RELEASE := target/release
 # End-to-end tests start whole clusters and mounts: on 2 cores, a few at a time.
 TEST_THREADS ?= 2
 
-.PHONY: all build run test deps check sim bench bench-quick soak clean
+.PHONY: all build run test deps check sim fuzz bench bench-quick soak clean
 
 all: build
 
@@ -42,6 +42,18 @@ SEEDS ?= 10000
 SEED_BASE ?= 0
 sim:
 	SIM_SEEDS=$(SEEDS) SIM_SEED_BASE=$(SEED_BASE) $(CARGO) test --release -p objstore-sim --test seeds seeds -- --exact --nocapture
+
+## fuzz: every fuzz target with FUZZ_CASES inputs each (default 100000; `make test` runs 256,
+## 200 for the live ones): the decoders of tests/fuzz (frames, payloads, admin bodies, control
+## lines, backup deltas), the cache's meta files, a running node (objstore/node/tests/fuzz_requests.rs) and a
+## running mount's control socket. docs/fuzzing.md says how to keep a failing input.
+FUZZ_CASES ?= 100000
+fuzz: deps
+	$(CARGO) build --workspace --bins
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p fuzz-targets
+	FUZZ_CASES=$(FUZZ_CASES) $(CARGO) test --release -p objcache --lib meta_file
+	FUZZ_CASES=$$(( $(FUZZ_CASES) / 20 )) $(CARGO) test -p objstore-node --test fuzz_requests
+	FUZZ_CASES=$$(( $(FUZZ_CASES) / 20 )) $(CARGO) test -p sheepfs --test fuzz_control
 
 ## bench: every figure (bench run --profile full, about 45 min) into docs/bench/bench.json, its
 ## tables in docs/bench/report.md with charts (SVG, PNG) in docs/bench, and the placement cost.

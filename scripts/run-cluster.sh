@@ -48,6 +48,14 @@ fi
 stop_leftovers
 [ "${FRESH:-0}" = 1 ] && rm -rf "$RUN"
 mkdir -p "$RUN"
+chmod 700 "$RUN"
+
+# The cluster key: every connection to a node proves it holds it (sheep, dog and sheepfs read
+# SHEEP_KEY_FILE). Made once; kept with the run's data.
+if [ ! -e "$RUN/cluster.key" ]; then
+    "$BIN/dog" cluster key new "$RUN/cluster.key" >/dev/null
+fi
+export SHEEP_KEY_FILE="$(realpath "$RUN/cluster.key")"
 
 # The nodes' data directories belong to the cluster of one membership store.
 if [ -e "$RUN/driver" ] && [ "$(cat "$RUN/driver")" != "$CLUSTER" ]; then
@@ -191,7 +199,8 @@ cat <<MSG
 The cluster is up: 3 sheep on 127.0.0.1:7000-7002 (logs in $RUN/node*.log) with --cluster
 $SPEC, and sheepfs shows every VDI as a file in $MNT (log in $RUN/sheepfs.log), through a 1G
 writeback cache in $RUN/cache.$ETCD_NOTE
-Try, in another terminal:
+Every connection proves it holds the cluster key $SHEEP_KEY_FILE; in another terminal,
+first: export SHEEP_KEY_FILE=$SHEEP_KEY_FILE (dog and sheepfs read it; or --key-file). Try:
   qemu-img info $MNT/demo
   qemu-io -f raw -t none --native-aio -c "write -P 0xab 0 1M" -c "read -P 0xab 0 1M" $MNT/demo
   qemu-img create -f raw $MNT/disk2 10G && $BIN/dog vdi list

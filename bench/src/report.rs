@@ -38,6 +38,7 @@ const GROUP_ORDER: &[&str] = &[
     "dog",
     "scaling",
     "metadata",
+    "snapshot",
 ];
 
 /// Loads `json`, draws the charts into `charts` (created if missing) when given, and writes

@@ -24,6 +24,7 @@ mod proc;
 mod record;
 mod rig;
 mod settings;
+mod snapshot;
 mod stages;
 
 use std::path::{Path, PathBuf};
@@ -175,6 +176,9 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     if s.runs(Group::Metadata) {
         rec.plan([], metadata::FIGURES);
     }
+    if s.runs(Group::Snapshot) {
+        rec.plan([], snapshot::FIGURES * s.rounds.max(1));
+    }
     if !main.is_empty() {
         let dir = work.join("main");
         let mut rig = main_rig::MainRig::start(bins, &dir, s)?;
@@ -191,6 +195,11 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     if s.runs(Group::Metadata) {
         let dir = work.join("metadata");
         metadata::run(s, bins, &dir, rec)?;
+        remove(&dir)?;
+    }
+    if s.runs(Group::Snapshot) {
+        let dir = work.join("snapshot");
+        snapshot::run(s, bins, &dir, rec)?;
         remove(&dir)?;
     }
     Ok(())

@@ -313,7 +313,7 @@ pub fn soak(args: SoakArgs) -> Result<bool> {
     let dog_bin = bins.dog.clone();
     let dog_read = move || -> Result<Vec<u8>> {
         let mut cmd = Command::new(&dog_bin);
-        cmd.args([
+        testkit::auth::with_key(&mut cmd).args([
             "--address",
             &addrs,
             "--timeout",

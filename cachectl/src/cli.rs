@@ -81,6 +81,25 @@ pub enum Cmd {
         #[arg(value_name = "writeback|writethrough|off")]
         mode: CacheMode,
     },
+    /// Take snapshot VDI@TAG of a VDI this mount has attached: its writes wait, its dirty data
+    /// is pushed and flushed, the snapshot is taken, and the mount goes on with the VDI
+    /// (`dog vdi snapshot` asks the mount the same way when it finds the VDI attached here).
+    Snapshot {
+        vdi: String,
+        /// The snapshot's tag (default: the time, e.g. 2025-01-31-12-00-00).
+        #[arg(short = 's', long)]
+        tag: Option<String>,
+    },
+    /// Roll a VDI back to snapshot NAME@TAG: what this mount cached of it is dropped,
+    /// unpushed writes included (a rollback discards everything written since the snapshot);
+    /// its open files go on reading the rolled-back data.
+    Rollback {
+        #[arg(value_name = "NAME@TAG")]
+        snapshot: String,
+        /// Confirm: writes made since the snapshot are lost.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 /// A duration argument: `30s`, `500ms`, `5m`, `30` (seconds).
@@ -237,8 +256,62 @@ pub fn run(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
                 || mode_line(&vdi, mode, attached),
             )?;
         }
+        Cmd::Snapshot { vdi, tag } => {
+            let done = client.snapshot(vdi, tag)?;
+            print(out, json, serde_json::to_value(&done)?, || {
+                switched_text(&done, false)
+            })?;
+        }
+        Cmd::Rollback { snapshot, yes } => {
+            if !yes {
+                bail!(
+                    "refusing to roll back without --yes: everything written to the VDI since \
+                     '{snapshot}' is lost, unpushed writes in this cache included"
+                );
+            }
+            let done = client.rollback(snapshot)?;
+            print(out, json, serde_json::to_value(&done)?, || {
+                switched_text(&done, true)
+            })?;
+        }
     }
     Ok(())
+}
+
+/// What `cachectl snapshot | rollback` (and `dog`, asking a mount) print.
+pub fn switched_text(d: &cache_control::Switched, rollback: bool) -> String {
+    let mut s = if rollback {
+        format!(
+            "rolled VDI '{}' back to '{}' (now id {:x})\n",
+            d.vdi, d.snapshot, d.new_vid
+        )
+    } else {
+        format!(
+            "took snapshot '{}' (id {:x}) of VDI '{}' (now id {:x})\n",
+            d.snapshot, d.vid, d.vdi, d.new_vid
+        )
+    };
+    if !d.attached {
+        s += "the VDI was not attached to this cache: nothing cached to flush or drop\n";
+        return s;
+    }
+    if rollback {
+        s += &format!(
+            "the cache dropped {} of the VDI, of which {} were writes never pushed to the cluster (discarded by the rollback)\n",
+            format_size(d.dropped),
+            format_size(d.discarded_dirty)
+        );
+    } else {
+        s += &format!(
+            "flushed {} of dirty data first; the cache dropped {} of the VDI's old inode\n",
+            format_size(d.flushed),
+            format_size(d.dropped)
+        );
+    }
+    if d.open {
+        s += "its open files on the mount go on with the VDI's new inode\n";
+    }
+    s
 }
 
 /// What `cachectl mode` prints: the new mode, and when it does not apply to the VDI's open
@@ -329,6 +402,42 @@ mod tests {
                 yes: true
             }
         ));
+    }
+
+    #[test]
+    fn snapshot_command_lines() {
+        let a = parse(&["--socket", "/s", "snapshot", "disk0", "-s", "before"]).unwrap();
+        assert!(
+            matches!(a.cmd, Cmd::Snapshot { ref vdi, tag: Some(ref t) } if vdi == "disk0" && t == "before")
+        );
+        let a = parse(&["--socket", "/s", "snapshot", "disk0"]).unwrap();
+        assert!(matches!(a.cmd, Cmd::Snapshot { tag: None, .. }));
+        let a = parse(&["--socket", "/s", "rollback", "disk0@before", "--yes"]).unwrap();
+        assert!(matches!(a.cmd, Cmd::Rollback { yes: true, .. }));
+        let mut out = Vec::new();
+        let a = parse(&["--socket", "/nonexistent/s", "rollback", "disk0@before"]).unwrap();
+        let e = run(a, &mut out).unwrap_err();
+        assert!(e.to_string().contains("--yes"), "{e}");
+        let d = cache_control::Switched {
+            vdi: "d".into(),
+            snapshot: "d@t".into(),
+            vid: 1,
+            new_vid: 2,
+            attached: true,
+            open: true,
+            discarded_dirty: 4096,
+            dropped: 8192,
+            flushed: 0,
+        };
+        let t = switched_text(&d, true);
+        assert!(
+            t.starts_with("rolled VDI 'd' back to 'd@t' (now id 2)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("4.0 KiB were writes never pushed") || t.contains("writes never pushed"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use cache_control::{CacheMode, CacheStats, Reply, Request, Response, SOCKET_NAME};
+use cache_control::{CacheMode, CacheStats, Reply, Request, Response, Switched, SOCKET_NAME};
 use objstore_proto::size::format_size;
 
 /// How long a command that never pushes dirty data may take to answer.
@@ -220,6 +220,8 @@ pub fn may_push(req: &Request) -> bool {
         Request::Evict { discard_dirty, .. } => !discard_dirty,
         // Leaving writeback flushes first; shrinking may have to push dirty data to make room.
         Request::Flush { .. } | Request::Mode { .. } | Request::Resize { .. } => true,
+        // A snapshot flushes first; both wait for the VDI's requests in flight.
+        Request::Snapshot { .. } | Request::Rollback { .. } => true,
     }
 }
 
@@ -391,6 +393,24 @@ impl Client {
                 attached,
             } => Ok((vdi, mode, attached)),
             reply => Err(unexpected("mode", &reply)),
+        }
+    }
+}
+
+impl Client {
+    /// Takes snapshot `VDI@TAG` through the mount (see [`Request::Snapshot`]).
+    pub fn snapshot(&self, vdi: String, tag: Option<String>) -> Result<Switched, Error> {
+        match self.call(&Request::Snapshot { vdi, tag }, &mut |_, _| {})? {
+            Reply::Snapshot(s) => Ok(s),
+            reply => Err(unexpected("snapshot", &reply)),
+        }
+    }
+
+    /// Rolls a VDI back to `NAME@TAG` through the mount (see [`Request::Rollback`]).
+    pub fn rollback(&self, snapshot: String) -> Result<Switched, Error> {
+        match self.call(&Request::Rollback { snapshot }, &mut |_, _| {})? {
+            Reply::Rollback(s) => Ok(s),
+            reply => Err(unexpected("rollback", &reply)),
         }
     }
 }

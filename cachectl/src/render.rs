@@ -103,6 +103,11 @@ pub fn human(s: &CacheStats) -> String {
         t.full_writethroughs,
         format_size(t.full_writethrough_bytes)
     );
+    let _ = writeln!(
+        o,
+        "Corrupt blocks:  {} found after a restart (clean ones fetched again, dirty ones quarantined)",
+        t.corrupt_blocks
+    );
     o.push('\n');
     o.push_str(&table(&s.vdis));
     o
@@ -212,7 +217,7 @@ pub fn prometheus(s: &CacheStats) -> String {
     let t = &s.total;
     let mut o = String::new();
     let one = |v: u64| vec![(String::new(), v)];
-    let cache: [(&str, &str, &str, u64); 24] = [
+    let cache: [(&str, &str, &str, u64); 25] = [
         (
             "sheepfs_cache_size_bytes",
             "gauge",
@@ -356,6 +361,12 @@ pub fn prometheus(s: &CacheStats) -> String {
             "counter",
             "Bytes of writeback writes sent straight to the cluster because the cache was full.",
             t.full_writethrough_bytes,
+        ),
+        (
+            "sheepfs_cache_corrupt_blocks_total",
+            "counter",
+            "Cached blocks found corrupt when first read after a restart.",
+            t.corrupt_blocks,
         ),
     ];
     for (name, kind, help, v) in cache {
@@ -630,6 +641,7 @@ Last push error: connection refused by 127.0.0.1:7000
 Push retries:    5
 Oldest dirty:    1m23s
 Full cache:      7 writes straight to the cluster (28.0 KiB)
+Corrupt blocks:  0 found after a restart (clean ones fetched again, dirty ones quarantined)
 
 Name           Mode                Used       Dirty        Hits      Misses   Hit %      Pushed
 disk0          writeback      300.0 MiB    48.0 MiB         300         100   75.0%     1.0 GiB

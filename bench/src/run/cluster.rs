@@ -193,7 +193,8 @@ impl Mount {
         let addresses = cluster.addresses();
         Mount::start("sheepfs", dir, log, |dir| {
             let mut cmd = Command::new(&sheepfs);
-            cmd.arg("--cluster")
+            testkit::auth::with_key(&mut cmd)
+                .arg("--cluster")
                 .arg(&addresses)
                 .arg(dir)
                 .arg("--foreground")

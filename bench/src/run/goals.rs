@@ -74,6 +74,15 @@ fn goal_of(id: &str, copies: usize) -> Option<Goal> {
         "throughput/write-1m/off" if three => goal("≥ 0.25× bindfs (3 copies)", Reference(0.25)),
         "dog/read/dog" => goal("≥ 0.9× cp", Reference(0.9)),
         "dog/write/dog" if three => goal("≥ 0.3× cp (3 copies)", Reference(0.3)),
+        "snapshot/snapshot-100g/dog" | "snapshot/clone-100g/dog" => goal("< 100 ms", Below(100.0)),
+        "snapshot/write-4k-first-qd16/shared" => goal(
+            "≥ 0.5× a write to an unshared object (snapshot/write-4k-first-qd16/unshared)",
+            Reference(0.5),
+        ),
+        "snapshot/randread-4k-qd16/clone" => goal(
+            "≥ 0.9× reads of the parent (snapshot/randread-4k-qd16/parent)",
+            Reference(0.9),
+        ),
         _ if id.starts_with("sweep/") && id.ends_with("/cache") && id != SWEEP_MODE_OFF => {
             goal("≥ 1.0× cache off (never below it)", Off(1.0))
         }

@@ -124,7 +124,7 @@ impl MainPlan {
                 Group::Cache => cache(m),
                 Group::Flush => flush(s.size),
                 Group::Dog => dog(s.size),
-                Group::Objsize | Group::Scaling | Group::Metadata => Vec::new(),
+                Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot => Vec::new(),
             });
         }
         let mut steps = merge(steps);

@@ -65,6 +65,7 @@ pub enum Group {
     Objsize,
     Scaling,
     Metadata,
+    Snapshot,
 }
 
 impl Group {
@@ -79,12 +80,16 @@ impl Group {
             Group::Objsize => "objsize",
             Group::Scaling => "scaling",
             Group::Metadata => "metadata",
+            Group::Snapshot => "snapshot",
         }
     }
 
     /// Whether its figures are measured on the main cluster (the others start their own).
     pub fn on_main_cluster(self) -> bool {
-        !matches!(self, Group::Objsize | Group::Scaling | Group::Metadata)
+        !matches!(
+            self,
+            Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot
+        )
     }
 
     pub fn all() -> &'static [Group] {
@@ -98,6 +103,7 @@ impl Group {
             Group::Objsize,
             Group::Scaling,
             Group::Metadata,
+            Group::Snapshot,
         ]
     }
 }
@@ -235,7 +241,12 @@ impl Settings {
             args.only.iter().copied().collect()
         };
         if args.key_only {
-            groups.retain(|g| !matches!(g, Group::Objsize | Group::Scaling | Group::Metadata));
+            groups.retain(|g| {
+                !matches!(
+                    g,
+                    Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot
+                )
+            });
         }
         let s = Settings {
             profile: args.profile,

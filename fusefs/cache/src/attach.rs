@@ -37,10 +37,12 @@ pub(crate) struct Attachments<V> {
     /// `host/cache id`: the lock owner.
     pub(crate) owner: String,
     pub(crate) host: String,
+    /// The mount's control socket, recorded in the locks ([`LockInfo::control`]).
+    pub(crate) control: Option<String>,
 }
 
 impl<V> Attachments<V> {
-    pub(crate) fn new(owner: String, host: String) -> Attachments<V> {
+    pub(crate) fn new(owner: String, host: String, control: Option<String>) -> Attachments<V> {
         Attachments {
             attached: Mutex::default(),
             held: Mutex::default(),
@@ -49,6 +51,7 @@ impl<V> Attachments<V> {
             renewing: tokio::sync::Mutex::new(()),
             owner,
             host,
+            control,
         }
     }
 
@@ -68,7 +71,7 @@ impl<V> Attachments<V> {
 
 impl<B: Backend> Inner<B> {
     /// The volume of VDI `vid` while this cache has it attached.
-    fn attached_volume(&self, vid: u32) -> Option<Arc<B::Volume>> {
+    pub(crate) fn attached_volume(&self, vid: u32) -> Option<Arc<B::Volume>> {
         self.attach.attached.lock().unwrap().get(&vid).cloned()
     }
 
@@ -99,6 +102,7 @@ impl<B: Backend> Inner<B> {
                 &self.attach.host,
                 Some(self.cfg.lock_ttl),
                 resume,
+                self.attach.control.as_deref(),
             )
             .await?;
         let gen = info.gen;
@@ -237,18 +241,7 @@ impl<B: Backend> Cache<B> {
             let _round = inner.attach.renewing.lock().await;
             inner.attach.held.lock().unwrap().remove(&vid)
         };
-        // Detached: a push that wants to make room fails (and leaves the data dirty) instead
-        // of starting; one under way is waited for.
-        let detached = inner.attach.attached.lock().unwrap().remove(&vid);
-        let objects: Vec<crate::space::Pinned> = (inner.space.objects.lock().unwrap())
-            .iter()
-            .filter(|(k, _)| k.0 == vid)
-            .map(|(_, o)| inner.space.pin(o))
-            .collect();
-        for o in &objects {
-            drop(o.pushing.lock().await);
-        }
-        drop(objects);
+        let detached = inner.detach_quiet(vid).await;
         if let Err(e) = delete(owner).await {
             if let Some(v) = detached {
                 inner.attach.attached.lock().unwrap().insert(vid, v);
@@ -322,6 +315,22 @@ pub(crate) async fn lock_keeper<B: Backend>(
 }
 
 impl<B: Backend> Inner<B> {
+    /// Detaches `vid`: a push that wants to make room then fails (and leaves the data dirty)
+    /// instead of starting, and the pushes of it under way are waited for. Returns what it
+    /// was attached as, for the caller to put back if its change fails.
+    pub(crate) async fn detach_quiet(&self, vid: u32) -> Option<Arc<B::Volume>> {
+        let detached = self.attach.attached.lock().unwrap().remove(&vid);
+        let objects: Vec<crate::space::Pinned> = (self.space.objects.lock().unwrap())
+            .iter()
+            .filter(|(k, _)| k.0 == vid)
+            .map(|(_, o)| self.space.pin(o))
+            .collect();
+        for o in &objects {
+            drop(o.pushing.lock().await);
+        }
+        detached
+    }
+
     /// The lock of `vid` ended and another attachment came: detach, fail writes.
     fn lock_lost(&self, vid: u32, info: &LockInfo, holder: Option<LockInfo>) {
         let now = Renewal::lost_to(holder.as_ref());

@@ -23,6 +23,8 @@ pub trait Backend: Send + Sync + 'static {
     /// `owner`, running on `host`, bound to a lease of `ttl` if given (persistent otherwise);
     /// `resume`: the generation this owner held it with before, taken back if nobody attached
     /// since. The lock's generation changes whenever another owner took the lock in between.
+    /// `control`: the mount's control socket, recorded in the lock so that `dog vdi snapshot`
+    /// can ask the holder ([`LockInfo::control`]).
     fn acquire(
         &self,
         name: &str,
@@ -30,6 +32,7 @@ pub trait Backend: Send + Sync + 'static {
         host: &str,
         ttl: Option<Duration>,
         resume: Option<u64>,
+        control: Option<&str>,
     ) -> impl Future<Output = Result<LockInfo, LockError>> + Send;
 
     /// Renews the lease of a lock [`Backend::acquire`] returned (see [`lock::keepalive`]).
@@ -74,6 +77,9 @@ pub trait Backend: Send + Sync + 'static {
 pub enum Pause {
     /// A push wrote its blocks to the cluster and marked them clean; it has not returned yet.
     PushCleaned,
+    /// A write put one object's piece into the cache (its bytes and bits, writeback or
+    /// writethrough); it has not returned yet.
+    WriteStored,
 }
 
 impl Backend for Arc<Client> {
@@ -90,8 +96,9 @@ impl Backend for Arc<Client> {
         host: &str,
         ttl: Option<Duration>,
         resume: Option<u64>,
+        control: Option<&str>,
     ) -> Result<LockInfo, LockError> {
-        lock::acquire_again(self, name, owner, host, ttl, resume).await
+        lock::acquire_again(self, name, owner, host, ttl, resume, control).await
     }
 
     async fn keepalive(&self, held: &LockInfo) -> Result<Renewal, LockError> {

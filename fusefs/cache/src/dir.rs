@@ -41,6 +41,10 @@ pub(crate) struct DirState {
     pub(crate) cache_id: String,
     pub(crate) boot_id: String,
     pub(crate) clean: bool,
+    /// Written by a sheepfs that keeps `.sums` files ([`crate::sums`]). Missing: an older
+    /// sheepfs used the directory since, whose writes left the sums stale.
+    #[serde(default)]
+    pub(crate) sums: bool,
 }
 
 pub(crate) fn boot_id() -> String {

@@ -2,7 +2,7 @@
 //! and the cluster.
 //!
 //! ```text
-//! DIR/state.json            {cache_id, boot_id, clean}: how the last mount ended
+//! DIR/state.json            {cache_id, boot_id, clean, sums}: how the last mount ended
 //! DIR/control.sock          cachectl's socket (0600), served by sheepfs (`cache_control`)
 //! DIR/index/                sled: last access per object (rebuilt from files when lost)
 //! DIR/vdis/<vid>.json       {name, vid, gen, mode, cluster}: the lock generation (and the
@@ -14,6 +14,13 @@
 //! Invariants:
 //! - A block is dirty only if it is valid; dirty blocks are never evicted or dropped except by
 //!   an explicit `evict --discard-dirty`.
+//! - The dirty byte counter (`Space::dirty`) moves only under the state lock of the object
+//!   whose dirty bits change, by the bits changed: it equals the bytes of the dirty blocks
+//!   whenever no state lock is held, and never goes below zero.
+//! - A flush (fsync) pushes every block dirty when it started (what the dirty bits say, not
+//!   the counter; quarantined blocks excepted, see [`sums`]) and returns after the cluster
+//!   flushed it; a block written while its push is in flight stays dirty
+//!   (`State::rewritten`) and goes out with the next push.
 //! - After a kill -9 of sheepfs the files are trusted (the host's page cache holds them) and
 //!   the dirty blocks are pushed at the next mount. After the host went down while mounted
 //!   (another boot id, not marked clean) nothing is trusted: everything is dropped, losing
@@ -39,6 +46,8 @@
 //! - [`closing`]: writes while the unmount pushes the last dirty data, and after it.
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
 //! - [`control`]: what `cachectl` asks of the cache, through sheepfs's control socket.
+//! - [`switch`]: a snapshot or rollback taken by this mount moves an attached VDI to its new
+//!   inode (id).
 //! - [`vdi`]: a VDI seen through the cache ([`CachedVdi`]), the filesystem's handle.
 //! - [`orphan`]: cached data of another cluster's VDI, set aside instead of pushed.
 //! - [`object`], [`bitmap`], [`spare`]: one cached object's files; [`admit`], [`pressure`]:
@@ -69,6 +78,7 @@ mod closing;
 mod control;
 mod dir;
 mod error;
+mod files;
 mod fill;
 mod full;
 mod lifecycle;
@@ -79,6 +89,8 @@ mod push;
 mod space;
 mod spare;
 mod stats;
+mod sums;
+mod switch;
 mod vdi;
 
 use std::path::{Path, PathBuf};
@@ -91,6 +103,7 @@ use objstore_client::Client;
 pub use backend::{Backend, Pause};
 
 pub use error::{chain, CacheError, PushError};
+pub use switch::Switched;
 pub use vdi::{CachedVdi, Missed};
 
 #[derive(Debug, Clone)]

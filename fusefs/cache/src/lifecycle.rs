@@ -68,7 +68,11 @@ impl<B: Backend> Cache<B> {
                 records: RwLock::default(),
             },
             space: Space::new(&dir, cfg.size),
-            attach: Attachments::new(format!("{host}/{cache_id}"), host),
+            attach: Attachments::new(
+                format!("{host}/{cache_id}"),
+                host,
+                Some(dir.join(cache_control::SOCKET_NAME).display().to_string()),
+            ),
             fills: Fills::new(cfg.size),
             pushes: Pushes::default(),
             stats: Stats::default(),
@@ -87,6 +91,9 @@ impl<B: Backend> Cache<B> {
                 object::remove_key(&inner.space.obj_dir, *k);
             }
         } else {
+            if prev.as_ref().is_some_and(|p| !p.sums) {
+                crate::files::drop_sums(&inner.space.obj_dir);
+            }
             inner.load_objects(keys);
         }
         for e in std::fs::read_dir(dir.join("vdis"))
@@ -106,6 +113,7 @@ impl<B: Backend> Cache<B> {
                 cache_id,
                 boot_id: boot,
                 clean: false,
+                sums: true,
             },
         )
         .map_err(derr("write state"))?;
@@ -258,6 +266,7 @@ impl<B: Backend> Cache<B> {
                         &v.name(),
                         &inner.attach.owner,
                         &inner.attach.host,
+                        None,
                         None,
                         None,
                     )

@@ -19,6 +19,8 @@ use std::time::Instant;
 use super::bitmap::Bitmap;
 use super::error::LoadError;
 use super::spare::Spares;
+use super::sums::Sums;
+pub use crate::files::{remove_key, scan};
 
 /// Cache granularity: misses fetch, and bitmaps track, 4 KiB blocks.
 pub const BLOCK: u64 = 4096;
@@ -45,12 +47,22 @@ pub struct State {
     pub unsaved: bool,
     /// The files were given up (evicted): nothing may be written to them any more.
     pub retired: bool,
+    /// Valid blocks loaded from disk whose sums were not checked yet ([`crate::sums`]).
+    pub unverified: Option<Bitmap>,
+    /// Dirty blocks found corrupt: never served, never pushed ([`crate::sums`]).
+    pub quarantined: Option<Bitmap>,
 }
 
 impl State {
     /// An empty bitmap of the same size as `like`.
     pub fn empty_like(like: &Bitmap) -> Bitmap {
         Bitmap::new(like.bits())
+    }
+
+    /// Whether blocks `[b0, b1)` need [`CachedObject::verify`] before they are served.
+    pub fn needs_check(&self, b0: usize, b1: usize) -> bool {
+        self.unverified.as_ref().is_some_and(|u| u.any(b0, b1))
+            || self.quarantined.as_ref().is_some_and(|q| q.any(b0, b1))
     }
 }
 
@@ -59,6 +71,8 @@ pub struct CachedObject {
     pub object_size: u64,
     data: File,
     meta: File,
+    /// None: an object of an older sheepfs, without sums ([`crate::sums`]).
+    pub(crate) sums: Option<Sums>,
     paths: (PathBuf, PathBuf),
     pub state: Mutex<State>,
     /// Held by whoever writes the data file (then `state`, to change the bits): writes and
@@ -114,12 +128,17 @@ fn tune_for_reads(f: &File) {
     }
 }
 
-fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
+pub(crate) fn paths(dir: &Path, key: Key) -> (PathBuf, PathBuf) {
     let d = dir.join(format!("{:06x}", key.0));
     (
         d.join(format!("{:08x}.data", key.1)),
         d.join(format!("{:08x}.meta", key.1)),
     )
+}
+
+/// The sums file beside a meta file ([`crate::sums`]).
+pub(crate) fn sums_path(meta: &Path) -> PathBuf {
+    meta.with_extension("sums")
 }
 
 impl CachedObject {
@@ -165,11 +184,13 @@ impl CachedObject {
             .create(true)
             .truncate(true)
             .open(&mp)?;
+        let sums = Some(Sums::create(&sums_path(&mp), blocks)?);
         let o = CachedObject {
             key,
             object_size,
             data,
             meta,
+            sums,
             paths: (dp, mp),
             writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
@@ -182,6 +203,8 @@ impl CachedObject {
                 dirty_since: None,
                 unsaved: false,
                 retired: false,
+                unverified: None,
+                quarantined: None,
             }),
         };
         let mut head = Vec::with_capacity(META_HEAD);
@@ -234,11 +257,14 @@ impl CachedObject {
                 })
         };
         let dirty_since = (!dirty.is_empty()).then(Instant::now);
+        let sums = Sums::open(&sums_path(&mp), blocks);
+        let unverified = (sums.is_some() && !valid.is_empty()).then(|| valid.clone());
         Ok(CachedObject {
             key,
             object_size,
             data: open(&dp).inspect(tune_for_reads)?,
             meta: open(&mp)?,
+            sums,
             paths: (dp, mp),
             writing: Mutex::new(()),
             pushing: tokio::sync::Mutex::new(()),
@@ -251,6 +277,8 @@ impl CachedObject {
                 dirty_since,
                 unsaved: false,
                 retired: false,
+                unverified,
+                quarantined: None,
             }),
         })
     }
@@ -324,15 +352,23 @@ impl CachedObject {
         Ok(true)
     }
 
-    /// Writes `data` at `offset`, in pieces of at most [`WRITE_PIECE`] (so a long write leaves
-    /// no large page-cache folios for later small writes to walk).
+    /// Writes the sums of the blocks `data` touches ([`crate::sums`]), then `data` at
+    /// `offset`, in pieces of at most [`WRITE_PIECE`] (so a long write leaves no large
+    /// page-cache folios for later small writes to walk).
     pub fn write_data(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        if let Some(s) = &self.sums {
+            s.record(&self.data, data, offset)?;
+        }
         let mut at = offset;
         for chunk in data.chunks(WRITE_PIECE) {
             self.data.write_all_at(chunk, at)?;
             at += chunk.len() as u64;
         }
         Ok(())
+    }
+
+    pub(crate) fn data_file(&self) -> &File {
+        &self.data
     }
 
     /// Writes data fetched from the cluster at a block-aligned `offset`: `parts` one after
@@ -376,6 +412,9 @@ impl CachedObject {
     /// Makes both files durable (clean shutdown).
     pub fn sync(&self) -> io::Result<()> {
         self.data.sync_data()?;
+        if let Some(s) = &self.sums {
+            s.sync()?;
+        }
         self.meta.sync_data()
     }
 
@@ -385,6 +424,7 @@ impl CachedObject {
         // Under the state lock: a deferred meta write in progress finishes first, and none
         // starts after.
         self.state.lock().unwrap().retired = true;
+        let _ = fs::remove_file(sums_path(&self.paths.1));
         spares.keep((&self.data, &self.meta), &self.paths.0, &self.paths.1);
     }
 
@@ -394,6 +434,10 @@ impl CachedObject {
         self.state.lock().unwrap().retired = true;
         for p in [&self.paths.0, &self.paths.1] {
             fs::rename(p, dir.join(p.file_name().unwrap_or_default()))?;
+        }
+        let s = sums_path(&self.paths.1);
+        if self.sums.is_some() {
+            fs::rename(&s, dir.join(s.file_name().unwrap_or_default()))?;
         }
         Ok(())
     }
@@ -410,53 +454,6 @@ impl CachedObject {
     pub fn bytes_of(&self, blocks: usize) -> u64 {
         blocks as u64 * BLOCK
     }
-}
-
-/// Every (key) with a meta file under `dir`; removes data files without one. Only at start.
-pub fn scan(dir: &Path) -> Vec<Key> {
-    let mut out = Vec::new();
-    let Ok(vids) = fs::read_dir(dir) else {
-        return out;
-    };
-    for v in vids.flatten() {
-        let Some(vid) = v
-            .file_name()
-            .to_str()
-            .and_then(|s| u32::from_str_radix(s, 16).ok())
-        else {
-            continue;
-        };
-        let Ok(files) = fs::read_dir(v.path()) else {
-            continue;
-        };
-        for f in files.flatten() {
-            let name = f.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if let Some(stem) = name.strip_suffix(".data") {
-                // A data file whose meta file is gone (sheepfs died creating or retiring the
-                // object) holds nothing the cache can trust.
-                if !v.path().join(format!("{stem}.meta")).exists() {
-                    let _ = fs::remove_file(f.path());
-                }
-                continue;
-            }
-            let Some(idx) = name
-                .strip_suffix(".meta")
-                .and_then(|s| u32::from_str_radix(s, 16).ok())
-            else {
-                continue;
-            };
-            out.push((vid, idx));
-        }
-    }
-    out
-}
-
-/// Removes the files of `key` (used when its meta file cannot be trusted).
-pub fn remove_key(dir: &Path, key: Key) {
-    let (d, m) = paths(dir, key);
-    let _ = fs::remove_file(d);
-    let _ = fs::remove_file(m);
 }
 
 #[cfg(test)]
@@ -547,8 +544,11 @@ mod tests {
         drop(CachedObject::create(d.path(), (1, 2), 1 << 20, &spares).unwrap());
         let lone = d.path().join("000001/00000003.data");
         fs::write(&lone, b"x").unwrap();
+        let lone_sums = d.path().join("000001/00000003.sums");
+        fs::write(&lone_sums, b"x").unwrap();
         assert_eq!(scan(d.path()), vec![(1, 2)]);
         assert!(!lone.exists(), "a data file without meta is removed");
+        assert!(!lone_sums.exists(), "a sums file without meta is removed");
         assert!(d.path().join("000001/00000002.data").exists());
     }
 
@@ -631,7 +631,11 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+        // `FUZZ_CASES` (as every fuzz target; `make fuzz`) sets the number of files tried.
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: std::env::var("FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300),
+            ..Default::default()
+        })]
 
         /// Fuzzing the meta file (issue 25): whatever bytes it holds (a valid file with bytes
         /// changed or cut, or noise), loading returns an object or says why it is not trusted,

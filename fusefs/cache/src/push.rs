@@ -56,13 +56,24 @@ impl<B: Backend> Inner<B> {
             }
         };
         let _one = o.pushing.lock().await;
+        // Dirty blocks not checked since a restart are checked first, and quarantined ones
+        // never pushed: garbage must not overwrite the cluster's good data ([`crate::sums`]).
+        let blocks = o.state.lock().unwrap().dirty.bits();
+        if o.state.lock().unwrap().needs_check(0, blocks) {
+            let v = o.verify(0, blocks);
+            self.corrupt_found(&self.counters(o.key.0), &v);
+        }
         let snapshot = {
             let mut st = o.state.lock().unwrap();
-            if st.dirty.is_empty() {
+            let dirty = match &st.quarantined {
+                Some(q) => st.dirty.minus(q),
+                None => st.dirty.clone(),
+            };
+            if dirty.is_empty() {
                 return Ok(0);
             }
             st.rewritten = Some(object::State::empty_like(&st.dirty));
-            st.dirty.clone()
+            dirty
         };
         let base = o.key.1 as u64 * o.object_size;
         let mut pushed = 0u64;
@@ -99,7 +110,7 @@ impl<B: Backend> Inner<B> {
             }
             pushed += end - base - off;
         }
-        let cleaned = {
+        {
             let mut st = o.state.lock().unwrap();
             let rewritten = st.rewritten.take().expect("push in flight");
             if let Err(e) = result {
@@ -117,10 +128,11 @@ impl<B: Backend> Inner<B> {
             let clean = snapshot.minus(&rewritten);
             // Counted from the bits this clears: blocks of the snapshot dropped meanwhile (by
             // an invalidation, or the object forgotten) were counted down by whoever dropped
-            // them.
+            // them. Counted here, under the state lock: the write that set them counted them
+            // up under it (see `vdi::write::commit`), so never after this.
             let before = st.dirty.count();
             st.dirty = st.dirty.minus(&clean);
-            let cleaned = before - st.dirty.count();
+            self.space.undirty(o.bytes_of(before - st.dirty.count()));
             if st.dirty.is_empty() {
                 st.dirty_since = None;
             }
@@ -129,10 +141,8 @@ impl<B: Backend> Inner<B> {
                     tracing::warn!("saving cache metadata of {:?}: {e}", o.key);
                 }
             }
-            cleaned
-        };
+        }
         self.client.pause(Pause::PushCleaned).await;
-        self.space.undirty(o.bytes_of(cleaned));
         Counters::add(&self.counters(o.key.0).pushed_bytes, pushed);
         self.pushes.failing.store(false, Ordering::Relaxed);
         self.space.room.tell();

@@ -23,7 +23,9 @@ pub(crate) struct Space {
     pub(crate) size: AtomicU64,
     pub(crate) obj_dir: PathBuf,
     pub(crate) objects: Mutex<LruCache<Key, Arc<CachedObject>>>,
-    /// Bytes of valid blocks, and of dirty ones.
+    /// Bytes of valid blocks, and of dirty ones. `dirty` moves only under the state lock of
+    /// the object whose dirty bits change, by the bits changed: it equals the dirty bits' bytes
+    /// whenever no state lock is held ([`Space::undirty`]).
     pub(crate) used: AtomicU64,
     pub(crate) dirty: AtomicU64,
     /// When the index last recorded the objects' last uses ([`object::clock_ms`]).
@@ -67,9 +69,11 @@ impl Space {
     }
 
     /// Counts `bytes` of dirty blocks as no longer dirty. Callers count only the dirty bits
-    /// they cleared themselves (under the object's state lock), so the counter never goes
-    /// below zero; should it ever, it stops at zero and says so rather than wrapping (a
-    /// wrapped counter would keep the flusher pushing forever and fail unmount).
+    /// they cleared themselves, under the object's state lock, and every count-up happens
+    /// under that lock with the bits it sets: so the counter never goes below zero. Should it
+    /// ever, it stops at zero and says so rather than wrapping (a wrapped counter would keep
+    /// the flusher pushing forever and fail unmount); debug builds (the tests) panic, as a
+    /// count stopped at 0 is off for good once the missing count-up comes.
     pub(crate) fn undirty(&self, bytes: u64) {
         let r = self
             .dirty
@@ -81,6 +85,7 @@ impl Space {
                 tracing::error!(
                     "cache dirty byte counter would go below zero ({d} - {bytes}): a bug, stopped at 0"
                 );
+                debug_assert!(d >= bytes, "dirty byte counter below zero: {d} - {bytes}");
             }
         }
     }
@@ -373,9 +378,10 @@ impl<B: Backend> Inner<B> {
         st.valid = object::State::empty_like(&st.valid);
         st.dirty = object::State::empty_like(&st.dirty);
         st.dirty_since = None;
-        drop(st);
+        // With the bits, under the state lock (see `vdi::write::commit`).
         self.space.used.fetch_sub(bytes, Ordering::SeqCst);
         self.space.undirty(dirty);
+        drop(st);
         match keep {
             None => o.retire(&self.space.spares),
             Some(dir) => {

@@ -36,6 +36,8 @@ pub(crate) struct Counters {
     pub(crate) pushed_bytes: AtomicU64,
     pub(crate) full_writethroughs: AtomicU64,
     pub(crate) full_writethrough_bytes: AtomicU64,
+    /// Cached blocks found corrupt after a restart ([`crate::sums`]).
+    pub(crate) corrupt_blocks: AtomicU64,
 }
 
 impl Counters {
@@ -127,6 +129,7 @@ impl<B: Backend> Inner<B> {
             e.pushed_bytes = g(&c.pushed_bytes);
             e.full_writethroughs = g(&c.full_writethroughs);
             e.full_writethrough_bytes = g(&c.full_writethrough_bytes);
+            e.corrupt_blocks = g(&c.corrupt_blocks);
         }
         let records = self.dir.records.read().unwrap();
         let mut vdis: Vec<VdiStats> = per
@@ -167,6 +170,7 @@ impl<B: Backend> Inner<B> {
             total.pushed_bytes += v.pushed_bytes;
             total.full_writethroughs += v.full_writethroughs;
             total.full_writethrough_bytes += v.full_writethrough_bytes;
+            total.corrupt_blocks += v.corrupt_blocks;
         }
         let dirty = self.space.dirty.load(Ordering::SeqCst);
         CacheStats {

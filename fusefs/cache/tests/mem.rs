@@ -383,6 +383,8 @@ async fn a_full_cache_disk_sends_writes_to_the_cluster_and_stays_coherent() {
     cache.flush(None, |_, _| {}).await.unwrap();
     assert!(vol.contents() == want, "the cluster has every write");
     assert!(read_all(&v, 24).await == want);
+    // The reads' fills hold their room until they land.
+    wait_for("the fills", || cache.stats().fill_backlog == 0);
     let st = cache.stats();
     assert_eq!(st.used, st.total.used, "no reserved bytes leaked");
     cache.shutdown().await;

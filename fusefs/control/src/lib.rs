@@ -10,6 +10,10 @@
 //! <- {"ok":{"flushed":{"bytes":4194304}}}
 //! -> {"cmd":"evict","vdi":null,"discard_dirty":false}
 //! <- {"error":"no VDI named 'x' in the cache"}
+//! -> {"cmd":"snapshot","vdi":"disk0","tag":"before"}
+//! <- {"ok":{"snapshot":{"vdi":"disk0","snapshot":"disk0@before","vid":...,"new_vid":...,"flushed":4096,"attached":true,"open":true}}}
+//! -> {"cmd":"rollback","snapshot":"disk0@before"}
+//! <- {"ok":{"rollback":{"vdi":"disk0","snapshot":"disk0@before","new_vid":...,"dropped":...,"discarded_dirty":4096,"attached":true,"open":true}}}
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -69,6 +73,17 @@ pub enum Request {
     Resize { size: u64 },
     /// Change one VDI's mode (leaving writeback flushes first).
     Mode { vdi: String, mode: CacheMode },
+    /// Take snapshot `VDI@TAG` (a tag made from the time if None) of a VDI this mount may
+    /// have attached: its writes wait, its dirty data is pushed and flushed, the snapshot is
+    /// taken under this mount's lock, and the mount goes on with the VDI's new inode.
+    Snapshot {
+        vdi: String,
+        #[serde(default)]
+        tag: Option<String>,
+    },
+    /// Roll the VDI back to snapshot `NAME@TAG`: what this mount cached of it is dropped,
+    /// unpushed writes included, and the mount goes on with the rolled-back VDI.
+    Rollback { snapshot: String },
 }
 
 /// Counters for one VDI (or, in [`CacheStats::total`], for all).
@@ -111,6 +126,11 @@ pub struct VdiStats {
     pub full_writethroughs: u64,
     #[serde(default)]
     pub full_writethrough_bytes: u64,
+    /// Cached blocks whose checksum did not match when first read after a restart: clean
+    /// ones were dropped and fetched again, dirty ones quarantined (reads of them get EIO,
+    /// they are never pushed; `docs/cache.md`).
+    #[serde(default)]
+    pub corrupt_blocks: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -175,6 +195,31 @@ pub enum Reply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         attached: Option<bool>,
     },
+    Snapshot(Switched),
+    Rollback(Switched),
+}
+
+/// What the mount did for a snapshot or a rollback.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Switched {
+    pub vdi: String,
+    /// `NAME@TAG`: the snapshot taken, or rolled back to.
+    pub snapshot: String,
+    /// The snapshot's id (its inode).
+    pub vid: u32,
+    /// The VDI's new id: the mount reads and writes it from now on.
+    pub new_vid: u32,
+    /// Whether the VDI was attached to this mount's cache (else the cache had nothing of it
+    /// in use: the operation ran as `dog` runs it).
+    pub attached: bool,
+    /// Whether files of the VDI were open on the mount (they go on with the new inode).
+    pub open: bool,
+    /// Dirty bytes pushed to the cluster before the snapshot.
+    pub flushed: u64,
+    /// Bytes the cache held of the VDI's old inode, dropped.
+    pub dropped: u64,
+    /// Of them, writes never pushed to the cluster, thrown away by a rollback.
+    pub discarded_dirty: u64,
 }
 
 #[allow(clippy::large_enum_variant)]
@@ -222,6 +267,10 @@ mod tests {
         assert_eq!(s, r#"{"ok":{"flushed":{"bytes":5}}}"#);
         let s = serde_json::to_string(&Response::Error("x".into())).unwrap();
         assert_eq!(s, r#"{"error":"x"}"#);
+        let r: Request = serde_json::from_str(r#"{"cmd":"snapshot","vdi":"a"}"#).unwrap();
+        assert!(matches!(r, Request::Snapshot { tag: None, .. }));
+        let r: Request = serde_json::from_str(r#"{"cmd":"rollback","snapshot":"a@t"}"#).unwrap();
+        assert!(matches!(r, Request::Rollback { snapshot } if snapshot == "a@t"));
     }
 }
 
@@ -234,7 +283,7 @@ mod golden {
     fn stats_line() {
         const GOLD: &str = concat!(
             r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"fill_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"push_retries":0,"oldest_dirty_ms":0,"#,
-            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0,"full_writethroughs":0,"full_writethrough_bytes":0},"vdis":[]}}}"#
+            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0,"full_writethroughs":0,"full_writethrough_bytes":0,"corrupt_blocks":0},"vdis":[]}}}"#
         );
         let st = CacheStats {
             dir: "/c".into(),
@@ -246,6 +295,24 @@ mod golden {
             ..Default::default()
         };
         let s = serde_json::to_string(&Response::Ok(Reply::Stats(st))).unwrap();
+        assert_eq!(s, GOLD);
+    }
+
+    #[test]
+    fn snapshot_line() {
+        const GOLD: &str = r#"{"ok":{"snapshot":{"vdi":"a","snapshot":"a@t","vid":1,"new_vid":2,"attached":true,"open":false,"flushed":4096,"dropped":8192,"discarded_dirty":0}}}"#;
+        let r = Reply::Snapshot(Switched {
+            vdi: "a".into(),
+            snapshot: "a@t".into(),
+            vid: 1,
+            new_vid: 2,
+            attached: true,
+            open: false,
+            flushed: 4096,
+            dropped: 8192,
+            discarded_dirty: 0,
+        });
+        let s = serde_json::to_string(&Response::Ok(r)).unwrap();
         assert_eq!(s, GOLD);
     }
 

@@ -26,6 +26,7 @@ pub fn from_vdi(e: &VdiError) -> Errno {
     match e {
         VdiError::NotFound(_) => Errno::ENOENT,
         VdiError::Exists(_) => Errno::EEXIST,
+        VdiError::ReadOnly(_) => Errno::EROFS,
         VdiError::Attached { .. } => Errno::EBUSY,
         VdiError::InvalidName(n) if n.name.len() > 255 => Errno::ENAMETOOLONG,
         VdiError::InvalidName(_) => Errno::EINVAL,

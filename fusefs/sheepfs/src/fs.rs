@@ -31,8 +31,9 @@ use objstore_proto::size::format_size;
 use objcache::{Cache, CacheError, Missed};
 
 use crate::errno;
-use crate::handles::{cache_fail, fail, ino_of, Disk, Shared};
+use crate::handles::{cache_fail, fail, Disk, Shared};
 use crate::locks::PlainLocks;
+use crate::names::is_snapshot;
 
 const TTL: Duration = Duration::from_secs(1);
 const MAX_WRITE: u32 = 1 << 20;
@@ -93,6 +94,7 @@ impl SheepFs {
             cache,
             names: Mutex::default(),
             open: Mutex::default(),
+            switching: tokio::sync::RwLock::new(()),
             closed: tokio::sync::Notify::new(),
             next_fh: AtomicU64::new(1),
             uid,
@@ -175,12 +177,12 @@ impl Filesystem for SheepFs {
             Ok(n) => n,
             Err(_) => return reply.error(Errno::ENOENT),
         };
-        if vdi::validate_name(&name).is_err() {
+        if vdi::split_snapshot(&name).is_err() {
             return reply.error(Errno::ENOENT);
         }
         self.spawn(move |sh| async move {
             match sh.stat(&name).await {
-                Ok(info) => reply.entry(&TTL, &sh.file_attr(&info), Generation(0)),
+                Ok((ino, info)) => reply.entry(&TTL, &sh.file_attr(ino, &info), Generation(0)),
                 Err(e) => reply.error(fail("lookup", &name, &e)),
             }
         });
@@ -190,8 +192,8 @@ impl Filesystem for SheepFs {
         if ino == INodeNo::ROOT {
             return reply.attr(&TTL, &self.sh.dir_attr());
         }
-        if let Some(d) = self.sh.opened(ino.0) {
-            return reply.attr(&TTL, &self.sh.file_attr(&d.vdi().info()));
+        if let Some(v) = self.sh.peek(ino.0) {
+            return reply.attr(&TTL, &self.sh.file_attr(ino.0, &v.info()));
         }
         self.spawn(move |sh| async move {
             let name = match sh.name_of(ino.0) {
@@ -199,9 +201,7 @@ impl Filesystem for SheepFs {
                 Err(e) => return reply.error(e),
             };
             match sh.stat(&name).await {
-                Ok(info) if ino_of(info.vid) == ino.0 => reply.attr(&TTL, &sh.file_attr(&info)),
-                // Deleted and created again under the same name: a new file.
-                Ok(_) => reply.error(Errno::ENOENT),
+                Ok((_, info)) => reply.attr(&TTL, &sh.file_attr(ino.0, &info)),
                 Err(e) => reply.error(fail("getattr", &name, &e)),
             }
         });
@@ -235,7 +235,11 @@ impl Filesystem for SheepFs {
                 Err(e) => return reply.error(e),
             };
             // Held to the end: a resize is a request on the open handle.
-            let open = sh.opened(ino.0);
+            let open = match sh.opened_wait(ino.0).await {
+                Ok(d) => Some(d),
+                Err(Errno::EBADF) => None,
+                Err(e) => return reply.error(e),
+            };
             let vdi = match &open {
                 Some(d) => d.vdi().clone(),
                 None => match Vdi::open(sh.client.clone(), &name).await {
@@ -243,6 +247,10 @@ impl Filesystem for SheepFs {
                     Err(e) => return reply.error(fail("setattr", &name, &e)),
                 },
             };
+            if size.is_some() && vdi.snapshot().is_some() {
+                tracing::debug!("truncate {name}: snapshots are read-only");
+                return reply.error(Errno::EROFS);
+            }
             if let Some(size) = size {
                 let cur = vdi.size();
                 if size < cur {
@@ -258,7 +266,7 @@ impl Filesystem for SheepFs {
                     return reply.error(fail("resize", &name, &e));
                 }
             }
-            reply.attr(&TTL, &sh.file_attr(&vdi.info()));
+            reply.attr(&TTL, &sh.file_attr(ino.0, &vdi.info()));
         });
     }
 
@@ -270,6 +278,10 @@ impl Filesystem for SheepFs {
             Ok(n) => n,
             Err(_) => return reply.error(Errno::ENOENT),
         };
+        if is_snapshot(&name) {
+            tracing::warn!("refusing to delete snapshot '{name}' through the mount: use 'dog vdi delete {name}'");
+            return reply.error(Errno::EPERM);
+        }
         self.spawn(move |sh| async move {
             // The kernel sends the release of a closed file on its own time: an `rm` right
             // after the last close can arrive first. Give that release a moment.
@@ -297,7 +309,7 @@ impl Filesystem for SheepFs {
             };
             match deleted {
                 Ok(()) => {
-                    sh.names.lock().unwrap().retain(|_, n| *n != name);
+                    sh.names.lock().unwrap().forget(&name);
                     tracing::info!("deleted VDI '{name}'");
                     reply.ok()
                 }
@@ -351,9 +363,9 @@ impl Filesystem for SheepFs {
             }
             tracing::info!("created VDI '{name}'");
             match sh.open_vdi(&name, rw).await {
-                Ok((_, d)) => reply.created(
+                Ok((ino, d)) => reply.created(
                     &TTL,
-                    &sh.file_attr(&d.vdi().info()),
+                    &sh.file_attr(ino, &d.vdi().info()),
                     Generation(0),
                     sh.new_fh(),
                     open_flags(),
@@ -374,11 +386,12 @@ impl Filesystem for SheepFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(disk) = self.sh.opened(ino.0) else {
-            return reply.error(Errno::EBADF);
+        let now = match self.sh.try_opened(ino.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
         };
         let mut missed = Missed::default();
-        if let Disk::Cached(c) = &*disk {
+        if let Some(Disk::Cached(c)) = now.as_deref() {
             let end = c.vdi().size();
             let len = (size as u64).min(end.saturating_sub(offset));
             if len > 0 {
@@ -388,7 +401,11 @@ impl Filesystem for SheepFs {
                 }
             }
         }
-        self.rt.spawn(async move {
+        self.spawn(move |sh| async move {
+            let disk = match sh.in_use(ino.0, now).await {
+                Ok(d) => d,
+                Err(e) => return reply.error(e),
+            };
             let end = disk.vdi().size();
             if offset >= end {
                 return reply.data(&[]);
@@ -417,19 +434,24 @@ impl Filesystem for SheepFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let Some(disk) = self.sh.opened(ino.0) else {
-            return reply.error(Errno::EBADF);
+        let now = match self.sh.try_opened(ino.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
         };
-        if let Disk::Cached(c) = &*disk {
+        if let Some(Disk::Cached(c)) = now.as_deref() {
             if c.write_fast(offset, data) {
                 return reply.written(data.len() as u32);
             }
         }
-        if let Some(e) = self.sh.refused(ino.0, &disk) {
-            return reply.error(cache_fail("write", &disk.vdi().header().name, &e));
-        }
         let data = Bytes::copy_from_slice(data);
-        self.rt.spawn(async move {
+        self.spawn(move |sh| async move {
+            let disk = match sh.in_use(ino.0, now).await {
+                Ok(d) => d,
+                Err(e) => return reply.error(e),
+            };
+            if let Some(e) = sh.refused(&disk) {
+                return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
+            }
             let end = disk.vdi().size();
             if offset >= end {
                 return reply.error(Errno::ENOSPC);
@@ -465,13 +487,22 @@ impl Filesystem for SheepFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(disk) = self.sh.opened(ino.0) else {
-            return reply.error(Errno::EBADF);
+        let now = match self.sh.try_opened(ino.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
         };
-        if let Some(e) = self.sh.refused(ino.0, &disk) {
-            return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e));
-        }
-        self.rt.spawn(async move {
+        self.spawn(move |sh| async move {
+            let disk = match sh.in_use(ino.0, now).await {
+                Ok(d) => d,
+                Err(e) => return reply.error(e),
+            };
+            if disk.vdi().snapshot().is_some() {
+                // Nothing to make durable: a snapshot never changes.
+                return reply.ok();
+            }
+            if let Some(e) = sh.refused(&disk) {
+                return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e));
+            }
             match disk.flush().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(cache_fail("fsync", &disk.vdi().header().name, &e)),
@@ -516,9 +547,8 @@ impl Filesystem for SheepFs {
             ];
             {
                 let mut names = sh.names.lock().unwrap();
-                for (name, vid) in list {
-                    names.insert(ino_of(vid), name.clone());
-                    entries.push((ino_of(vid), FileType::RegularFile, name));
+                for (name, _) in list {
+                    entries.push((names.ino(&name), FileType::RegularFile, name));
                 }
             }
             for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
@@ -615,13 +645,18 @@ impl Filesystem for SheepFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let Some(disk) = self.sh.opened(ino.0) else {
-            return reply.error(Errno::EBADF);
+        let now = match self.sh.try_opened(ino.0) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
         };
-        if let Some(e) = self.sh.refused(ino.0, &disk) {
-            return reply.error(cache_fail("fallocate", &disk.vdi().header().name, &e));
-        }
-        self.rt.spawn(async move {
+        self.spawn(move |sh| async move {
+            let disk = match sh.in_use(ino.0, now).await {
+                Ok(d) => d,
+                Err(e) => return reply.error(e),
+            };
+            if let Some(e) = sh.refused(&disk) {
+                return reply.error(cache_fail("fallocate", &disk.vdi().full_name(), &e));
+            }
             let vdi = disk.vdi().clone();
             let size = vdi.size();
             let name = vdi.header().name;

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::OwnedRwLockReadGuard;
+
 use bytes::Bytes;
 use fuser::{Errno, FileAttr, FileHandle, FileType, INodeNo};
 use objstore_client::vdi::VdiInfo;
@@ -18,6 +20,7 @@ use objcache::{chain, Cache, CacheError, CachedVdi};
 
 use crate::errno;
 use crate::locks::PlainLocks;
+use crate::names::{is_snapshot, Names};
 
 /// An open VDI: straight to the cluster (with its requests in flight, counted), or through
 /// the cache.
@@ -69,15 +72,17 @@ impl Drop for HandlePin {
     }
 }
 
-/// A request's handle: the disk, pinned if it is a plain one.
+/// A request's handle: the disk, pinned if it is a plain one, and holding its VDI's gate
+/// open ([`OpenVdi::gate`]) until the request is answered.
 pub(crate) struct InUse {
     disk: Disk,
     _pin: Option<HandlePin>,
+    _gate: Option<OwnedRwLockReadGuard<()>>,
 }
 
 impl InUse {
     /// Pins `disk` for one request; taken under the open table's lock.
-    fn of(disk: &Disk) -> InUse {
+    fn of(disk: &Disk, gate: Option<OwnedRwLockReadGuard<()>>) -> InUse {
         let pin = match disk {
             Disk::Plain(_, inflight) => Some(inflight.pin()),
             Disk::Cached(_) => None,
@@ -85,6 +90,7 @@ impl InUse {
         InUse {
             disk: disk.clone(),
             _pin: pin,
+            _gate: gate,
         }
     }
 }
@@ -144,16 +150,30 @@ pub(crate) fn cache_fail(op: &str, what: &str, e: &CacheError) -> Errno {
     errno
 }
 
-/// A VDI's inode number: its vid + 1 (1 is the root directory).
-pub(crate) fn ino_of(vid: Vid) -> u64 {
-    vid.0 as u64 + 1
-}
-
 pub(crate) struct OpenVdi {
     pub(crate) disk: Disk,
     pub(crate) handles: usize,
     /// Handles open read-write.
     pub(crate) writers: usize,
+    /// Every request of the VDI holds it shared (an [`InUse`]) until it is answered; a
+    /// snapshot or rollback by this mount holds it exclusively while it switches `disk` to
+    /// the VDI's new inode, so requests in flight are done first and new ones wait.
+    pub(crate) gate: Arc<tokio::sync::RwLock<()>>,
+    /// Why requests fail (EIO), if they do: the VDI moved to a new inode that could not be
+    /// opened, so the handle left would read or write the old one.
+    pub(crate) stale: Option<String>,
+}
+
+impl OpenVdi {
+    fn new(disk: Disk) -> OpenVdi {
+        OpenVdi {
+            disk,
+            handles: 0,
+            writers: 0,
+            gate: Arc::default(),
+            stale: None,
+        }
+    }
 }
 
 impl OpenVdi {
@@ -177,9 +197,13 @@ impl OpenVdi {
 pub(crate) struct Shared {
     pub(crate) client: Arc<Client>,
     pub(crate) cache: Option<Cache>,
-    /// ino → VDI name, learnt from lookup, readdir and create.
-    pub(crate) names: Mutex<HashMap<u64, String>>,
+    /// Inode numbers by name, learnt from lookup, readdir and create.
+    pub(crate) names: Mutex<Names>,
+    /// The open VDIs, by inode number.
     pub(crate) open: Mutex<HashMap<u64, OpenVdi>>,
+    /// Held shared by opens, exclusively by a snapshot or rollback switching a VDI to its
+    /// new inode ([`crate::switch`]): no handle of the old inode is made meanwhile.
+    pub(crate) switching: tokio::sync::RwLock<()>,
     /// Signalled whenever a VDI's last handle is released (an `rm` waits for it).
     pub(crate) closed: tokio::sync::Notify,
     pub(crate) next_fh: AtomicU64,
@@ -196,10 +220,12 @@ fn secs(t: u64) -> SystemTime {
 }
 
 impl Shared {
-    pub(crate) fn file_attr(&self, info: &VdiInfo) -> FileAttr {
+    /// The attributes of file `ino` showing VDI (or snapshot) `info`; snapshots are
+    /// read-only (0444).
+    pub(crate) fn file_attr(&self, ino: u64, info: &VdiInfo) -> FileAttr {
         let t = secs(info.created);
         FileAttr {
-            ino: INodeNo(ino_of(info.vid)),
+            ino: INodeNo(ino),
             size: info.size,
             blocks: info.used.min(info.size.next_multiple_of(512)) / 512,
             atime: t,
@@ -207,7 +233,7 @@ impl Shared {
             ctime: t,
             crtime: t,
             kind: FileType::RegularFile,
-            perm: 0o644,
+            perm: if info.tag.is_some() { 0o444 } else { 0o644 },
             nlink: 1,
             uid: self.uid,
             gid: self.gid,
@@ -238,49 +264,79 @@ impl Shared {
     }
 
     pub(crate) fn name_of(&self, ino: u64) -> Result<String, Errno> {
-        self.names
-            .lock()
-            .unwrap()
-            .get(&ino)
-            .cloned()
-            .ok_or(Errno::ENOENT)
+        let names = self.names.lock().unwrap();
+        names.name(ino).map(str::to_string).ok_or(Errno::ENOENT)
     }
 
-    /// The handle of open VDI `ino`, pinned for one request.
-    pub(crate) fn opened(&self, ino: u64) -> Option<InUse> {
-        self.open
-            .lock()
-            .unwrap()
-            .get(&ino)
-            .map(|o| InUse::of(&o.disk))
+    /// The inode number of `name` (given now if it has none).
+    pub(crate) fn ino(&self, name: &str) -> u64 {
+        self.names.lock().unwrap().ino(name)
+    }
+
+    /// The handle of open VDI `ino`, pinned for one request: None while a snapshot or
+    /// rollback switches it (wait with [`Shared::opened_wait`]); EBADF if it is not open.
+    pub(crate) fn try_opened(&self, ino: u64) -> Result<Option<InUse>, Errno> {
+        let open = self.open.lock().unwrap();
+        let o = open.get(&ino).ok_or(Errno::EBADF)?;
+        if o.stale.is_some() {
+            return Err(Errno::EIO);
+        }
+        Ok(match o.gate.clone().try_read_owned() {
+            Ok(g) => Some(InUse::of(&o.disk, Some(g))),
+            Err(_) => None,
+        })
+    }
+
+    /// [`Shared::try_opened`], waiting for a snapshot or rollback of the VDI to be done.
+    pub(crate) async fn opened_wait(&self, ino: u64) -> Result<InUse, Errno> {
+        loop {
+            let gate = {
+                let open = self.open.lock().unwrap();
+                open.get(&ino).ok_or(Errno::EBADF)?.gate.clone()
+            };
+            let g = gate.clone().read_owned().await;
+            let open = self.open.lock().unwrap();
+            let o = open.get(&ino).ok_or(Errno::EBADF)?;
+            if let Some(why) = &o.stale {
+                tracing::warn!("{why}");
+                return Err(Errno::EIO);
+            }
+            // Closed and opened again meanwhile: the new entry's gate.
+            if Arc::ptr_eq(&o.gate, &gate) {
+                return Ok(InUse::of(&o.disk, Some(g)));
+            }
+        }
+    }
+
+    /// The request's handle: `now` ([`Shared::try_opened`]) or, when that was None, once the
+    /// VDI's switch is done.
+    pub(crate) async fn in_use(&self, ino: u64, now: Option<InUse>) -> Result<InUse, Errno> {
+        match now {
+            Some(d) => Ok(d),
+            None => self.opened_wait(ino).await,
+        }
+    }
+
+    /// The open handle of file `ino` for its attributes only (no request made on it).
+    pub(crate) fn peek(&self, ino: u64) -> Option<Arc<Vdi>> {
+        let open = self.open.lock().unwrap();
+        open.get(&ino).map(|o| o.disk.vdi().clone())
     }
 
     pub(crate) fn is_open(&self, name: &str) -> bool {
-        self.open
-            .lock()
-            .unwrap()
-            .values()
-            .any(|o| o.disk.vdi().header().name == name)
+        let ino = self.names.lock().unwrap().known(name);
+        ino.is_some_and(|ino| self.open.lock().unwrap().contains_key(&ino))
     }
 
-    /// The VDI's attributes, from the open handle if there is one.
-    pub(crate) async fn stat(&self, name: &str) -> Result<VdiInfo, VdiError> {
-        let open = self
-            .open
-            .lock()
-            .unwrap()
-            .values()
-            .find(|o| o.disk.vdi().header().name == name)
-            .map(|o| o.disk.vdi().clone());
-        let info = match open {
+    /// The attributes of file `name` (a VDI or a snapshot), from the open handle if there is
+    /// one; with its inode number.
+    pub(crate) async fn stat(&self, name: &str) -> Result<(u64, VdiInfo), VdiError> {
+        let ino = self.ino(name);
+        let info = match self.peek(ino) {
             Some(v) => v.info(),
             None => Vdi::open(self.client.clone(), name).await?.info(),
         };
-        self.names
-            .lock()
-            .unwrap()
-            .insert(ino_of(info.vid), name.to_string());
-        Ok(info)
+        Ok((ino, info))
     }
 
     /// A new handle on `name`: through the cache when there is one (a read-write open attaches
@@ -300,8 +356,14 @@ impl Shared {
     }
 
     /// Opens (or shares) the handle of `name`; returns its inode number. Every open reads the
-    /// inode afresh, so it sees what other clients allocated or resized before it.
+    /// inode afresh, so it sees what other clients allocated or resized before it. Snapshots
+    /// open read-only (EROFS otherwise).
     pub(crate) async fn open_vdi(&self, name: &str, rw: bool) -> Result<(u64, InUse), Errno> {
+        if rw && is_snapshot(name) {
+            tracing::debug!("open {name} for writing: snapshots are read-only");
+            return Err(Errno::EROFS);
+        }
+        let _no_switch = self.switching.read().await;
         let fresh = self.make_disk(name, rw).await?;
         // Without a cache every handle is plain: a read-write one takes the lock.
         let locked = match (&self.locks, &fresh) {
@@ -313,15 +375,14 @@ impl Shared {
             }
             _ => false,
         };
-        let ino = ino_of(fresh.vdi().header().vid);
+        let ino = self.ino(name);
+        self.moved_away(ino, &fresh).await;
         let mut replaced = None;
         let shared = {
             let mut open = self.open.lock().unwrap();
-            let entry = open.entry(ino).or_insert(OpenVdi {
-                disk: fresh.clone(),
-                handles: 0,
-                writers: 0,
-            });
+            let entry = open
+                .entry(ino)
+                .or_insert_with(|| OpenVdi::new(fresh.clone()));
             // A read-write open upgrades a shared plain handle to the cached one.
             if let Disk::Cached(cached) = &fresh {
                 replaced = entry.upgrade(cached);
@@ -332,7 +393,8 @@ impl Shared {
                 // Its writes are made under the lock: they leave the generation alone.
                 entry.disk.vdi().set_under_lock();
             }
-            InUse::of(&entry.disk)
+            // Opens hold `switching`: nothing holds the gate exclusively.
+            InUse::of(&entry.disk, None)
         };
         if let (Some(plain), Disk::Cached(cached)) = (replaced, &fresh) {
             hand_over(plain, cached, name).await;
@@ -343,8 +405,40 @@ impl Shared {
                 return Err(fail("open", name, &e));
             }
         }
-        self.names.lock().unwrap().insert(ino, name.to_string());
         Ok((ino, shared))
+    }
+
+    /// Before a new handle of file `ino` is shared with its open one: if the VDI moved to
+    /// another inode since that was opened (snapshot, rollback or delete and create, through
+    /// `dog` or another host: never while this mount's cache holds its lock), a plain open
+    /// handle is replaced by `fresh`, once its requests in flight are done. Requests that
+    /// would still go to the old inode would read a frozen snapshot, or a freed one.
+    async fn moved_away(&self, ino: u64, fresh: &Disk) {
+        let vid = fresh.vdi().header().vid;
+        let gate = {
+            let open = self.open.lock().unwrap();
+            match open.get(&ino) {
+                Some(o)
+                    if matches!(o.disk, Disk::Plain(..)) && o.disk.vdi().header().vid != vid =>
+                {
+                    o.gate.clone()
+                }
+                _ => return,
+            }
+        };
+        let _quiet = gate.write().await;
+        let mut open = self.open.lock().unwrap();
+        if let Some(o) = open.get_mut(&ino) {
+            if matches!(o.disk, Disk::Plain(..)) && o.disk.vdi().header().vid != vid {
+                tracing::info!(
+                    "VDI '{}' moved to inode {:x} since it was opened here (a snapshot or a rollback): its open files go on with it",
+                    fresh.vdi().full_name(),
+                    vid.0
+                );
+                o.disk = fresh.clone();
+                o.stale = None;
+            }
+        }
     }
 
     pub(crate) fn release(&self, ino: u64, rw: bool) {
@@ -388,13 +482,16 @@ impl Shared {
     /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
     /// if there was nothing to take over.
     pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, CacheError> {
-        let ino = ino_of(Vid(vid));
-        let name = match self.open.lock().unwrap().get(&ino) {
-            Some(o) if o.writers > 0 && matches!(o.disk, Disk::Plain(..)) => {
-                o.disk.vdi().header().name
-            }
+        let found = (self.open.lock().unwrap().iter())
+            .find(|(_, o)| o.disk.vdi().header().vid == Vid(vid))
+            .map(|(ino, o)| (*ino, o.writers > 0 && matches!(o.disk, Disk::Plain(..))));
+        let ino = match found {
+            Some((ino, true)) => ino,
             _ => return Ok(false),
         };
+        let name = self
+            .name_of(ino)
+            .map_err(|_| CacheError::Vdi(VdiError::NotFound(vid.to_string())))?;
         let Some(cache) = &self.cache else {
             return Ok(false);
         };
@@ -412,15 +509,17 @@ impl Shared {
         Ok(true)
     }
 
-    /// Why writes, discards and fsyncs of open VDI `ino` are refused, if they are: its lock
-    /// (taken without a cache) was lost.
-    pub(crate) fn refused(&self, ino: u64, disk: &Disk) -> Option<CacheError> {
+    /// Why writes, discards and fsyncs of open VDI `disk` are refused, if they are: it is a
+    /// snapshot (read-only), or its lock (taken without a cache) was lost.
+    pub(crate) fn refused(&self, disk: &Disk) -> Option<CacheError> {
+        if let Some(s) = disk.vdi().snapshot() {
+            return Some(CacheError::Vdi(VdiError::ReadOnly(s.to_string())));
+        }
         let locks = self.locks.as_ref()?;
+        let h = disk.vdi().header();
         locks
-            .is_lost(ino.saturating_sub(1) as u32)
-            .then(|| CacheError::LockLost {
-                name: disk.vdi().header().name,
-            })
+            .is_lost(h.vid.0)
+            .then_some(CacheError::LockLost { name: h.name })
     }
 
     pub(crate) fn client(&self) -> &Arc<Client> {

@@ -12,6 +12,9 @@
 //! - [`fs`]: the `fuser::Filesystem` implementation.
 //! - `handles`: the open VDIs' handles (plain or cached), and taking one over into the cache.
 //! - `locks`: without a cache, the attachment locks of the VDIs open read-write.
+//! - `names`: inode numbers, one per name (a VDI or a snapshot `NAME@TAG`, read-only).
+//! - `switch`: a snapshot or rollback asked over the control socket, and the mount going
+//!   on with the VDI's new inode.
 //! - [`socket`]: the cache's control socket server; the protocol is the `cache_control`
 //!   crate (`fusefs/control`), shared with `cachectl`.
 //! - [`errno`]: the one mapping from library errors to errno values.
@@ -22,6 +25,8 @@ pub mod fs;
 mod handles;
 mod locks;
 pub mod mount;
+mod names;
 pub mod socket;
+mod switch;
 
 pub use fs::{SheepFs, WriteLocks};

@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use cache_control::{CacheMode, Reply, Request, Response, SOCKET_NAME};
 use objcache::{chain, Cache};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::handles::Shared;
+use crate::switch::Op;
 
 /// Binds the socket (replacing a stale one) with mode 0600.
 pub(crate) fn bind(dir: &Path) -> std::io::Result<UnixListener> {
@@ -48,11 +49,32 @@ async fn send(w: &mut tokio::net::unix::OwnedWriteHalf, r: &Response) -> std::io
     w.write_all(&line).await
 }
 
+/// The longest request line taken: requests are a few hundred bytes, and a peer that sends
+/// more without a newline is cut off instead of growing our buffer.
+pub const MAX_LINE: usize = 64 << 10;
+
 async fn session(sh: Arc<Shared>, cache: Cache, s: UnixStream) {
     let (rd, mut wr) = s.into_split();
-    let mut lines = BufReader::new(rd).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let req: Request = match serde_json::from_str(&line) {
+    let mut rd = BufReader::new(rd);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut rd)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.len() > MAX_LINE {
+            let why = format!("request line longer than {MAX_LINE} bytes; closing");
+            let _ = send(&mut wr, &Response::Error(why)).await;
+            return;
+        }
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let req: Request = match serde_json::from_slice(text) {
             Ok(r) => r,
             Err(e) => {
                 let _ = send(&mut wr, &Response::Error(format!("bad request: {e}"))).await;
@@ -195,5 +217,13 @@ async fn handle(
                 attached: Some(attached),
             })
         }
+        Request::Snapshot { vdi, tag } => match sh.switch(cache, Op::Snapshot { vdi, tag }).await {
+            Ok(done) => Response::Ok(Reply::Snapshot(done)),
+            Err(e) => Response::Error(format!("snapshot: {e}")),
+        },
+        Request::Rollback { snapshot } => match sh.switch(cache, Op::Rollback { snapshot }).await {
+            Ok(done) => Response::Ok(Reply::Rollback(done)),
+            Err(e) => Response::Error(format!("rollback: {e}")),
+        },
     }
 }

@@ -234,7 +234,9 @@ impl Hosts {
         let dir = self.c.dir.path().join(name);
         let log = self.c.dir.path().join(format!("sheepfs-{name}.log"));
         let mut cmd = self.net.command(ns, SHEEPFS);
-        cmd.arg("--cluster").arg(self.c.addresses());
+        testkit::auth::with_key(&mut cmd)
+            .arg("--cluster")
+            .arg(self.c.addresses());
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let spawn = move |dir: &Path| {
             cmd.arg(dir)
@@ -264,7 +266,10 @@ impl Hosts {
     /// dog in namespace `ns` against `addr`, `data` on its stdin.
     fn dog_in(&self, ns: usize, addr: &str, args: &[&str], data: &[u8]) -> Output {
         let mut cmd = self.net.command(ns, &self.c.bins.dog);
-        cmd.arg("--address").arg(addr).args(args);
+        cmd.env(testkit::auth::KEY_ENV, self.c.key_file())
+            .arg("--address")
+            .arg(addr)
+            .args(args);
         testkit::die_with_parent(&mut cmd, libc::SIGKILL);
         testkit::output_with_stdin(cmd, data)
     }

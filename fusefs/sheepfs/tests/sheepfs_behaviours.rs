@@ -162,7 +162,7 @@ fn a_second_sheepfs_on_one_cache_directory_is_refused() {
         }
     }
     let _guard = Detach(&mnt);
-    let out = Command::new(SHEEPFS)
+    let out = testkit::auth::with_key(&mut Command::new(SHEEPFS))
         .arg("--cluster")
         .arg(rig.cluster.addr(0))
         .arg(&mnt)

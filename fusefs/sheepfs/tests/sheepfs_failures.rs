@@ -77,7 +77,10 @@ fn unreachable_cluster_gives_eio_in_bounded_time() {
 fn bad_mounts_fail_clearly_and_nothing_hangs() {
     let rig = Rig::start(1, 1, "1M", &[]);
     let sheepfs = |args: &[&str]| {
-        let out = Command::new(SHEEPFS).args(args).output().unwrap();
+        let out = testkit::auth::with_key(&mut Command::new(SHEEPFS))
+            .args(args)
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "sheepfs {args:?} should fail");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
@@ -151,7 +154,7 @@ fn background_mode_returns_when_ready_and_sigterm_unmounts() {
     std::fs::create_dir_all(&mnt).unwrap();
     let mnt = mnt.canonicalize().unwrap();
     let log = cluster.dir.path().join("bg.log");
-    let status = Command::new(SHEEPFS)
+    let status = testkit::auth::with_key(&mut Command::new(SHEEPFS))
         .arg("--cluster")
         .arg(cluster.addr(0))
         .arg(&mnt)

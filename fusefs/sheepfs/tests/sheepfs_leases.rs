@@ -10,7 +10,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{cache_args, open_rw, strs, Rig, SHEEPFS};
-use objstore_client::client::ClientOptions;
 use objstore_client::{lock, Client};
 use serde_json::Value;
 use testkit::cluster::Cluster;
@@ -200,7 +199,7 @@ fn a_mount_cut_off_past_its_ttl_stops_writing_once_another_host_attached() {
         .unwrap();
     let addr = rig.cluster.addr(1).parse().unwrap();
     let client = rt
-        .block_on(Client::connect(&[addr], ClientOptions::default()))
+        .block_on(Client::connect(&[addr], testkit::auth::client_options()))
         .unwrap();
     let frozen = testkit::pause::Paused::stop(rig.mount.pid()).unwrap();
     wait_until(

@@ -28,11 +28,11 @@ use tokio::time::Instant;
 use crate::conn::{ConnError, Pool};
 use crate::transport::{Tcp, Transport};
 use objstore_proto::api::{FormatRequest, NodeStatus};
+use objstore_proto::auth::KeyFile;
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
-use objstore_proto::placement::Ring;
 use objstore_proto::version::{ObjState, Version};
-use objstore_proto::view::{ClusterConfig, ClusterInfo};
+use objstore_proto::view::ClusterInfo;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const ORDER_SHARDS: usize = 1024;
@@ -68,6 +68,9 @@ pub struct ClientOptions {
     pub timeout: Duration,
     /// How long one request to one node may wait for its answer.
     pub request_timeout: Duration,
+    /// The cluster key file: every TCP connection opens with its handshake (None: no
+    /// handshake, for nodes run with `--no-auth`). Unused over an in-memory transport.
+    pub key: Option<Arc<KeyFile>>,
 }
 
 impl Default for ClientOptions {
@@ -75,6 +78,7 @@ impl Default for ClientOptions {
         ClientOptions {
             timeout: DEFAULT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            key: None,
         }
     }
 }
@@ -104,6 +108,14 @@ pub enum ClientError {
     Conflict,
     #[error("unreadable answer from {addr}: {reason}")]
     BadReply { addr: SocketAddr, reason: String },
+    /// A key refused (`Unauthenticated`) or a node's limit reached (`LimitReached`): not
+    /// retried. The message names the node and why.
+    #[error("{message}")]
+    Denied {
+        addr: SocketAddr,
+        code: ResultCode,
+        message: String,
+    },
 }
 
 /// One attempt's outcome.
@@ -125,15 +137,25 @@ enum Answer {
 fn answer(addr: SocketAddr, res: Result<Frame, ConnError>) -> Answer {
     let f = match res {
         Ok(f) => f,
-        Err(e) => return Answer::Retry(e.to_string()),
+        Err(e) => {
+            return match refusal::refused(e) {
+                Ok(denied) => Answer::Fatal(denied),
+                Err(e) => Answer::Retry(e.to_string()),
+            }
+        }
     };
+    if let Some(e) = refusal::denied(addr, &f) {
+        return Answer::Fatal(e);
+    }
     match f.header.result_code() {
         ResultCode::Ok => Answer::Ok(f),
         ResultCode::NotFound => Answer::NotFound,
         ResultCode::StaleEpoch
         | ResultCode::NodeBehind
         | ResultCode::Busy
-        | ResultCode::ShuttingDown => Answer::Retry(format!("{addr}: {}", f.message())),
+        | ResultCode::ShuttingDown
+        // A fenced node left (or is leaving) the cluster: the next view places it elsewhere.
+        | ResultCode::Fenced => Answer::Retry(format!("{addr}: {}", f.message())),
         ResultCode::NotFormatted => Answer::Fatal(ClientError::NotFormatted),
         ResultCode::NoSpace => Answer::Fatal(ClientError::NoSpace(addr)),
         ResultCode::AlreadyFormatted => Answer::Fatal(ClientError::AlreadyFormatted(f.message())),
@@ -155,40 +177,6 @@ fn targets<T>(v: &ClusterView, oid: ObjectId) -> Result<Vec<SocketAddr>, Step<T>
     }
 }
 
-/// The cluster as this client last saw it.
-pub struct ClusterView {
-    pub info: ClusterInfo,
-    pub ring: Ring,
-}
-
-impl ClusterView {
-    fn new(info: ClusterInfo) -> Arc<ClusterView> {
-        Arc::new(ClusterView {
-            ring: Ring::new(&info.view.nodes),
-            info,
-        })
-    }
-
-    pub fn epoch(&self) -> u32 {
-        self.info.view.epoch
-    }
-
-    pub fn config(&self) -> Result<ClusterConfig, ClientError> {
-        self.info.config.ok_or(ClientError::NotFormatted)
-    }
-
-    /// Addresses of the replicas of `oid`, primary first.
-    pub fn replicas(&self, oid: ObjectId) -> Result<Vec<SocketAddr>, ClientError> {
-        let copies = self.config()?.copies as usize;
-        Ok(self
-            .ring
-            .replicas(oid, copies)
-            .iter()
-            .map(|n| n.addr)
-            .collect())
-    }
-}
-
 pub struct Client {
     bootstrap: Vec<SocketAddr>,
     opts: ClientOptions,
@@ -206,7 +194,8 @@ pub struct Client {
 impl Client {
     /// Connects to the cluster through any of `addrs`.
     pub async fn connect(addrs: &[SocketAddr], opts: ClientOptions) -> Result<Client, ClientError> {
-        Client::connect_via(Arc::new(Tcp), addrs, opts).await
+        let tcp = Tcp::with_key(opts.key.clone());
+        Client::connect_via(Arc::new(tcp), addrs, opts).await
     }
 
     /// Like [`Client::connect`], over `transport` (an in-memory network in tests).
@@ -237,6 +226,11 @@ impl Client {
         self.view.read().unwrap().clone()
     }
 
+    /// The addresses the client was given to start from.
+    pub fn bootstrap(&self) -> &[SocketAddr] {
+        &self.bootstrap
+    }
+
     pub fn options(&self) -> &ClientOptions {
         &self.opts
     }
@@ -245,6 +239,10 @@ impl Client {
     pub async fn refresh(&self) -> Result<Arc<ClusterView>, ClientError> {
         let (addr, f) = self.any_node(Opcode::ClusterInfo, Bytes::new()).await?;
         let info: ClusterInfo = parse(addr, &f.payload)?;
+        info.check().map_err(|e| ClientError::BadReply {
+            addr,
+            reason: format!("its cluster description is not valid: {e}"),
+        })?;
         let mut cur = self.view.write().unwrap();
         if info.view.epoch >= cur.info.view.epoch {
             *cur = ClusterView::new(info);
@@ -316,14 +314,31 @@ impl Client {
         }
         let addrs = self.suspects_last(addrs);
         let mut last = String::from("no address to try");
+        let mut denial = None;
         for &addr in &addrs {
             match self
                 .call(addr, Header::request(op, 0, 0), payload.clone())
                 .await
             {
-                Ok(f) => return Ok((addr, f)),
-                Err(e) => last = e.to_string(),
+                Ok(f) => match refusal::denied(addr, &f) {
+                    Some(e) => {
+                        last = e.to_string();
+                        denial = Some(e);
+                    }
+                    None => return Ok((addr, f)),
+                },
+                Err(e) => match refusal::refused(e) {
+                    Ok(e) => {
+                        last = e.to_string();
+                        denial = Some(e);
+                    }
+                    Err(e) => last = e.to_string(),
+                },
             }
+        }
+        // Every node failed and one refused us: that is the answer, not an outage.
+        if let Some(e) = denial {
+            return Err(e);
         }
         Err(ClientError::Unreachable {
             addrs: addrs
@@ -365,98 +380,6 @@ impl Client {
     fn order_lock(&self, oid: ObjectId) -> &tokio::sync::Mutex<()> {
         let h = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         &self.order[(h >> 32) as usize % ORDER_SHARDS]
-    }
-
-    /// Sends a change of `oid` to its primary, which orders it and applies it on every owner.
-    ///
-    /// The change carries the version this client last saw the object at (8 bytes before the
-    /// data; 0: none seen), and the primary applies it only if the object is still at that
-    /// version (0: the primary has no copy). So an attempt this client gave up on (no answer
-    /// in time) that reaches the primary later, after a newer change, is refused instead of
-    /// applied over it. When the object changed otherwise (another writer, an attempt that
-    /// did land), the primary says at which version it is and the client tries again from
-    /// there: at once the first time it sees the object, after the usual backoff otherwise.
-    async fn to_primary(&self, v: &ClusterView, h: Header, payload: Bytes) -> Step<()> {
-        let oid = ObjectId(h.oid);
-        let primary = match targets(v, oid) {
-            Ok(t) => t[0],
-            Err(step) => return step,
-        };
-        let mut h = h;
-        h.epoch = v.epoch();
-        let mut expected = self
-            .versions
-            .lock()
-            .unwrap()
-            .get(&oid)
-            .copied()
-            .unwrap_or_default();
-        let mut first_sight = expected == Version::NONE;
-        let res = loop {
-            let prefix = Bytes::copy_from_slice(&expected.0.to_be_bytes());
-            let res = self
-                .call_with_prefix(primary, h, prefix, payload.clone())
-                .await;
-            if let Ok(f) = &res {
-                match f.header.result_code() {
-                    ResultCode::Ok => {
-                        self.versions
-                            .lock()
-                            .unwrap()
-                            .insert(oid, Version(f.header.offset));
-                    }
-                    ResultCode::Conflict => {
-                        let now = Version(f.header.offset);
-                        self.versions.lock().unwrap().insert(oid, now);
-                        if first_sight {
-                            // This client had seen no version: now it has, try again at once.
-                            first_sight = false;
-                            expected = now;
-                            continue;
-                        }
-                        return Step::Retry(format!(
-                            "{primary}: object {oid} is at {now:?}, not at {expected:?} as this client last changed it"
-                        ));
-                    }
-                    _ => {}
-                }
-            }
-            break res;
-        };
-        match answer(primary, res) {
-            Answer::Ok(_) => Step::Done(()),
-            Answer::NotFound => Step::Fatal(ClientError::NotFound(ObjectId(h.oid))),
-            Answer::Retry(why) => Step::Retry(why),
-            Answer::Fatal(e) => Step::Fatal(e),
-        }
-    }
-
-    /// Writes `data` at `offset` of object `oid` on every replica.
-    pub async fn write_obj(
-        &self,
-        oid: ObjectId,
-        offset: u64,
-        data: Bytes,
-    ) -> Result<(), ClientError> {
-        let _order = self.order_lock(oid).lock().await;
-        let mut h = Header::request(Opcode::WriteObj, 0, 0);
-        h.oid = oid.0;
-        h.offset = offset;
-        h.length = data.len() as u32;
-        self.retry(|v| {
-            let data = data.clone();
-            async move { self.to_primary(&v, h, data).await }
-        })
-        .await
-    }
-
-    /// Removes object `oid` from every replica (each keeps a tombstone at a new version).
-    pub async fn remove_obj(&self, oid: ObjectId) -> Result<(), ClientError> {
-        let _order = self.order_lock(oid).lock().await;
-        let mut h = Header::request(Opcode::RemoveObj, 0, 0);
-        h.oid = oid.0;
-        self.retry(|v| async move { self.to_primary(&v, h, Bytes::new()).await })
-            .await
     }
 
     /// Reads `len` bytes at `offset` of object `oid` from the first replica that answers: any
@@ -567,7 +490,24 @@ impl Client {
     }
 
     pub async fn node_status(&self, addr: SocketAddr) -> Result<NodeStatus, ClientError> {
-        let h = Header::request(Opcode::NodeStatus, 0, 0);
+        self.node_json(addr, Opcode::NodeStatus).await
+    }
+
+    /// Node `addr`'s status and counters (`NodeStat`).
+    pub async fn node_stats(
+        &self,
+        addr: SocketAddr,
+    ) -> Result<objstore_proto::api::NodeStats, ClientError> {
+        self.node_json(addr, Opcode::NodeStat).await
+    }
+
+    /// A request without a body to node `addr` that answers JSON.
+    async fn node_json<T: serde::de::DeserializeOwned>(
+        &self,
+        addr: SocketAddr,
+        op: Opcode,
+    ) -> Result<T, ClientError> {
+        let h = Header::request(op, 0, 0);
         match answer(addr, self.call(addr, h, Bytes::new()).await) {
             Answer::Ok(f) => parse(addr, &f.payload),
             Answer::Fatal(e) => Err(e),
@@ -624,7 +564,13 @@ impl Client {
     }
 }
 
+mod change;
+mod check;
 mod kv;
+mod refusal;
+mod view;
+
+pub use view::ClusterView;
 
 fn unreachable(addr: SocketAddr, reason: String) -> ClientError {
     ClientError::Unreachable {

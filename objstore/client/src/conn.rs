@@ -13,9 +13,9 @@ use thiserror::Error;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-use objstore_proto::frame::{read_frame_aligned, write_frame_parts, Frame, Header};
+use objstore_proto::frame::{read_frame_aligned, write_frame_parts, Frame, Header, ResultCode};
 
-use crate::transport::{Tcp, Transport, Writer};
+use crate::transport::{Refused, Tcp, Transport, Writer};
 
 #[derive(Debug, Error, Clone)]
 #[non_exhaustive]
@@ -28,6 +28,14 @@ pub enum ConnError {
     Timeout(SocketAddr, Duration),
     #[error("bad frame from {addr}: {reason}")]
     BadFrame { addr: SocketAddr, reason: String },
+    /// The handshake failed: a key refused (either way: `Unauthenticated`) or the node's
+    /// connection limit (`LimitReached`). Not worth retrying; the message says why.
+    #[error("{message}")]
+    Refused {
+        addr: SocketAddr,
+        code: ResultCode,
+        message: String,
+    },
 }
 
 /// Waiters by request id; ordered, so a broken connection wakes them in the order they asked
@@ -53,7 +61,7 @@ pub struct Conn {
 
 impl Conn {
     pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Conn, ConnError> {
-        Conn::connect_via(&Tcp, addr, timeout).await
+        Conn::connect_via(&Tcp::default(), addr, timeout).await
     }
 
     /// Opens a connection to `addr` through `transport`.
@@ -68,10 +76,19 @@ impl Conn {
                 addr,
                 reason: format!("timed out after {timeout:?}"),
             })?
-            .map_err(|e| ConnError::Connect {
-                addr,
-                reason: e.to_string(),
-            })?;
+            .map_err(
+                |e| match e.get_ref().and_then(|i| i.downcast_ref::<Refused>()) {
+                    Some(r) => ConnError::Refused {
+                        addr,
+                        code: r.code,
+                        message: r.message.clone(),
+                    },
+                    None => ConnError::Connect {
+                        addr,
+                        reason: e.to_string(),
+                    },
+                },
+            )?;
         let (tx, mut rx) = mpsc::unbounded_channel::<Outgoing>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
@@ -205,7 +222,7 @@ pub struct Pool {
 impl Default for Pool {
     /// Over TCP.
     fn default() -> Self {
-        Pool::new(Arc::new(Tcp))
+        Pool::new(Arc::new(Tcp::default()))
     }
 }
 
@@ -267,7 +284,7 @@ mod tests {
             if addr == self.cut {
                 Box::pin(std::future::pending())
             } else {
-                Tcp.connect(addr)
+                Tcp::default().connect(addr)
             }
         }
     }

@@ -60,6 +60,11 @@ pub struct LockInfo {
     /// The lease's TTL, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
+    /// The holder's control socket on `host` (a sheepfs with a cache: its `DIR/control.sock`),
+    /// where `dog vdi snapshot | rollback` ask it to do them. None: the holder takes no
+    /// requests (records older than this field, a mount without a cache, `dog vdi lock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<String>,
 }
 
 impl LockInfo {
@@ -222,13 +227,14 @@ pub async fn acquire(
     host: &str,
     ttl: Option<Duration>,
 ) -> Result<LockInfo, LockError> {
-    acquire_again(client, vdi, owner, host, ttl, None).await
+    acquire_again(client, vdi, owner, host, ttl, None, None).await
 }
 
 /// [`acquire`] by an owner that held the lock before with generation `resume` (a sheepfs
 /// killed, or cut off, for longer than its TTL): if the lock is free and nobody attached or
 /// wrote without it since (the counter still equals `resume`), the owner gets the lock back
-/// with that generation, so what it cached stays valid.
+/// with that generation, so what it cached stays valid. `control`: the holder's control
+/// socket, recorded in the lock ([`LockInfo::control`]).
 pub async fn acquire_again(
     client: &Client,
     vdi: &str,
@@ -236,6 +242,7 @@ pub async fn acquire_again(
     host: &str,
     ttl: Option<Duration>,
     resume: Option<u64>,
+    control: Option<&str>,
 ) -> Result<LockInfo, LockError> {
     validate_name(vdi)?;
     if client.kv_get(&keys::vdi(vdi)).await?.is_none() {
@@ -245,7 +252,7 @@ pub async fn acquire_again(
         Some(ttl) => Some((client.lease_grant(ttl).await?, ttl_secs(ttl))),
         None => None,
     };
-    let res = take(client, vdi, owner, host, &mut lease, resume).await;
+    let res = take(client, vdi, owner, host, &mut lease, resume, control).await;
     if let (Err(_), Some((id, _))) = (&res, lease) {
         let _ = client.lease_revoke(id).await;
     }
@@ -282,6 +289,7 @@ async fn take(
     host: &str,
     lease: &mut Option<(u64, u64)>,
     resume: Option<u64>,
+    control: Option<&str>,
 ) -> Result<LockInfo, LockError> {
     let key = keys::lock(vdi);
     loop {
@@ -290,13 +298,14 @@ async fn take(
             if cur.owner != owner {
                 return Err(held(cur));
             }
-            if cur.lease.is_none() && lease.is_none() {
+            if cur.lease.is_none() && lease.is_none() && cur.control.as_deref() == control {
                 return Ok(cur);
             }
             // Ours: moved onto the new lease (or made persistent), its old lease revoked.
             let info = LockInfo {
                 lease: lease.map(|l| l.0),
                 ttl_secs: lease.map(|l| l.1),
+                control: control.map(str::to_string),
                 ..cur.clone()
             };
             if put(client, &key, Some(&raw), &info).await? {
@@ -320,6 +329,7 @@ async fn take(
             gen,
             lease: lease.map(|l| l.0),
             ttl_secs: lease.map(|l| l.1),
+            control: control.map(str::to_string),
         };
         if put(client, &key, None, &info).await? {
             return Ok(info);
@@ -492,6 +502,7 @@ pub async fn break_lock(client: &Client, vdi: &str) -> Result<Option<LockInfo>, 
                     gen: 0,
                     lease: None,
                     ttl_secs: None,
+                    control: None,
                 }
             });
             return Ok(Some(info));
@@ -527,6 +538,7 @@ mod tests {
             gen: 3,
             lease: None,
             ttl_secs: None,
+            control: None,
         }
     }
 
@@ -554,6 +566,17 @@ mod tests {
         };
         assert_eq!(decode("disk0", &encode(&leased)).unwrap(), leased);
         assert!(leased.leased() && !i.leased());
+        assert!(!raw.contains("control"), "no socket, no field: {raw}");
+        let mount = LockInfo {
+            control: Some("/var/cache/sheepfs/control.sock".into()),
+            ..info()
+        };
+        assert_eq!(decode("disk0", &encode(&mount)).unwrap(), mount);
+        // A record written before the field existed still parses.
+        let old = r#"{"vdi":"disk0","owner":"cache-1","host":"hv1","since":1700000000,"gen":3,"lease":7,"ttl_secs":15}"#;
+        let parsed = decode("disk0", old).unwrap();
+        assert_eq!(parsed.control, None);
+        assert_eq!(parsed.lease, Some(7));
         let e = decode("disk0", "{not json").unwrap_err();
         assert!(matches!(e, LockError::Corrupt { .. }), "{e}");
         assert!(e.to_string().contains("dog vdi lock break disk0"), "{e}");

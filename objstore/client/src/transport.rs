@@ -8,16 +8,20 @@
 //!  node server ◄── Listener::accept() ◄── TcpListener | MemListener
 //! ```
 
+pub mod handshake;
 pub mod mem;
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
+pub use handshake::Refused;
 pub use mem::{ConnInfo, Delay, Link, MemListener, MemNetwork};
+use objstore_proto::auth::KeyFile;
 
 /// The reading half of a connection.
 pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
@@ -30,16 +34,31 @@ pub trait Transport: Send + Sync + 'static {
     fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>>;
 }
 
-/// TCP, with Nagle off.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Tcp;
+/// TCP, with Nagle off. With a key file, every connection opens with the cluster key's
+/// handshake ([`handshake`]); without one (`Tcp::default()`), it sends no handshake and talks
+/// only to nodes that run without a key (`sheep --no-auth`).
+#[derive(Debug, Default, Clone)]
+pub struct Tcp {
+    key: Option<Arc<KeyFile>>,
+}
+
+impl Tcp {
+    /// TCP whose connections prove they hold the keys of `key` (None: no handshake).
+    pub fn with_key(key: Option<Arc<KeyFile>>) -> Tcp {
+        Tcp { key }
+    }
+}
 
 impl Transport for Tcp {
     fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>> {
+        let key = self.key.clone();
         Box::pin(async move {
             let stream = TcpStream::connect(addr).await?;
             let _ = stream.set_nodelay(true);
-            let (rd, wr) = stream.into_split();
+            let (mut rd, mut wr) = stream.into_split();
+            if let Some(key) = key {
+                handshake::initiate(&mut rd, &mut wr, &key, addr).await?;
+            }
             Ok((Box::new(rd) as Reader, Box::new(wr) as Writer))
         })
     }

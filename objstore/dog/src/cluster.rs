@@ -11,7 +11,8 @@ use objstore_proto::keys;
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {
-    /// Format a new cluster (once): set the copy count and object size.
+    /// Format a new cluster (once): set the copy count and object size. With --key-file PATH
+    /// and no file at PATH, a new cluster key is written there first.
     Format {
         /// Copies of every object (on distinct nodes, in distinct zones where possible).
         #[arg(short, long)]
@@ -40,6 +41,17 @@ pub enum ClusterCmd {
         #[arg(long)]
         yes: bool,
     },
+    /// Check every copy of every object of every VDI and repair the bad ones.
+    ///
+    /// As `dog vdi check` for each VDI; an object shared by several VDIs is checked once.
+    /// Exits non-zero when an object has no good copy (unrecoverable) or a repair failed.
+    Check {
+        #[command(flatten)]
+        args: crate::check::CheckArgs,
+    },
+    /// Cluster key files (needs no running cluster).
+    #[command(subcommand)]
+    Key(crate::key::KeyCmd),
 }
 
 #[derive(Subcommand)]
@@ -48,6 +60,16 @@ pub enum NodeCmd {
     List,
     /// Show each node's recovery progress for the current epoch.
     Recovery,
+    /// A node's counters at a glance: requests, bytes and latency per operation, errors,
+    /// disk health, recovery (the same numbers `sheep --metrics` serves). ADDR: any node,
+    /// fenced ones included; default the first --address.
+    Stat {
+        /// The node to ask (HOST:PORT).
+        addr: Option<String>,
+    },
+    /// Show each node's background scrub (`sheep --scrub-rate`): its rate, the pass in
+    /// progress and the last one (copies verified, bytes read, bad copies found and repaired).
+    Scrub,
 }
 
 #[derive(Serialize)]
@@ -163,6 +185,33 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
             });
         }
         ClusterCmd::Recover { force, yes } => recover(ctx, force, yes).await?,
+        ClusterCmd::Check { args } => {
+            let mut targets = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for (name, _) in objstore_client::vdi::list_names(&ctx.client).await? {
+                match objstore_client::vdi::check::targets(&ctx.client, &name).await {
+                    Ok(t) => targets.extend(t.into_iter().filter(|t| seen.insert(t.oid))),
+                    // Deleted while we listed.
+                    Err(objstore_client::VdiError::NotFound(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // Deleted snapshots kept for others: their inodes (their objects that others
+            // read are among those VDIs' targets).
+            for (vid, rec) in objstore_client::vdi::space::hidden(&ctx.client).await? {
+                let oid = objstore_proto::oid::ObjectId::inode(vid);
+                if seen.insert(oid) {
+                    targets.push(objstore_client::vdi::check::Target {
+                        vdi: format!("{} (deleted, kept for others)", rec.name),
+                        index: None,
+                        oid,
+                    });
+                }
+            }
+            crate::check::run(ctx, targets, args).await?;
+        }
+        // Run before connecting, in main.
+        ClusterCmd::Key(_) => unreachable!("key commands need no connection"),
     }
     Ok(())
 }
@@ -218,24 +267,16 @@ async fn recover(ctx: &Ctx, force: bool, yes: bool) -> anyhow::Result<()> {
     let v = ctx.client.refresh().await?;
     let w = waiting(ctx, &v).await;
     let epoch = v.epoch();
-    if !yes {
-        use std::io::{BufRead, IsTerminal, Write};
-        if !std::io::stdin().is_terminal() {
-            anyhow::bail!("refusing to force recovery without confirmation: add --yes");
-        }
-        eprint!(
-            "{} object(s) wait for {} (they may hold writes of epoch {}). Forcing recovery makes the nodes up serve what they have: those writes are lost if the nodes never come back. Type 'yes' to go on: ",
+    crate::snap::confirm(
+        yes,
+        &format!(
+            "{} object(s) wait for {} (they may hold writes of epoch {}). Forcing recovery makes the nodes up serve what they have: those writes are lost if the nodes never come back.",
             w.objects,
             if w.nodes.is_empty() { "no node".to_string() } else { list_addrs(&w.nodes) },
             w.epoch
-        );
-        std::io::stderr().flush()?;
-        let mut line = String::new();
-        std::io::stdin().lock().read_line(&mut line)?;
-        if line.trim() != "yes" {
-            anyhow::bail!("not confirmed: nothing changed");
-        }
-    }
+        ),
+    )
+    .map_err(|e| anyhow::anyhow!("forced recovery: {e}"))?;
     let cur = ctx.client.kv_get(keys::FORCED).await?;
     if !ctx
         .client
@@ -303,18 +344,22 @@ fn lease_left(ms: Option<i64>) -> String {
 }
 
 pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
+    if let NodeCmd::Stat { addr } = &cmd {
+        return crate::stat::node_stat(ctx, addr.as_deref()).await;
+    }
     let rows = node_rows(ctx).await?;
     match cmd {
+        NodeCmd::Stat { .. } => unreachable!("answered above"),
         NodeCmd::List => ctx.print(&rows, || {
             let mut s = format!(
-                "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8}\n",
-                "Id", "Address", "Zone", "VNodes", "Objects", "Disk", "Free", "Lease"
+                "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8} {:<12} {}\n",
+                "Id", "Address", "Zone", "VNodes", "Objects", "Disk", "Free", "Lease", "Health", "Last scrub"
             );
             for r in &rows {
                 match &r.status {
                     Some(st) => {
                         s += &format!(
-                            "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8}\n",
+                            "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8} {:<12} {}\n",
                             r.id,
                             r.addr,
                             r.zone,
@@ -322,7 +367,9 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
                             st.objects,
                             format_size(st.disk_total),
                             format_size(st.disk_free),
-                            lease_left(st.lease_left_ms)
+                            lease_left(st.lease_left_ms),
+                            crate::stat::health_word(&st.health),
+                            crate::check::last_scrub(&st.scrub)
                         )
                     }
                     None => {
@@ -379,6 +426,19 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
                             );
                         }
                     }
+                    None => s += &format!("{:<22} unreachable\n", r.addr),
+                }
+            }
+            s
+        }),
+        NodeCmd::Scrub => ctx.print(&rows, || {
+            let mut s = format!(
+                "{:<22} {:>12} {:<8} {:>7} {}\n",
+                "Address", "Rate", "State", "Passes", "Last scrub"
+            );
+            for r in &rows {
+                match &r.status {
+                    Some(st) => s += &crate::check::scrub_text(r.addr, &st.scrub),
                     None => s += &format!("{:<22} unreachable\n", r.addr),
                 }
             }

@@ -1,9 +1,16 @@
 //! `dog`: the cluster administration tool, shaped after Sheepdog's.
 
+mod backup;
+mod check;
 mod cluster;
+mod key;
+mod mount;
+mod snap;
+mod stat;
 mod vdi;
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use objstore_client::{Client, ClientOptions};
+use objstore_proto::auth::KeyFile;
 use objstore_proto::size::parse_size;
 
 /// Administer a sheep cluster: format it, list nodes and recovery, manage VDIs.
@@ -37,6 +45,10 @@ struct Args {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// The cluster key file the nodes were given (every connection proves it holds the key).
+    /// With 'cluster format', a missing file is created with a new key.
+    #[arg(long, global = true, env = "SHEEP_KEY_FILE")]
+    key_file: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -98,6 +110,13 @@ impl Ctx {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
+    let cmd = match args.cmd {
+        Cmd::Cluster(cluster::ClusterCmd::Key(k)) => return key::key(k, args.json),
+        cmd => cmd,
+    };
+    if let (Cmd::Cluster(cluster::ClusterCmd::Format { .. }), Some(path)) = (&cmd, &args.key_file) {
+        key::create_for_format(path)?;
+    }
     let addrs = addresses(&args.address)?;
     if args.request_timeout.is_zero() {
         bail!("--request-timeout must be more than 0");
@@ -108,13 +127,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         request_timeout: args
             .request_timeout
             .min(args.timeout.max(Duration::from_millis(1))),
+        key: args.key_file.map(|p| Arc::new(KeyFile::new(p))),
     };
     let client = Arc::new(Client::connect(&addrs, opts).await?);
     let ctx = Ctx {
         client,
         json: args.json,
     };
-    match args.cmd {
+    match cmd {
         Cmd::Cluster(c) => cluster::cluster(&ctx, c).await,
         Cmd::Node(c) => cluster::node(&ctx, c).await,
         Cmd::Vdi(c) => vdi::vdi(&ctx, c).await,

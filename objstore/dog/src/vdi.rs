@@ -9,7 +9,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use objstore_client::client::ClusterView;
 use objstore_client::lock::{self, LockInfo};
-use objstore_client::vdi::{self, VdiInfo, PARALLEL};
+use objstore_client::vdi::{self, PARALLEL};
 use objstore_client::{Client, Vdi};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::size::format_size;
@@ -27,17 +27,67 @@ pub enum VdiCmd {
         #[arg(value_parser = size_arg)]
         size: u64,
     },
-    /// List every VDI.
+    /// List every VDI and its snapshots (s) and clones (c). Used: bytes it alone holds (what
+    /// deleting it frees); Shared: bytes it reads that others hold too.
     List,
-    /// Show one VDI.
+    /// Show one VDI or snapshot (NAME@TAG).
     Info { name: String },
-    /// Delete a VDI and all its objects.
+    /// Delete a VDI and all its objects (its snapshots stay), or a snapshot NAME@TAG (refused
+    /// while clones were made from it). Objects nothing reads any more are freed.
     Delete { name: String },
+    /// Take a read-only snapshot NAME@TAG of a VDI; no data is copied. A VDI attached by a
+    /// mount on this host is snapshotted by that mount (asked over its control socket: it
+    /// flushes its cache first); attached on another host, refused (run `cachectl snapshot`
+    /// there).
+    Snapshot {
+        name: String,
+        /// The snapshot's tag (default: the UTC time, e.g. 2026-12-02-05-00-00).
+        #[arg(short = 's', long)]
+        tag: Option<String>,
+    },
+    /// Make VDI NEW from snapshot NAME@TAG; it shares the snapshot's objects until written.
+    Clone { snapshot: String, new: String },
+    /// Roll VDI NAME back to its snapshot NAME@TAG, discarding what was written since. A VDI
+    /// attached by a mount on this host is rolled back by that mount (it drops what it
+    /// cached, unpushed writes too); attached on another host, refused.
+    Rollback {
+        snapshot: String,
+        /// Do not ask for confirmation (for scripts).
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Show every VDI under the snapshot it was made from (snapshots, clones, deleted
+    /// snapshots kept for others).
+    Tree,
+    /// Free the objects of deleted snapshots that nothing reads any more (delete does it too;
+    /// this retries what a failed delete left).
+    Gc,
     /// Grow a VDI (shrinking is refused).
     Resize {
         name: String,
         #[arg(value_parser = size_arg)]
         size: u64,
+    },
+    /// Write a snapshot to stdout as a delta (docs/backup.md): with FROM, only what changed
+    /// since snapshot FROM of the same VDI (objects whose map entry differs, cut to the 4 KiB
+    /// blocks that differ); without, all of TO (holes and zero blocks left out). Progress and
+    /// a summary go to stderr (the summary as JSON with --json). Refused onto a terminal.
+    Backup {
+        /// NAME@TO, or NAME@FROM then NAME@TO.
+        #[arg(value_name = "[NAME@FROM] NAME@TO")]
+        first: String,
+        #[arg(hide = true)]
+        second: Option<String>,
+    },
+    /// Apply a delta from stdin to VDI NAME, then take snapshot NAME@TO. A full delta creates
+    /// NAME (or fills an empty one); an incremental one applies onto NAME only while it still
+    /// equals NAME@FROM. Refused while NAME is attached.
+    Restore {
+        name: String,
+        /// Restore a full delta over a VDI holding data (all of it is replaced), or an
+        /// incremental one onto NAME as it is (without NAME@FROM, or changed since).
+        #[arg(long)]
+        force: bool,
     },
     /// Copy VDI contents to stdout (default: the whole VDI).
     Read {
@@ -68,6 +118,18 @@ pub enum VdiCmd {
     /// Attachment locks: who has a VDI attached read-write.
     #[command(subcommand)]
     Lock(LockCmd),
+    /// Check every copy of every object of a VDI and repair the bad ones.
+    ///
+    /// Every owner of the VDI's inode and of each allocated object reads its copy back and
+    /// hashes it; the newest version wins and, at one version, a
+    /// copy that fails to read or whose digest is in a minority is bad. Bad copies are
+    /// restored from a good one. Prints a summary; exits non-zero when an object has no good
+    /// copy (unrecoverable) or a repair failed.
+    Check {
+        name: String,
+        #[command(flatten)]
+        args: crate::check::CheckArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -103,7 +165,7 @@ pub enum LockCmd {
     },
 }
 
-fn progress(total: u64, what: &str) -> ProgressBar {
+pub(crate) fn progress(total: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     pb.set_style(
         ProgressStyle::with_template(
@@ -114,25 +176,6 @@ fn progress(total: u64, what: &str) -> ProgressBar {
     );
     pb.set_message(what.to_string());
     pb
-}
-
-fn table(list: &[VdiInfo]) -> String {
-    let mut s = format!(
-        "{:<24} {:>8} {:>11} {:>11} {:>6} {:>11}\n",
-        "Name", "Id", "Size", "Used", "Copies", "Object"
-    );
-    for v in list {
-        s += &format!(
-            "{:<24} {:>8x} {:>11} {:>11} {:>6} {:>11}\n",
-            v.name,
-            v.vid,
-            format_size(v.size),
-            format_size(v.used),
-            v.copies,
-            format_size(v.object_size as u64)
-        );
-    }
-    s
 }
 
 /// A lease TTL: a human duration (e.g. 15s), 1 s to 1 day, rounded up to whole seconds.
@@ -295,6 +338,10 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
     let client = &ctx.client;
     match cmd {
         VdiCmd::Lock(c) => return lock_cmd(ctx, c).await,
+        VdiCmd::Check { name, args } => {
+            let targets = vdi::check::targets(client, &name).await?;
+            return crate::check::run(ctx, targets, args).await;
+        }
         VdiCmd::Create { name, size } => {
             let info = vdi::create(client, &name, size).await?;
             ctx.print(&info, || {
@@ -307,16 +354,32 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
         }
         VdiCmd::List => {
             let list = vdi::list(client).await?;
-            ctx.print(&list, || table(&list));
+            ctx.print(&list, || crate::snap::table(&list));
         }
+        VdiCmd::Snapshot { name, tag } => {
+            return crate::snap::snapshot(ctx, &name, tag.as_deref()).await
+        }
+        VdiCmd::Clone { snapshot, new } => return crate::snap::clone(ctx, &snapshot, &new).await,
+        VdiCmd::Rollback { snapshot, yes } => {
+            return crate::snap::rollback(ctx, &snapshot, yes).await
+        }
+        VdiCmd::Tree => return crate::snap::tree(ctx).await,
+        VdiCmd::Backup { first, second } => {
+            return crate::backup::backup(ctx, &first, second.as_deref()).await
+        }
+        VdiCmd::Restore { name, force } => return crate::backup::restore(ctx, &name, force).await,
+        VdiCmd::Gc => return crate::snap::gc(ctx).await,
         VdiCmd::Info { name } => {
             let info = Vdi::open(client.clone(), &name).await?.info();
             ctx.print(&info, || {
-                table(std::slice::from_ref(&info))
+                crate::snap::table(std::slice::from_ref(&info))
                     + &format!("{} of {} objects allocated\n", info.allocated_objects, {
                         info.size.div_ceil(info.object_size as u64)
                     })
             });
+        }
+        VdiCmd::Delete { name } if name.contains('@') => {
+            return crate::snap::delete_snapshot(ctx, &name).await
         }
         VdiCmd::Delete { name } => {
             vdi::delete(client, &name).await?;
@@ -350,6 +413,10 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
             len,
             force,
         } => {
+            if name.contains('@') {
+                vdi::split_snapshot(&name)?;
+                bail!("{}", vdi::VdiError::ReadOnly(name));
+            }
             if !force {
                 if let Err(e) = vdi::check_not_attached(client, &name).await {
                     bail!("{e}; --force writes behind that cache (it will not see this write)");

@@ -2,7 +2,6 @@
 //! formatting twice, an unformatted cluster. Each gets a clear error; nodes keep serving.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
@@ -20,10 +19,10 @@ fn valid_header() -> [u8; HEADER_LEN] {
     Header::request(Opcode::ClusterInfo, 1, 0).encode()
 }
 
-/// Sends `bytes` (then half-closes if `shutdown`) and checks the node closes the connection
-/// without answering.
+/// Sends `bytes` on a connection that passed the key's handshake (then half-closes if
+/// `shutdown`) and checks the node closes the connection without answering.
 fn send_bad(addr: &str, bytes: &[u8], shutdown: bool) {
-    let mut s = TcpStream::connect(addr).expect("connect");
+    let mut s = testkit::auth::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(bytes).expect("send");
     if shutdown {
@@ -45,7 +44,7 @@ fn malformed_frames_close_only_their_connection() {
     let addr = c.addr(0);
 
     // A healthy connection opened before the attacks must keep working after them.
-    let mut keep = TcpStream::connect(&addr).unwrap();
+    let mut keep = testkit::auth::connect(&addr).unwrap();
 
     let mut bad_magic = valid_header();
     bad_magic[0] = 0xde;
@@ -245,10 +244,8 @@ fn bad_names_sizes_ranges_and_formats() {
         &["cluster", "info", "--json"],
         &["vdi", "read", "ok"],
     ] {
-        let mut child = std::process::Command::new(&bins().dog)
-            .arg("--address")
-            .arg(c.addr(0))
-            .args(args)
+        let mut child = c
+            .dog_command(args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -280,7 +277,8 @@ fn foreign_data_dir_is_refused() {
     // Start a node of cluster B on node 0's directory of cluster A... after stopping A's node.
     let mut a = a;
     a.kill9(0);
-    let out = std::process::Command::new(Bins::fresh().sheep)
+    let mut cmd = std::process::Command::new(Bins::fresh().sheep);
+    let out = testkit::auth::with_key(&mut cmd)
         .arg("--dir")
         .arg(a.node_dir(0))
         .arg("--listen")

@@ -39,6 +39,7 @@ fn partial_write_to_a_lost_object_keeps_its_data() {
     let t = std::time::Instant::now();
     let mut writer = KillOnDrop(Some(
         std::process::Command::new(&c.bins.dog)
+            .env(testkit::auth::KEY_ENV, c.key_file())
             .args(["--address", &c.addr(live_node(&c)), "--timeout", "60"])
             .args(["vdi", "write", "v", &at.to_string()])
             .stdin(std::process::Stdio::piped())

@@ -138,10 +138,11 @@ fn fewer_nodes_than_copies_is_degraded_but_writable() {
 }
 
 /// The replica check can fail: one byte flipped in one node's copy (while the node is stopped,
-/// so nothing the cluster does explains it) is reported, naming that object and that node.
+/// so nothing the cluster does explains it) is reported, naming that object and that node. The
+/// nodes run without the background scrub, which would repair the copy before the check.
 #[test]
 fn replica_check_names_a_corrupted_copy() {
-    let mut c = Cluster::start(&bins(), 3);
+    let mut c = Cluster::start_with_args(&bins(), vec![vec!["--scrub-rate".into(), "0".into()]; 3]);
     c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
     c.dog_ok(&["vdi", "create", "v", "8M"]);
     c.write_vdi("v", 0, &pseudo_random(4 << 20, 11));
@@ -159,7 +160,7 @@ fn replica_check_names_a_corrupted_copy() {
     c.kill9(target);
     let path = replicas::copy_path(&c, &addr, &oid).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[4096] ^= 0x5a;
+    bytes[replicas::OBJECT_HEADER_LEN as usize + 4096] ^= 0x5a;
     std::fs::write(&path, &bytes).unwrap();
     c.start_node(target);
     c.wait_members(3);

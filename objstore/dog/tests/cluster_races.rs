@@ -14,6 +14,7 @@ fn race(c: &Cluster, argv: impl Fn(usize) -> Vec<String>) -> Vec<Output> {
     let children: Vec<Child> = (0..RACERS)
         .map(|k| {
             Command::new(&c.bins.dog)
+                .env(testkit::auth::KEY_ENV, c.key_file())
                 .arg("--address")
                 .arg(c.addr(k % c.nodes.len()))
                 .args(argv(k))

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use objstore_client::client::{Client, ClientOptions};
+use objstore_client::client::Client;
 use objstore_client::vdi::Vdi;
 use testkit::cluster::{Bins, Cluster};
 
@@ -22,7 +22,7 @@ fn refreshes_during_allocating_writes_lose_no_mapping() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let addr = c.addr(0).parse().unwrap();
-        let client = Client::connect(&[addr], ClientOptions::default())
+        let client = Client::connect(&[addr], testkit::auth::client_options())
             .await
             .unwrap();
         let v = Arc::new(Vdi::open(Arc::new(client), "r").await.unwrap());

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use objstore_client::transport::MemNetwork;
 use objstore_client::{Client, ClientError, ClientOptions};
 
+use crate::health::HealthOptions;
 use crate::node::{NodeError, NodeOptions, NodeParts, Running};
 use crate::store::MemStore;
 use crate::Node;
@@ -32,6 +33,9 @@ pub struct MemCluster {
     pub net: MemNetwork,
     nodes: Vec<MemNode>,
     state: PathBuf,
+    /// Every node's fencing (never fenced unless the cluster was started with
+    /// [`MemCluster::start_with_health`]).
+    health: HealthOptions,
     _dir: tempfile::TempDir,
 }
 
@@ -39,6 +43,11 @@ impl MemCluster {
     /// Starts `n` nodes and waits until each sees all `n` as members. Call from a thread that
     /// is not inside a tokio runtime (a plain `#[test]`).
     pub fn start(n: usize) -> Result<MemCluster, NodeError> {
+        MemCluster::start_with_health(n, HealthOptions::never_fenced())
+    }
+
+    /// [`MemCluster::start`] with nodes that fence themselves as `health` says.
+    pub fn start_with_health(n: usize, health: HealthOptions) -> Result<MemCluster, NodeError> {
         let dir = tempfile::tempdir().map_err(|source| NodeError::Io {
             dir: std::env::temp_dir(),
             op: "create a temporary directory",
@@ -55,6 +64,7 @@ impl MemCluster {
                 })
                 .collect(),
             state: dir.path().join("state"),
+            health,
             _dir: dir,
         };
         for i in 0..n {
@@ -67,6 +77,22 @@ impl MemCluster {
     /// Node `i`'s address on the in-memory network.
     pub fn addr(&self, i: usize) -> SocketAddr {
         self.nodes[i].addr
+    }
+
+    /// The owners of `oid` in node `from`'s view (`copies` of them), primary first, as node
+    /// indexes.
+    pub fn owners(
+        &self,
+        from: usize,
+        oid: objstore_proto::oid::ObjectId,
+        copies: usize,
+    ) -> Vec<usize> {
+        let ep = self.node(from).expect("node is up").epoch();
+        ep.ring
+            .replicas(oid, copies)
+            .iter()
+            .filter_map(|o| self.nodes.iter().position(|n| n.addr == o.addr))
+            .collect()
     }
 
     /// Every node's address.
@@ -110,6 +136,9 @@ impl MemCluster {
             vnodes: 128,
             pull_delay: std::time::Duration::ZERO,
             driver_opts: Default::default(),
+            health: self.health,
+            scrub: Default::default(),
+            access: Default::default(),
         };
         let parts = NodeParts {
             store: Some(n.store.clone()),

@@ -166,7 +166,7 @@ proptest! {
         let status = rig.rt.block_on(rig.client.node_status(rig.cluster.addr(0)));
         prop_assert!(status.is_ok(), "{:?}: node status after it: {:?}", op, status.err());
         let touched = h.oid == known().0
-            && matches!(op, Opcode::WriteObj | Opcode::RemoveObj | Opcode::PeerWrite | Opcode::PeerPut);
+            && matches!(op, Opcode::WriteObj | Opcode::CowWrite | Opcode::RemoveObj | Opcode::PeerWrite | Opcode::PeerPut);
         if touched {
             // Put it back for the next cases.
             let put = rig.rt.block_on(rig.client.write_obj(known(), 0, Bytes::from_static(b"keep me")));

@@ -389,6 +389,7 @@ fn a_recovery_listing_waits_for_the_previous_epochs_changes_in_flight() {
     let opts = ClientOptions {
         timeout: Duration::from_secs(20),
         request_timeout: Duration::from_secs(20),
+        ..ClientOptions::default()
     };
     let cl = Arc::new(rt.block_on(c.client(opts)).expect("client"));
     rt.block_on(cl.format(3, None, MIB)).unwrap();

@@ -62,6 +62,7 @@ opcodes! {
     RemoveObj = 0x03, Client;
     Flush = 0x04, Client;
     StatObj = 0x05, Client;
+    CowWrite = 0x06, Client;
     ClusterInfo = 0x10, Client;
     Format = 0x11, Client;
     KvGet = 0x12, Client;
@@ -72,6 +73,12 @@ opcodes! {
     LeaseKeepalive = 0x17, Client;
     LeaseRevoke = 0x18, Client;
     KvCasLeased = 0x19, Client;
+    NodeStat = 0x1a, Client;
+    CheckObj = 0x1b, Client;
+    RepairObj = 0x1c, Client;
+    // the handshake that opens every TCP connection (crate::auth)
+    AuthHello = 0x20, Client;
+    AuthProof = 0x21, Client;
     // node <-> node
     PeerList = 0x81, Peer;
     PeerRead = 0x82, Peer;
@@ -115,6 +122,18 @@ pub enum ResultCode {
     /// `PeerWrite`: the replica's copy is not at the write's base version; the primary sends
     /// the whole object instead (`PeerPut`).
     Diverged = 12,
+    /// The copy on this node failed its checksum: nothing of it is served, and the node
+    /// restores it from another replica; read another replica.
+    Corrupt = 13,
+    /// The node's disk failed past its error limit (`sheep --io-error-limit`): it left the
+    /// cluster and serves no object I/O. Refresh the view and use the other replicas.
+    Fenced = 16,
+    /// The connection has not proved it holds the cluster key (no handshake, a wrong key, or
+    /// the node has no key yet); the node closes it after this answer.
+    Unauthenticated = 14,
+    /// A limit of the node was reached (connections, requests or bytes in flight); the
+    /// message names it.
+    LimitReached = 15,
 }
 
 impl ResultCode {
@@ -134,6 +153,10 @@ impl ResultCode {
             10 => AlreadyFormatted,
             11 => Busy,
             12 => Diverged,
+            13 => Corrupt,
+            16 => Fenced,
+            14 => Unauthenticated,
+            15 => LimitReached,
             _ => return None,
         })
     }

@@ -6,6 +6,8 @@
 //! | `cluster` | the cluster format ([`crate::view::ClusterConfig`], JSON) |
 //! | `vdi-next-vid` | the next VDI id to hand out (decimal) |
 //! | `vdi/<name>` | the VDI table: `{"vid": N}` |
+//! | `vdi/<name>@<tag>` | a snapshot of VDI `<name>`: `{"vid": N}` (the frozen inode) |
+//! | `vdi-hidden/<vid>` | a deleted snapshot or VDI whose inode stays while others still read its objects or name it as an ancestor: `{"name": "...", "tag": "..."}` |
 //! | `lock/<name>` | who holds the VDI's read-write attachment (JSON) |
 //! | `vdi-gen/<name>` | the VDI's attachment generation (decimal, absent = 0) |
 //! | `recovered/<epoch>` | ids of the nodes that finished recovery of that epoch (JSON list) |
@@ -17,6 +19,8 @@ pub const CONFIG: &str = "cluster";
 pub const NEXT_VID: &str = "vdi-next-vid";
 /// Prefix of the VDI table.
 pub const VDI_PREFIX: &str = "vdi/";
+/// Prefix of the deleted inodes kept for others (`vdi-hidden/<vid>`, vid in decimal).
+pub const HIDDEN_PREFIX: &str = "vdi-hidden/";
 /// Prefix of the attachment locks.
 pub const LOCK_PREFIX: &str = "lock/";
 /// Prefix of the attachment generations.
@@ -37,6 +41,11 @@ pub fn vdi(name: &str) -> String {
     format!("{VDI_PREFIX}{name}")
 }
 
+/// The record of deleted inode `vid`, kept while others need it.
+pub fn hidden(vid: u32) -> String {
+    format!("{HIDDEN_PREFIX}{vid}")
+}
+
 /// The attachment lock of `name`.
 pub fn lock(name: &str) -> String {
     format!("{LOCK_PREFIX}{name}")
@@ -54,6 +63,7 @@ mod tests {
     #[test]
     fn key_layout() {
         assert_eq!(vdi("a"), "vdi/a");
+        assert_eq!(hidden(7), "vdi-hidden/7");
         assert_eq!(lock("a"), "lock/a");
         assert_eq!(gen("a"), "vdi-gen/a");
         assert_eq!(recovered(42), "recovered/0000000042");

@@ -6,11 +6,16 @@
 //! - [`name`]: VDI names. [`keys`]: the cluster key-value store's key names.
 //! - [`extent`]: a VDI range cut at object boundaries.
 //! - [`placement`]: which nodes hold an object, a pure function.
+//! - [`auth`]: the cluster key and the handshake's proofs; [`rlimit`]: the open-file limit.
 //! - [`frame`]: frames and opcodes of the wire protocol; [`api`]: its JSON bodies;
 //!   [`pagebuf`]: the page-aligned buffers large payloads are received into.
-//! - [`version`]: object versions, which decide which copy of an object is current.
+//! - [`version`]: object versions, which decide which copy of an object is current;
+//!   [`payload`]: the version prefixes of the payloads that change an object.
+//! - [`check`]: which copies of an object are good and which to repair (check and scrub).
 
 pub mod api;
+pub mod auth;
+pub mod check;
 pub mod duration;
 pub mod extent;
 pub mod frame;
@@ -18,7 +23,9 @@ pub mod keys;
 pub mod name;
 pub mod oid;
 pub mod pagebuf;
+pub mod payload;
 pub mod placement;
+pub mod rlimit;
 pub mod size;
 pub mod version;
 pub mod view;

@@ -39,9 +39,62 @@ pub fn validate_name(name: &str) -> Result<(), InvalidName> {
     Ok(())
 }
 
+/// Checks a snapshot tag: what a name may be (1 to 255 bytes, no `/`, NUL or `@`).
+pub fn validate_tag(tag: &str) -> Result<(), InvalidName> {
+    validate_name(tag).map_err(|e| InvalidName {
+        name: tag.to_string(),
+        reason: match e.reason {
+            "the name is empty" => "the snapshot tag is empty",
+            "the name contains '@' (reserved for snapshots)" => "a snapshot tag cannot contain '@'",
+            r => r,
+        },
+    })
+}
+
+/// Splits `NAME` or `NAME@TAG` (a snapshot) into the VDI name and the tag, each checked.
+pub fn split_snapshot(full: &str) -> Result<(&str, Option<&str>), InvalidName> {
+    match full.split_once('@') {
+        None => validate_name(full).map(|()| (full, None)),
+        Some((name, tag)) => {
+            validate_name(name).map_err(|e| InvalidName {
+                name: full.to_string(),
+                reason: e.reason,
+            })?;
+            validate_tag(tag).map_err(|e| InvalidName {
+                name: full.to_string(),
+                reason: e.reason,
+            })?;
+            Ok((name, Some(tag)))
+        }
+    }
+}
+
+/// `NAME@TAG`.
+pub fn snapshot_name(name: &str, tag: &str) -> String {
+    format!("{name}@{tag}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_names() {
+        assert_eq!(split_snapshot("disk").unwrap(), ("disk", None));
+        assert_eq!(
+            split_snapshot("disk@before").unwrap(),
+            ("disk", Some("before"))
+        );
+        for bad in ["@x", "disk@", "disk@a@b", "a/b@x", "disk@a/b"] {
+            let e = split_snapshot(bad).unwrap_err();
+            assert_eq!(e.name, bad);
+        }
+        assert_eq!(
+            split_snapshot("disk@a@b").unwrap_err().reason,
+            "a snapshot tag cannot contain '@'"
+        );
+        assert_eq!(snapshot_name("d", "t"), "d@t");
+    }
 
     #[test]
     fn names() {

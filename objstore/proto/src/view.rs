@@ -106,12 +106,107 @@ pub struct ClusterInfo {
     pub membership: String,
 }
 
+/// Most virtual nodes one node may have (`sheep --vnodes`).
+pub const MAX_VNODES: u32 = 65536;
+/// Most ring points (virtual nodes of all nodes) a view may make: a bound on what a client
+/// builds from a node's answer.
+pub const MAX_RING_POINTS: u64 = 1 << 22;
+
 impl ClusterInfo {
+    /// Refuses a cluster description no node sends (a corrupted or hostile answer) before a
+    /// client builds anything from it: a bad format, a node without or with too many virtual
+    /// nodes, a ring too large, or two nodes with one id.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(c) = &self.config {
+            let min = if c.min_copies == 0 {
+                default_min_copies(c.copies)
+            } else {
+                c.min_copies
+            };
+            ClusterConfig::validate(c.copies, min, c.object_size as u64)?;
+        }
+        let mut points = 0u64;
+        let mut ids: Vec<u64> = Vec::with_capacity(self.view.nodes.len());
+        for n in &self.view.nodes {
+            if n.vnodes == 0 || n.vnodes > MAX_VNODES {
+                return Err(format!(
+                    "node {} ({}) has {} virtual nodes, not 1 to {MAX_VNODES}",
+                    n.id, n.addr, n.vnodes
+                ));
+            }
+            points += n.vnodes as u64;
+            ids.push(n.id);
+        }
+        if points > MAX_RING_POINTS {
+            return Err(format!(
+                "the view's {} nodes have {points} virtual nodes in all, more than {MAX_RING_POINTS}",
+                self.view.nodes.len()
+            ));
+        }
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("two nodes of the view have id {}", w[0]));
+        }
+        Ok(())
+    }
+
     /// Fewer nodes or zones than copies: writes go to as many as exist.
     pub fn degraded(&self) -> bool {
         match self.config {
             Some(c) => self.view.zones() < c.copies as usize,
             None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(vnodes: &[u32]) -> ClusterInfo {
+        ClusterInfo {
+            cluster_id: "c".into(),
+            config: None,
+            view: View {
+                epoch: 1,
+                nodes: vnodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| NodeInfo {
+                        id: i as u64,
+                        addr: SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16)),
+                        zone: 0,
+                        vnodes: v,
+                        incarnation: 1,
+                    })
+                    .collect(),
+            },
+            membership: String::new(),
+        }
+    }
+
+    /// A client builds its ring from a node's answer: a hostile or corrupted one must not make
+    /// it allocate without bound (4 billion virtual nodes would be 64 GiB of ring).
+    #[test]
+    fn check_refuses_views_no_node_sends() {
+        assert_eq!(info(&[128, 128, 64]).check(), Ok(()));
+        assert!(info(&[u32::MAX])
+            .check()
+            .unwrap_err()
+            .contains("virtual nodes"));
+        assert!(info(&[0]).check().unwrap_err().contains("virtual nodes"));
+        let big = vec![MAX_VNODES; 65];
+        assert!(info(&big).check().unwrap_err().contains("in all"));
+        let mut twins = info(&[1, 1]);
+        twins.view.nodes[1].id = 0;
+        assert!(twins.check().unwrap_err().contains("id 0"));
+        let mut bad_format = info(&[1]);
+        bad_format.config = Some(ClusterConfig {
+            copies: 0,
+            min_copies: 0,
+            object_size: 4 << 20,
+            formatted_at: 0,
+        });
+        assert!(bad_format.check().unwrap_err().contains("copies"));
     }
 }

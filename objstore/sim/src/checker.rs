@@ -29,6 +29,17 @@
 //! A block that is neither zeros nor exactly one write's pattern is [`Kind::Garbage`] (torn or
 //! mixed data); a pattern of a write that never targeted this block is [`Kind::Foreign`].
 //! Errors returned to clients are not violations; they are counted by the run.
+//!
+//! # Copy-on-write
+//! A COW of target `T` from source `S` is a write to `T` of its own block, and of every other
+//! block `b` a *copy*: a value that a read of block `b` of `S` could have returned while the
+//! COW ran (until it returned; with no end for a COW that failed, which may land late). So a
+//! COW target reads as the source at COW time plus the writes acknowledged on it; a value of
+//! the source's register that `S` could not have held then is [`Kind::BadCopy`]. A copy never
+//! supersedes the data of an earlier COW to the same target: a COW that failed but landed
+//! makes the target, and the next COW is then a plain write of its block. A source is never
+//! changed by a COW: the source's register has no COW entries, so a COW's tag read from the
+//! source is [`Kind::Foreign`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,6 +59,8 @@ pub enum Kind {
     Lost,
     /// Data removed by a safe acknowledged remove came back.
     Resurrected,
+    /// A COW target's block holds a value its source could not have had during the COW.
+    BadCopy,
     /// A failed write's data showed up over a later safe acknowledged write.
     LateFailedWrite,
     /// After the faults stopped, the owners of an object hold different bytes.
@@ -87,6 +100,11 @@ struct Entry {
     invoke: Micros,
     end: Micros,
     remove: bool,
+    /// A COW's copy of this block of the object given (see the module documentation): its
+    /// value is the source's, not `id`'s.
+    copy: Option<usize>,
+    /// Made by a COW (its block, or a copy).
+    cow: bool,
 }
 
 /// The registers built from a history, to judge reads against.
@@ -99,9 +117,11 @@ pub struct Model {
 }
 
 impl Model {
+    /// The registers of every block of `objects` objects and of their COW targets
+    /// ([`crate::workload::all_objects`]).
     pub fn new(h: &History, objects: usize, blocks: usize) -> Model {
         let mut regs = BTreeMap::new();
-        for o in 0..objects {
+        for o in crate::workload::all_objects(objects) {
             for b in 0..blocks {
                 regs.insert(
                     (o, b),
@@ -112,6 +132,8 @@ impl Model {
                         invoke: 0,
                         end: 0,
                         remove: false,
+                        copy: None,
+                        cow: false,
                     }],
                 );
             }
@@ -126,6 +148,8 @@ impl Model {
                 invoke: op.invoke,
                 end: op.end,
                 remove,
+                copy: None,
+                cow: false,
             };
             match op.kind {
                 OpKind::Write { obj, block, id } => {
@@ -137,6 +161,23 @@ impl Model {
                     for b in 0..blocks {
                         if let Some(r) = regs.get_mut(&(obj, b)) {
                             r.push(entry(id, true, true));
+                        }
+                    }
+                }
+                OpKind::Cow {
+                    obj,
+                    source,
+                    block,
+                    id,
+                } => {
+                    for b in 0..blocks {
+                        if let Some(r) = regs.get_mut(&(obj, b)) {
+                            let mut e = entry(id, false, false);
+                            e.cow = true;
+                            if b != block {
+                                e.copy = Some(source);
+                            }
+                            r.push(e);
                         }
                     }
                 }
@@ -169,8 +210,21 @@ impl Model {
     fn superseded_by(&self, reg: &[Entry], w: &Entry, t0: Micros, t1: Micros) -> Option<Entry> {
         reg.iter()
             .filter(|w2| w2.acked && w2.invoke > w.end && w2.end < t0 && self.safe(w2, t1))
+            // A COW onto a target an earlier COW made is a plain write: its copies leave
+            // that COW's data be.
+            .filter(|w2| !(w2.copy.is_some() && w.cow))
             .max_by_key(|w2| w2.end)
             .copied()
+    }
+
+    /// Whether `e` is a COW's copy of `block` and the source could have held `got` while
+    /// that COW ran (a failed COW: at any time after it began).
+    fn copied(&self, e: &Entry, block: usize, got: BlockValue) -> bool {
+        let Some(source) = e.copy else {
+            return false;
+        };
+        let until = if e.acked { e.end } else { Micros::MAX };
+        self.check(source, block, got, e.invoke, until).is_none()
     }
 
     /// Judges one block value read by a read invoked at `t0` that returned at `t1`.
@@ -193,10 +247,31 @@ impl Model {
                     detail: format!("{where_}: neither zeros nor one write's data"),
                 })
             }
-            BlockValue::Zero => reg.iter().filter(|e| e.zero).collect(),
+            BlockValue::Zero => reg
+                .iter()
+                .filter(|e| e.zero || self.copied(e, block, got))
+                .collect(),
             BlockValue::Write(id) => {
-                let c: Vec<&Entry> = reg.iter().filter(|e| !e.zero && e.id == id).collect();
+                let c: Vec<&Entry> = reg
+                    .iter()
+                    .filter(|e| {
+                        (!e.zero && e.copy.is_none() && e.id == id) || self.copied(e, block, got)
+                    })
+                    .collect();
                 if c.is_empty() {
+                    if let Some(cow) = reg.iter().find(|e| e.copy.is_some()) {
+                        return Some(Violation {
+                            kind: Kind::BadCopy,
+                            at,
+                            detail: format!(
+                                "{where_}: holds write {id}, which object {} could not hold during COW {} ({:.3}-{:.3} s) and which never targeted this block",
+                                cow.copy.unwrap_or_default(),
+                                cow.id,
+                                cow.invoke as f64 / 1e6,
+                                cow.end as f64 / 1e6
+                            ),
+                        });
+                    }
                     return Some(Violation {
                         kind: Kind::Foreign,
                         at,
@@ -242,6 +317,8 @@ impl Model {
         let what = |e: &Entry| {
             if e.id == 0 {
                 "the initial zeros".to_string()
+            } else if let Some(source) = e.copy {
+                format!("COW {}'s copy of object {source}", e.id)
             } else if e.remove {
                 format!("remove {}", e.id)
             } else {
@@ -387,6 +464,88 @@ mod tests {
             kind(&m2, BlockValue::Write(1), 70, 71),
             Some(Kind::Reverted)
         );
+    }
+
+    #[test]
+    fn a_cow_target_reads_as_its_source_then_with_its_own_writes() {
+        let t = crate::workload::target(0);
+        let cow = |id, block, invoke, end, ok| {
+            op(
+                OpKind::Cow {
+                    obj: t,
+                    source: 0,
+                    block,
+                    id,
+                },
+                invoke,
+                end,
+                ok,
+            )
+        };
+        let twrite =
+            |id, block, invoke, end| op(OpKind::Write { obj: t, block, id }, invoke, end, true);
+        let h = History {
+            ops: vec![
+                write(1, 10, 20, true),
+                cow(2, 1, 30, 40, true),
+                twrite(3, 0, 50, 60),
+            ],
+            ..Default::default()
+        };
+        let m = Model::new(&h, 1, 2);
+        let k = |block, got, t0, t1| m.check(t, block, got, t0, t1).map(|v| v.kind);
+        // Block 0 of the target: the source's write 1 once the COW is acknowledged, then 3.
+        assert_eq!(k(0, BlockValue::Write(1), 45, 46), None);
+        assert_eq!(k(0, BlockValue::Zero, 45, 46), Some(Kind::Lost));
+        assert_eq!(
+            k(0, BlockValue::Zero, 25, 35),
+            None,
+            "the COW had not returned"
+        );
+        assert_eq!(k(0, BlockValue::Write(3), 70, 71), None);
+        assert_eq!(k(0, BlockValue::Write(1), 70, 71), Some(Kind::Reverted));
+        // Block 1: the COW's own write.
+        assert_eq!(k(1, BlockValue::Write(2), 45, 46), None);
+        assert_eq!(k(1, BlockValue::Zero, 45, 46), Some(Kind::Lost));
+        // A value the source never held at COW time.
+        let h2 = History {
+            ops: vec![
+                write(1, 10, 20, true),
+                write(4, 22, 28, true),
+                cow(2, 1, 30, 40, true),
+                write(5, 50, 60, false),
+            ],
+            ..Default::default()
+        };
+        let m2 = Model::new(&h2, 1, 2);
+        assert_eq!(
+            m2.check(t, 0, BlockValue::Write(1), 45, 46).map(|v| v.kind),
+            Some(Kind::BadCopy),
+            "write 4 superseded 1 before the COW"
+        );
+        assert_eq!(
+            m2.check(t, 0, BlockValue::Write(5), 70, 71).map(|v| v.kind),
+            Some(Kind::BadCopy),
+            "write 5 began after the COW returned"
+        );
+        // The source is never changed by a COW.
+        assert_eq!(
+            m2.check(0, 1, BlockValue::Write(2), 45, 46).map(|v| v.kind),
+            Some(Kind::Foreign)
+        );
+        // A COW that failed but landed made the target: the next COW is a plain write of its
+        // block and leaves the first one's data be.
+        let h3 = History {
+            ops: vec![
+                write(1, 10, 20, true),
+                cow(2, 1, 30, 40, false),
+                cow(6, 0, 50, 60, true),
+            ],
+            ..Default::default()
+        };
+        let m3 = Model::new(&h3, 1, 2);
+        assert_eq!(m3.check(t, 1, BlockValue::Write(2), 70, 71), None);
+        assert_eq!(m3.check(t, 0, BlockValue::Write(6), 70, 71), None);
     }
 
     #[test]

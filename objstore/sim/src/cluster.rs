@@ -94,6 +94,10 @@ impl SimCluster {
             vnodes,
             pull_delay: Duration::ZERO,
             driver_opts: Default::default(),
+            // The nemesis fails flushes on purpose: counted, never fenced.
+            health: objstore_node::health::HealthOptions::never_fenced(),
+            scrub: Default::default(),
+            access: Default::default(),
         };
         let parts = NodeParts {
             store: Some(n.store.clone()),

@@ -52,6 +52,15 @@ pub enum OpKind {
         obj: usize,
         id: WriteId,
     },
+    /// A copy-on-write: COW target `obj` is made from object `source` (its bytes at the
+    /// time) with block `block` written with tag `id`; on a target that exists, a plain write
+    /// of that block.
+    Cow {
+        obj: usize,
+        source: usize,
+        block: usize,
+        id: WriteId,
+    },
     /// `values[k]` is block `first + k` of `obj` (empty until the read returns).
     Read {
         obj: usize,

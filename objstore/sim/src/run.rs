@@ -64,6 +64,7 @@ fn options(cfg: &Config) -> ClientOptions {
     ClientOptions {
         timeout: cfg.op_timeout,
         request_timeout: cfg.request_timeout,
+        key: None,
     }
 }
 
@@ -243,7 +244,7 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     )
     .await?;
     let mut finals = Vec::new();
-    for obj in 0..cfg.objects {
+    for obj in workload::all_objects(cfg.objects) {
         let t0 = shared.now();
         let r = workload::read_blocks(&reader, obj, 0, cfg.blocks).await;
         let t1 = shared.now();
@@ -262,7 +263,7 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
 
     // The owners' copies, byte for byte.
     if settled {
-        for obj in 0..cfg.objects {
+        for obj in workload::all_objects(cfg.objects) {
             let copies = cluster.owner_copies(workload::oid(obj), cfg.copies as usize);
             if let Some(d) = divergence(obj, &copies) {
                 violations.push(Violation {

@@ -2,8 +2,19 @@
 //! random pauses, and records each one's invocation, completion and result.
 //!
 //! Operations: a write of one tagged 4 KiB block (see [`crate::history::block_pattern`]) at a
-//! block-aligned offset, a read of a run of blocks, a remove of a whole object, a flush.
+//! block-aligned offset, a read of a run of blocks, a remove of a whole object, a flush, and a
+//! copy-on-write.
+//!
+//! Copy-on-write (issue 26): object `o` (VDI 1) has a COW target [`target`]`(o)` (the same
+//! index in VDI 2). A client first *freezes* one of its objects that it last wrote (never
+//! writes or removes it again, as a snapshot's objects are never written again; it keeps at
+//! least one object to write), then makes the target with `cow_write_obj` (the source's bytes
+//! with one tagged block written). Once a COW is acknowledged the client writes the target
+//! with plain writes, as a VDI does once its map names its own object; until then it retries
+//! COWs. Targets are never removed. Without `shared_objects` only (with two writers a source
+//! would not stay frozen).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,9 +32,31 @@ use crate::history::{
 };
 use crate::Config;
 
-/// The data object the simulator calls `obj`.
+/// Object numbers from here on are COW targets: `TARGETS + o` is the target of object `o`.
+pub const TARGETS: usize = 1000;
+
+/// The COW target of object `obj` (see the module documentation).
+pub fn target(obj: usize) -> usize {
+    TARGETS + obj
+}
+
+/// The object a COW target `obj` is copied from, if `obj` is a target.
+pub fn source_of(obj: usize) -> Option<usize> {
+    obj.checked_sub(TARGETS)
+}
+
+/// Every object a run with `objects` objects may touch: the objects, then their targets.
+pub fn all_objects(objects: usize) -> Vec<usize> {
+    (0..objects).chain((0..objects).map(target)).collect()
+}
+
+/// The data object the simulator calls `obj`: object `o` of VDI 1, or for a COW target, the
+/// same index in VDI 2.
 pub fn oid(obj: usize) -> ObjectId {
-    ObjectId::data(Vid(1), ObjIndex(obj as u32))
+    match source_of(obj) {
+        Some(o) => ObjectId::data(Vid(2), ObjIndex(o as u32)),
+        None => ObjectId::data(Vid(1), ObjIndex(obj as u32)),
+    }
 }
 
 /// What the clients, the nemesis and the final check share.
@@ -103,13 +136,40 @@ pub async fn run_client(
     let mine: Vec<usize> = (0..cfg.objects)
         .filter(|o| cfg.shared_objects || o % cfg.clients == idx)
         .collect();
+    // Copy-on-write state (see the module documentation): objects whose last change this
+    // client saw acknowledged was a write, objects frozen as COW sources, and sources whose
+    // target a COW made.
+    let mut written = BTreeSet::new();
+    let mut frozen = BTreeSet::new();
+    let mut created = BTreeSet::new();
+    let all = all_objects(cfg.objects);
     for _ in 0..cfg.ops_per_client {
         let pause = rng.gen_range(0..=cfg.think.as_micros() as u64);
         tokio::time::sleep(Duration::from_micros(pause)).await;
         let roll = rng.gen_range(0..100);
         let invoke = shared.now();
-        let (kind, result) = if roll < 45 {
-            let obj = mine[rng.gen_range(0..mine.len())];
+        let unfrozen: Vec<usize> = mine
+            .iter()
+            .copied()
+            .filter(|o| !frozen.contains(o))
+            .collect();
+        // Sources a COW may copy: frozen ones not copied yet, or one more written object.
+        let cow_sources: Vec<usize> = mine
+            .iter()
+            .copied()
+            .filter(|o| {
+                !created.contains(o)
+                    && (frozen.contains(o) || (written.contains(o) && unfrozen.len() > 1))
+            })
+            .collect();
+        let cow = (82..90).contains(&roll) && !cfg.shared_objects && !cow_sources.is_empty();
+        let (kind, result) = if roll < 42 {
+            let writable: Vec<usize> = unfrozen
+                .iter()
+                .copied()
+                .chain(created.iter().map(|&o| target(o)))
+                .collect();
+            let obj = writable[rng.gen_range(0..writable.len())];
             let block = rng.gen_range(0..cfg.blocks);
             let id = shared.next_id();
             let r = client
@@ -119,20 +179,50 @@ pub async fn run_client(
                     Bytes::from(block_pattern(id)),
                 )
                 .await;
+            if r.is_ok() && obj < TARGETS {
+                written.insert(obj);
+            }
             (OpKind::Write { obj, block, id }, outcome(&r))
-        } else if roll < 80 {
-            let obj = rng.gen_range(0..cfg.objects);
+        } else if roll < 77 {
+            let obj = all[rng.gen_range(0..all.len())];
             let first = rng.gen_range(0..cfg.blocks);
             let n = rng.gen_range(1..=cfg.blocks - first);
             let r = read_blocks(&client, obj, first, n).await;
             let o = outcome(&r);
             let values = r.unwrap_or_default();
             (OpKind::Read { obj, first, values }, o)
-        } else if roll < 85 {
-            let obj = mine[rng.gen_range(0..mine.len())];
+        } else if roll < 82 {
+            let obj = unfrozen[rng.gen_range(0..unfrozen.len())];
             let id = shared.next_id();
+            written.remove(&obj);
             let r = client.remove_obj(oid(obj)).await;
             (OpKind::Remove { obj, id }, outcome(&r))
+        } else if cow {
+            let source = cow_sources[rng.gen_range(0..cow_sources.len())];
+            frozen.insert(source);
+            let obj = target(source);
+            let block = rng.gen_range(0..cfg.blocks);
+            let id = shared.next_id();
+            let r = client
+                .cow_write_obj(
+                    oid(obj),
+                    oid(source),
+                    (block * BLOCK) as u64,
+                    Bytes::from(block_pattern(id)),
+                )
+                .await;
+            if r.is_ok() {
+                created.insert(source);
+            }
+            (
+                OpKind::Cow {
+                    obj,
+                    source,
+                    block,
+                    id,
+                },
+                outcome(&r),
+            )
         } else {
             let r = client.flush().await;
             (OpKind::Flush, outcome(&r))

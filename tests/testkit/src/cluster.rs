@@ -104,6 +104,9 @@ pub struct ClusterOptions {
     /// Where node `i` runs ([`NodeHost`]); a node past the end of the list, or every node when
     /// it is empty: on 127.0.0.1 in this network namespace.
     pub hosts: Vec<NodeHost>,
+    /// The key file every node and dog this cluster starts is given (`SHEEP_KEY_FILE`; a
+    /// node's own `--key-file` argument wins); `None`: this process's ([`crate::auth`]).
+    pub key_file: Option<PathBuf>,
 }
 
 /// Where a node runs, as another host would: the IP it listens on and a command prefix its
@@ -128,6 +131,7 @@ impl Default for ClusterOptions {
             driver: None,
             lease_ttl: None,
             hosts: Vec::new(),
+            key_file: None,
         }
     }
 }
@@ -233,6 +237,18 @@ impl Cluster {
         Ok(c)
     }
 
+    /// The key file this cluster's nodes and dogs are given.
+    pub fn key_file(&self) -> PathBuf {
+        match &self.opts.key_file {
+            Some(p) => p.clone(),
+            None => crate::auth::key_file().to_path_buf(),
+        }
+    }
+
+    fn with_key<'a>(&self, cmd: &'a mut Command) -> &'a mut Command {
+        cmd.env(crate::auth::KEY_ENV, self.key_file())
+    }
+
     /// The `local` driver's state directory (unused with another driver).
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
@@ -303,6 +319,7 @@ impl Cluster {
                 }
                 _ => Command::new(&self.bins.sheep),
             };
+            self.with_key(&mut cmd);
             cmd.arg("--dir")
                 .arg(self.node_dir(i))
                 .arg("--listen")
@@ -412,13 +429,15 @@ impl Cluster {
     /// A dog command against every live node, to run as the caller likes.
     pub fn dog_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.bins.dog);
+        self.with_key(&mut cmd);
         cmd.arg("--address").arg(self.addresses()).args(args);
         cmd
     }
 
     /// Runs dog against `addr`; its output, whatever its exit status.
     pub fn try_dog_at(&self, addr: &str, args: &[&str]) -> Result<Output> {
-        Command::new(&self.bins.dog)
+        let mut cmd = Command::new(&self.bins.dog);
+        self.with_key(&mut cmd)
             .arg("--address")
             .arg(addr)
             .args(args)
@@ -454,6 +473,19 @@ impl Cluster {
         out.stdout
     }
 
+    /// `dog cluster format --copies COPIES --object-size OBJECT_SIZE` (e.g. "1M"); panics if
+    /// it fails.
+    pub fn format(&self, copies: u32, object_size: &str) {
+        self.dog_ok(&[
+            "cluster",
+            "format",
+            "--copies",
+            &copies.to_string(),
+            "--object-size",
+            object_size,
+        ]);
+    }
+
     /// Runs dog expecting failure; returns its one-line reason.
     pub fn dog_err(&self, args: &[&str]) -> String {
         let out = self.dog(args);
@@ -475,7 +507,8 @@ impl Cluster {
     /// Feeds `data` to dog's stdin.
     pub fn dog_stdin(&self, args: &[&str], data: &[u8]) -> Output {
         let mut cmd = Command::new(&self.bins.dog);
-        cmd.arg("--address")
+        self.with_key(&mut cmd)
+            .arg("--address")
             .arg(or_panic(self.live_addr()))
             .args(args);
         crate::proc::output_with_stdin(cmd, data)

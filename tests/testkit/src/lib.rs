@@ -15,16 +15,21 @@
 //! - [`netns::Netns`]: network namespaces on a bridge as separate hosts (root only), one cut
 //!   off and healed at will; a cluster's node placed in one by [`cluster::NodeHost`].
 //! - [`mount::Mount`]: a real FUSE mount (`sheepfs`, `bindfs`), unmounted and stopped on drop.
+//! - [`auth::key_file`]: the cluster key every node, dog and mount testkit starts is given.
 //! - [`build`]: the binaries under test, built fresh, or taken from a named directory.
 //! - [`replicas::check`]: every copy of every object of a VDI read from disk and compared.
 //! - [`pause::Paused`]: a node frozen with SIGSTOP (a hung node), continued on drop.
+//! - [`faultfs::FaultMount`]: an error-injecting FUSE passthrough (a sick disk without
+//!   device-mapper): reads, writes or fsyncs of chosen files answer EIO once armed.
 //! - [`fsx::run`]: an fsx-style exerciser: seeded random reads, writes, mapped reads and
 //!   writes, discards and fsyncs of a file, checked against a model.
 
+pub mod auth;
 pub mod build;
 pub mod cluster;
 mod error;
 pub mod etcd;
+pub mod faultfs;
 pub mod fsx;
 pub mod mount;
 pub mod netns;

@@ -163,7 +163,8 @@ impl Mount {
     ) -> Result<Mount> {
         let spawn = |dir: &Path| {
             let mut cmd = Command::new(sheepfs);
-            cmd.arg("--cluster")
+            crate::auth::with_key(&mut cmd)
+                .arg("--cluster")
                 .arg(cluster)
                 .arg(dir)
                 .arg("--foreground")

@@ -431,8 +431,23 @@ pub fn check(c: &Cluster, name: &str) -> Result<Report, Problems> {
         }
         let path = copy_path(c, &h.addr, oid)
             .ok_or_else(|| format!("{} holds no file for {oid}", h.addr))?;
-        std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))
+        copy_data(&path).map_err(|e| format!("{}: {e}", path.display()))
     })
+}
+
+/// Bytes before an object's data in a node's object file: the store's header with its block
+/// checksums (`HEADER_LEN` in `objstore/node/src/store/sums.rs`, which asserts the two agree).
+pub const OBJECT_HEADER_LEN: u64 = 69632;
+const OBJECT_MAGIC: &[u8; 8] = b"SHEEPOBJ";
+
+/// The object's bytes in the node's object file at `path`, without the store's header (a file
+/// without the header, as stores before checksums wrote them, is returned whole).
+pub fn copy_data(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let mut b = std::fs::read(path)?;
+    if b.starts_with(OBJECT_MAGIC) && b.len() as u64 >= OBJECT_HEADER_LEN {
+        b.drain(..OBJECT_HEADER_LEN as usize);
+    }
+    Ok(b)
 }
 
 /// [`check`], panicking with the problems.

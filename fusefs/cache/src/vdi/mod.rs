@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use cache_control::CacheMode;
 use objstore_client::Volume;
 
-use crate::object::Key;
+use crate::object::{CachedObject, Key};
 use crate::space::Pinned;
 use crate::stats::{Counters, ModeCell};
 use crate::{Backend, CacheError, Inner};
@@ -58,6 +58,30 @@ fn io_err(what: &'static str, key: Key) -> impl FnOnce(std::io::Error) -> CacheE
 }
 
 impl<B: Backend> CachedVdi<B> {
+    /// Checks blocks `[b0, b1)` of `o` if they were not checked since the cache was loaded
+    /// from disk ([`crate::sums`]; nothing to do otherwise): corrupt clean blocks are dropped
+    /// (read as misses then), and a range holding a quarantined block fails with EIO.
+    pub(super) fn check_blocks(
+        &self,
+        o: &CachedObject,
+        b0: usize,
+        b1: usize,
+    ) -> Result<(), CacheError> {
+        if !o.state.lock().unwrap().needs_check(b0, b1) {
+            return Ok(());
+        }
+        let v = o.verify(b0, b1);
+        self.inner.corrupt_found(&self.counters, &v);
+        if v.refused {
+            return Err(CacheError::Io {
+                what: "a cached block holding unpushed writes is corrupt (quarantined)",
+                key: o.key,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        Ok(())
+    }
+
     pub(super) fn new(inner: Arc<Inner<B>>, vdi: Arc<B::Volume>) -> CachedVdi<B> {
         let vid = vdi.vid().0;
         let object_size = vdi.object_size() as u64;

@@ -104,11 +104,15 @@ impl<B: Backend> CachedVdi<B> {
     fn cached_range(&self, idx: u32, off: u64, n: u64) -> Result<Pinned, Option<Pinned>> {
         let o = self.peek(idx).ok_or(None)?;
         let (b0, b1) = CachedObject::block_range(off, n);
-        if !o.state.lock().unwrap().valid.all(b0, b1) {
+        let st = o.state.lock().unwrap();
+        // Blocks not checked since a restart are checked on the async path.
+        if !st.valid.all(b0, b1) || st.needs_check(b0, b1) {
+            drop(st);
             // A miss leaves the object's place in the LRU alone: only what the cache
             // serves makes it recently used.
             return Err(Some(o));
         }
+        drop(st);
         self.promote(idx);
         Ok(o)
     }
@@ -188,6 +192,9 @@ impl<B: Backend> CachedVdi<B> {
         let base = idx as u64 * os;
         let obj = looked.unwrap_or_else(|| self.peek(idx));
         let (b0, b1) = CachedObject::block_range(off, n);
+        if let Some(o) = &obj {
+            self.check_blocks(o, b0, b1)?;
+        }
         // (whether it holds the range, whether it holds anything)
         let (hit, cached_any) = obj.as_ref().map_or((false, false), |o| {
             let st = o.state.lock().unwrap();

@@ -46,6 +46,12 @@ impl<B: Backend> CachedVdi<B> {
             return Ok(());
         };
         let (b0, b1) = CachedObject::block_range(off, data.len() as u64);
+        // Blocks not checked since a restart are checked before their other bytes are kept
+        // ([`crate::sums`]): bad clean ones are dropped, bad dirty ones stay quarantined.
+        if o.state.lock().unwrap().needs_check(b0, b1) {
+            let v = o.verify(b0, b1);
+            self.inner.corrupt_found(&self.counters, &v);
+        }
         let _writing = o.writing.lock().unwrap();
         let mut st = o.state.lock().unwrap();
         let (mut dirtied, mut forgotten, mut failed) = (0u64, 0u64, None);
@@ -65,6 +71,11 @@ impl<B: Backend> CachedVdi<B> {
                 }
                 continue;
             }
+            if e - s == BLOCK {
+                if let Some(q) = st.quarantined.as_mut() {
+                    q.set_range(b, b + 1, false); // written whole: good bytes again
+                }
+            }
             if mark_dirty && !st.dirty.get(b) {
                 st.dirty.set_range(b, b + 1, true);
                 dirtied += 1;
@@ -83,9 +94,10 @@ impl<B: Backend> CachedVdi<B> {
         } else {
             Ok(())
         };
-        drop(st);
         let space = &self.inner.space;
+        // Counted with the bits, under the object's lock (see `write::commit`).
         space.dirty.fetch_add(dirtied * BLOCK, Ordering::SeqCst);
+        drop(st);
         if forgotten > 0 {
             space.used.fetch_sub(forgotten * BLOCK, Ordering::SeqCst);
             space.room.tell();

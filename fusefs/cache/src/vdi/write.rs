@@ -1,7 +1,7 @@
 //! Writes through the cache: kept dirty (writeback) or passed on and kept clean
 //! (writethrough), or passed on with what they overwrite forgotten (off); discards.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use cache_control::CacheMode;
@@ -13,7 +13,7 @@ use crate::full::disk_full;
 use crate::object::{CachedObject, State, BLOCK};
 use crate::space::Pinned;
 use crate::stats::Counters;
-use crate::{Backend, CacheError, Inner};
+use crate::{Backend, CacheError, Inner, Pause};
 
 impl<B: Backend> CachedVdi<B> {
     /// A writeback write that needs no waiting (one object, no partial block to fetch, room
@@ -41,7 +41,8 @@ impl<B: Backend> CachedVdi<B> {
             .get(&key)
             .map(|o| self.inner.space.pin(o));
         let edges_ok = |st: Option<&State>| {
-            let ok = |b: usize| st.is_some_and(|st| st.valid.get(b));
+            // A partly written block not checked since a restart takes the slow path.
+            let ok = |b: usize| st.is_some_and(|st| st.valid.get(b) && !st.needs_check(b, b + 1));
             (off % BLOCK == 0 || ok(b0))
                 && ((off + n) % BLOCK == 0 || off + n >= obj_end || ok(b1 - 1))
         };
@@ -71,15 +72,15 @@ impl<B: Backend> CachedVdi<B> {
             self.inner.settle(reserved, 0);
             return false;
         }
-        let res = commit(&o, &mut st, off, data, &[], true).and_then(|r| o.save(&st).map(|_| r));
+        let dirty_count = &self.inner.space.dirty;
+        let res = commit(&o, &mut st, off, data, &[], true, dirty_count);
+        // Blocks it made valid stay so (in memory) even if their bits could not be saved.
+        let added = *res.as_ref().unwrap_or(&0);
+        let res = res.and_then(|_| o.save(&st));
         drop(st);
+        self.inner.settle(reserved, added as u64 * BLOCK);
         match res {
-            Ok((added, dirtied)) => {
-                self.inner.settle(reserved, added as u64 * BLOCK);
-                self.inner
-                    .space
-                    .dirty
-                    .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
+            Ok(()) => {
                 Counters::add(&self.counters.fills, 1);
                 Counters::add(&self.counters.fill_bytes, n);
                 if self.inner.space.dirty.load(Ordering::Relaxed) > self.inner.cfg.max_dirty {
@@ -95,7 +96,6 @@ impl<B: Backend> CachedVdi<B> {
                 } else {
                     tracing::warn!("writing the cache: {e}");
                 }
-                self.inner.settle(reserved, 0);
                 false
             }
         }
@@ -227,6 +227,10 @@ impl<B: Backend> CachedVdi<B> {
             {
                 edges.push(b1 - 1);
             }
+            // Bytes of partly written blocks are kept: they must be good ones.
+            for &b in &edges {
+                self.check_blocks(&o, b, b + 1)?;
+            }
             let mut old_blocks = Vec::new();
             for &b in &edges {
                 if dirty && !o.state.lock().unwrap().valid.get(b) {
@@ -258,10 +262,13 @@ impl<B: Backend> CachedVdi<B> {
                     }
                 }
                 written
-                    .and_then(|_| commit(&o, &mut st, off, piece, &skip, dirty))
+                    .and_then(|_| {
+                        let dirty_count = &self.inner.space.dirty;
+                        commit(&o, &mut st, off, piece, &skip, dirty, dirty_count)
+                    })
                     .map(|r| (r, o.save(&st)))
             };
-            let ((added, dirtied), saved) = match committed {
+            let (added, saved) = match committed {
                 Ok(r) => r,
                 Err(e) => {
                     drop(o);
@@ -275,12 +282,9 @@ impl<B: Backend> CachedVdi<B> {
                     return Ok(Some(format!("writing the cache: {e}")));
                 }
             };
+            self.inner.client.pause(Pause::WriteStored).await;
             reserved.settle(added as u64 * BLOCK);
             saved.map_err(io_err("writing cache metadata", key))?;
-            self.inner
-                .space
-                .dirty
-                .fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
             Counters::add(&self.counters.fills, 1);
             Counters::add(&self.counters.fill_bytes, n);
             return Ok(None);
@@ -319,14 +323,12 @@ impl<B: Backend> CachedVdi<B> {
             if after != before {
                 let _ = o.save(&st);
             }
-            drop(st);
-            self.inner
-                .space
+            // Counted down with the bits, under the object's lock (see [`commit`]).
+            let space = &self.inner.space;
+            space
                 .used
                 .fetch_sub((before.0 - after.0) as u64 * BLOCK, Ordering::SeqCst);
-            self.inner
-                .space
-                .undirty((before.1 - after.1) as u64 * BLOCK);
+            space.undirty((before.1 - after.1) as u64 * BLOCK);
         }
     }
 
@@ -426,7 +428,13 @@ pub(super) async fn hold_pushes(objects: &[Pinned]) -> Vec<tokio::sync::MutexGua
 
 /// Writes `piece` at `off` into the object and marks its blocks (all but `skip`) valid, and
 /// dirty when `dirty`; the caller holds the object's state lock (`st`) and saves it after.
-/// Returns (blocks made valid, blocks made dirty).
+/// Returns the blocks made valid.
+///
+/// The blocks made dirty are counted in `dirty_count` (the cache's dirty byte counter) here,
+/// under the state lock, as every change of dirty bits is: whoever clears them (a push, a
+/// discard, an eviction) counts them down under the same lock, so never before they were
+/// counted up. Counted after the lock, a push in between counted down bytes not yet counted
+/// (the counter stops at 0) and the count-up then left bytes counted that no block held.
 fn commit(
     o: &CachedObject,
     st: &mut State,
@@ -434,7 +442,8 @@ fn commit(
     piece: &[u8],
     skip: &[usize],
     dirty: bool,
-) -> std::io::Result<(usize, usize)> {
+    dirty_count: &AtomicU64,
+) -> std::io::Result<usize> {
     let n = piece.len() as u64;
     let (b0, b1) = CachedObject::block_range(off, n);
     let s0 = if skip.contains(&b0) {
@@ -494,9 +503,16 @@ fn commit(
         if let Some(r) = st.rewritten.as_mut() {
             r.set_range(b, b + 1, true);
         }
+        // A quarantined block written whole holds good bytes again.
+        if let Some(q) = st.quarantined.as_mut() {
+            if s0 <= b as u64 * BLOCK && (b as u64 + 1) * BLOCK <= e0 {
+                q.set_range(b, b + 1, false);
+            }
+        }
     }
     if dirty && st.dirty_since.is_none() {
         st.dirty_since = Some(std::time::Instant::now());
     }
-    Ok((added, dirtied))
+    dirty_count.fetch_add(dirtied as u64 * BLOCK, Ordering::SeqCst);
+    Ok(added)
 }

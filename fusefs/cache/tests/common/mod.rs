@@ -104,7 +104,7 @@ impl Default for Hooks {
     fn default() -> Hooks {
         Hooks {
             writes: Gate::default(),
-            pauses: [Pause::PushCleaned]
+            pauses: [Pause::PushCleaned, Pause::WriteStored]
                 .into_iter()
                 .map(|p| (p, Gate::default()))
                 .collect(),
@@ -243,6 +243,7 @@ impl Backend for MemCluster {
         host: &str,
         _ttl: Option<Duration>,
         _resume: Option<u64>,
+        control: Option<&str>,
     ) -> Result<LockInfo, LockError> {
         let mut locks = self.0.locks.lock().unwrap();
         let (held, gen) = locks.entry(name.into()).or_insert((None, 0));
@@ -262,6 +263,7 @@ impl Backend for MemCluster {
             gen: *gen,
             lease: None,
             ttl_secs: None,
+            control: control.map(str::to_string),
         })
     }
 

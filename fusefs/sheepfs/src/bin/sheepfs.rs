@@ -51,6 +51,9 @@ struct Args {
     /// request (iodepth 1) on its own CPU more often (docs/sheepfs.md).
     #[arg(long, value_enum, default_value = "batch")]
     fuse_sched: FuseSched,
+    /// The cluster key file the nodes were given (every connection proves it holds the key).
+    #[arg(long, env = "SHEEP_KEY_FILE")]
+    key_file: Option<PathBuf>,
     /// Log file (default: stderr).
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -185,18 +188,9 @@ fn init_logs(file: Option<&PathBuf>) -> anyhow::Result<()> {
 /// Every cached object keeps its two files open: lifts the soft limit on open files to the
 /// hard one (a 10 GiB cache of 4 MiB objects alone needs over 5,000).
 fn raise_fd_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                tracing::warn!("could not raise the open-file limit to {}", lim.rlim_max);
-            }
-        }
+    match objstore_proto::rlimit::raise_open_files() {
+        Ok(n) => tracing::info!("open-file limit: {n}"),
+        Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
     }
 }
 
@@ -210,6 +204,10 @@ fn client_options(args: &Args) -> anyhow::Result<ClientOptions> {
         request_timeout: args
             .request_timeout
             .min(args.timeout.max(Duration::from_millis(1))),
+        key: args
+            .key_file
+            .as_ref()
+            .map(|p| Arc::new(objstore_proto::auth::KeyFile::new(p))),
     })
 }
 

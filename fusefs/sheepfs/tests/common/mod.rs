@@ -22,14 +22,7 @@ impl Rig {
     /// `nodes` sheep, formatted with `copies` and `object_size`, mounted with `extra` options.
     pub fn start(nodes: usize, copies: u32, object_size: &str, extra: &[&str]) -> Rig {
         let cluster = Cluster::start(&Bins::fresh(), nodes);
-        cluster.dog_ok(&[
-            "cluster",
-            "format",
-            "--copies",
-            &copies.to_string(),
-            "--object-size",
-            object_size,
-        ]);
+        cluster.format(copies, object_size);
         let mount = Mount::start(
             Path::new(SHEEPFS),
             &cluster.addr(0),

@@ -33,12 +33,21 @@ pub struct Vdi {
     /// generation ([`lock::note_unlocked_change`]): a cache that attaches the VDI later then
     /// sees that it was written without the lock, and drops what it had cached.
     change_noted: tokio::sync::OnceCell<()>,
+    /// `NAME@TAG` when this is a snapshot (read-only), else None.
+    snapshot: Option<String>,
+    /// Taken by a write that copies an ancestor's object or allocates one, per index shard:
+    /// two writes to one shared index make one copy, the second writes into it.
+    allocating: Vec<tokio::sync::Mutex<()>>,
 }
 
+const ALLOC_SHARDS: usize = 64;
+
 impl Vdi {
+    /// Opens VDI `name`, or snapshot `NAME@TAG` (read-only).
     pub async fn open(client: Arc<Client>, name: &str) -> Result<Vdi, VdiError> {
         let vid = lookup(&client, name).await?;
         let (header, map) = read_inode(&client, name, vid).await?;
+        let snapshot = name.contains('@').then(|| name.to_string());
         Ok(Vdi {
             client,
             header: RwLock::new(header),
@@ -46,7 +55,42 @@ impl Vdi {
             changes: tokio::sync::RwLock::new(()),
             under_lock: AtomicBool::new(false),
             change_noted: tokio::sync::OnceCell::new(),
+            snapshot,
+            allocating: (0..ALLOC_SHARDS)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
         })
+    }
+
+    /// `NAME@TAG` when this handle is a snapshot (read-only).
+    pub fn snapshot(&self) -> Option<&str> {
+        self.snapshot.as_deref()
+    }
+
+    /// The name it was opened by: `NAME` or `NAME@TAG`.
+    pub fn full_name(&self) -> String {
+        match &self.snapshot {
+            Some(s) => s.clone(),
+            None => self.header.read().unwrap().name.clone(),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), VdiError> {
+        match &self.snapshot {
+            Some(s) => Err(VdiError::ReadOnly(s.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// The map entry of `index`: the vid holding it, or [`Vid::NONE`] for a hole.
+    pub fn entry(&self, index: u64) -> Vid {
+        let map = self.map.read().unwrap();
+        map.get(index as usize).copied().unwrap_or(Vid::NONE)
+    }
+
+    /// The whole allocation map (index → vid holding it, [`Vid::NONE`] for a hole).
+    pub fn map(&self) -> Vec<Vid> {
+        self.map.read().unwrap().clone()
     }
 
     /// Marks this handle as writing under the VDI's attachment lock, which the caller holds:
@@ -76,10 +120,8 @@ impl Vdi {
     /// Reads the inode again, picking up objects allocated and size changes made through
     /// another client. Fails with NotFound if the VDI was deleted or replaced meanwhile.
     pub async fn refresh(&self) -> Result<(), VdiError> {
-        let (name, vid) = {
-            let h = self.header.read().unwrap();
-            (h.name.clone(), h.vid)
-        };
+        let name = self.full_name();
+        let vid = self.header.read().unwrap().vid;
         let _no_changes = self.changes.write().await;
         if lookup(&self.client, &name).await? != vid {
             return Err(VdiError::NotFound(name));
@@ -102,7 +144,7 @@ impl Vdi {
         self.header.read().unwrap().object_size
     }
 
-    pub(super) fn summary(h: &InodeHeader, map: &[Vid]) -> VdiInfo {
+    pub(super) fn summary(h: &InodeHeader, map: &[Vid], tag: Option<&str>) -> VdiInfo {
         let allocated = map.iter().filter(|v| !v.is_none()).count() as u64;
         VdiInfo {
             name: h.name.clone(),
@@ -113,11 +155,21 @@ impl Vdi {
             object_size: h.object_size,
             copies: h.copies,
             created: h.created,
+            tag: tag.map(str::to_string),
+            snapshot_time: h.snapshot as u64,
+            parent_vid: Vid(h.parent),
+            parent: None,
+            alone: None,
         }
     }
 
     pub fn info(&self) -> VdiInfo {
-        Vdi::summary(&self.header.read().unwrap(), &self.map.read().unwrap())
+        let tag = self
+            .snapshot
+            .as_deref()
+            .and_then(|s| s.split_once('@'))
+            .map(|(_, t)| t);
+        Vdi::summary(&self.header.read().unwrap(), &self.map.read().unwrap(), tag)
     }
 
     /// The object holding `index`, or None for a hole.
@@ -175,29 +227,42 @@ impl Vdi {
         Ok(Bytes::from(buf))
     }
 
-    /// Writes `data` at `offset`, allocating objects as needed.
+    /// Writes `data` at `offset`, allocating objects as needed; the first write to an index
+    /// shared with an ancestor (a snapshot, or the VDI a clone was made from) makes the VDI's
+    /// own copy of that object, on the nodes.
     pub async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), VdiError> {
+        self.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
         self.note_change().await?;
-        let vid = self.header.read().unwrap().vid;
         let writes = self
             .pieces(offset, data.len() as u64)
             .into_iter()
-            .map(|(idx, off, n, at)| {
-                let piece = data.slice(at..at + n as usize);
-                async move {
-                    let oid = self
-                        .object(idx)
-                        .unwrap_or_else(|| ObjectId::data(vid, ObjIndex(idx as u32)));
-                    self.client.write_obj(oid, off, piece).await?;
-                    if self.object(idx).is_none() {
-                        self.record(idx, vid).await?;
-                    }
-                    Ok::<_, VdiError>(())
-                }
-            });
+            .map(|(idx, off, n, at)| self.write_piece(idx, off, data.slice(at..at + n as usize)));
         for r in futures::future::join_all(writes).await {
             r?;
+        }
+        Ok(())
+    }
+
+    /// Writes `piece` at `off` of index `idx`'s object.
+    async fn write_piece(&self, idx: u64, off: u64, piece: Bytes) -> Result<(), VdiError> {
+        let vid = self.header.read().unwrap().vid;
+        let own = ObjectId::data(vid, ObjIndex(idx as u32));
+        if self.entry(idx) == vid {
+            return Ok(self.client.write_obj(own, off, piece).await?);
+        }
+        let _allocating = self.allocating[idx as usize % ALLOC_SHARDS].lock().await;
+        match self.entry(idx) {
+            v if v == vid => self.client.write_obj(own, off, piece).await?,
+            Vid::NONE => {
+                self.client.write_obj(own, off, piece).await?;
+                self.record(idx, vid).await?;
+            }
+            ancestor => {
+                let source = ObjectId::data(ancestor, ObjIndex(idx as u32));
+                self.client.cow_write_obj(own, source, off, piece).await?;
+                self.record(idx, vid).await?;
+            }
         }
         Ok(())
     }
@@ -205,10 +270,15 @@ impl Vdi {
     /// Records in the inode that `index` is now held by object `vid` (0: a hole).
     async fn record(&self, index: u64, vid: Vid) -> Result<(), VdiError> {
         let _changing = self.changes.read().await;
-        let inode = ObjectId::inode(self.header.read().unwrap().vid);
+        let (inode, checked) = {
+            let h = self.header.read().unwrap();
+            (ObjectId::inode(h.vid), h.checked)
+        };
         let at = INODE_HEADER_LEN as u64 + 4 * index;
+        // One 4-byte write: the entry and its check byte together.
+        let raw = super::inode::entry(checked, index, vid);
         self.client
-            .write_obj(inode, at, Bytes::copy_from_slice(&vid.0.to_be_bytes()))
+            .write_obj(inode, at, Bytes::copy_from_slice(&raw.to_be_bytes()))
             .await?;
         let mut map = self.map.write().unwrap();
         if map.len() <= index as usize {
@@ -220,6 +290,7 @@ impl Vdi {
 
     /// Grows the VDI to `new_size` bytes; shrinking is refused, the same size is a no-op.
     pub async fn grow(&self, new_size: u64) -> Result<(), VdiError> {
+        self.check_writable()?;
         let _changing = self.changes.read().await;
         let mut h = self.header();
         if new_size < h.size {
@@ -247,6 +318,7 @@ impl Vdi {
     /// Discards `[offset, offset+len)`: objects wholly inside are removed (the range becomes a
     /// hole), partly covered objects have that part zeroed. Reads return zeros afterwards.
     pub async fn discard(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.check_writable()?;
         self.check_range(offset, len)?;
         self.note_change().await?;
         let (vid, size, os) = {
@@ -261,14 +333,17 @@ impl Vdi {
                     return Ok(()); // already a hole
                 };
                 let object_end = os.min(size - idx * os);
-                if off == 0 && n >= object_end && oid.vid() == vid {
+                if off == 0 && n >= object_end {
                     // Unmap first: a crash in between leaves an orphan object, never a map entry
-                    // pointing at nothing.
+                    // pointing at nothing. An ancestor's object stays: others read it.
                     self.record(idx, Vid::NONE).await?;
-                    self.client.remove_obj(oid).await?;
+                    if oid.vid() == vid {
+                        self.client.remove_obj(oid).await?;
+                    }
                 } else {
-                    let zeros = Bytes::from(vec![0u8; n as usize]);
-                    self.client.write_obj(oid, off, zeros).await?;
+                    // Zeros written like any write: a shared object gets its own copy first.
+                    self.write_piece(idx, off, Bytes::from(vec![0u8; n as usize]))
+                        .await?;
                 }
                 Ok::<_, VdiError>(())
             });

@@ -5,17 +5,24 @@
 //!   and are never reused.
 //! - [`inode`]: each VDI's inode object (`ObjectId::inode(vid)`): header and allocation map.
 //! - [`handle`]: [`Vdi`], an open VDI: byte-addressed I/O over its objects.
+//! - [`check`]: checking every copy of a VDI's objects and repairing the bad ones.
+//! - [`snapshot`]: snapshots (`NAME@TAG`, read-only), clones and rollback.
+//! - [`space`]: which inodes read which objects: space accounting and freeing what nothing
+//!   reads.
 //!
 //! Holes read as zeros and cost no object and no request. The first write to an index writes the
 //! data object on every replica, then records it in the map.
 
+pub mod check;
 mod handle;
 pub mod inode;
+pub mod snapshot;
+pub mod space;
 mod table;
 
 use thiserror::Error;
 
-pub use objstore_proto::name::{validate_name, InvalidName};
+pub use objstore_proto::name::{split_snapshot, validate_name, InvalidName};
 use objstore_proto::oid::{MAX_INDEXES, MAX_VID};
 use objstore_proto::size::format_size;
 
@@ -24,6 +31,8 @@ use crate::lock;
 
 pub use handle::Vdi;
 pub use inode::InodeHeader;
+pub use snapshot::{clone, clones_of, delete_snapshot, rollback, snapshot};
+pub use space::{gc, tree, GcReport, TreeNode};
 pub use table::{
     check_not_attached, create, delete, delete_held, list, list_names, resize, VdiInfo,
 };
@@ -38,6 +47,12 @@ pub enum VdiError {
     InvalidName(#[from] InvalidName),
     #[error("VDI '{0}' already exists")]
     Exists(String),
+    #[error("'{0}' is a snapshot: snapshots are read-only (clone it to write)")]
+    ReadOnly(String),
+    #[error("'{0}' is a VDI, not a snapshot: name one as NAME@TAG")]
+    NotSnapshot(String),
+    #[error("snapshot '{name}' has clones made from it: {}; delete them first", clones.join(", "))]
+    HasClones { name: String, clones: Vec<String> },
     #[error("no VDI named '{0}'")]
     NotFound(String),
     #[error("invalid size for VDI '{name}': {reason}")]

@@ -29,11 +29,44 @@ pub struct VdiInfo {
     pub allocated_objects: u64,
     pub object_size: u32,
     pub copies: u8,
+    /// Unix seconds; a snapshot keeps its VDI's.
     pub created: u64,
+    /// The snapshot's tag (the entry is `NAME@TAG`), None for a VDI.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// When the snapshot was taken (Unix seconds), 0 for a VDI.
+    #[serde(default)]
+    pub snapshot_time: u64,
+    /// The inode it was made from (a snapshot, or the snapshot a clone was made from), or
+    /// [`Vid::NONE`].
+    #[serde(default)]
+    pub parent_vid: Vid,
+    /// The parent's name (`NAME@TAG`), when listed and still there.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// Bytes of objects that nothing else reads (what deleting it would free), when listed.
+    #[serde(default)]
+    pub alone: Option<u64>,
 }
 
+impl VdiInfo {
+    /// `NAME` or `NAME@TAG`.
+    pub fn full_name(&self) -> String {
+        match &self.tag {
+            Some(t) => objstore_proto::name::snapshot_name(&self.name, t),
+            None => self.name.clone(),
+        }
+    }
+
+    /// A clone: made from a snapshot of another VDI.
+    pub fn is_clone_of(&self, parent: &VdiInfo) -> bool {
+        self.parent_vid == parent.vid && self.name != parent.name
+    }
+}
+
+/// The vid of VDI `name` or snapshot `NAME@TAG`.
 pub(crate) async fn lookup(client: &Client, name: &str) -> Result<Vid, VdiError> {
-    validate_name(name)?;
+    objstore_proto::name::split_snapshot(name)?;
     let raw = client
         .kv_get(&keys::vdi(name))
         .await?
@@ -45,7 +78,11 @@ pub(crate) async fn lookup(client: &Client, name: &str) -> Result<Vid, VdiError>
     Ok(e.vid)
 }
 
-async fn alloc_vid(client: &Client) -> Result<Vid, VdiError> {
+pub(super) fn table_entry(vid: Vid) -> String {
+    serde_json::to_string(&TableEntry { vid }).expect("serializable")
+}
+
+pub(super) async fn alloc_vid(client: &Client) -> Result<Vid, VdiError> {
     loop {
         let cur = client.kv_get(keys::NEXT_VID).await?;
         let next: u32 = cur.as_deref().and_then(|s| s.parse().ok()).unwrap_or(1);
@@ -62,7 +99,7 @@ async fn alloc_vid(client: &Client) -> Result<Vid, VdiError> {
     }
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -92,6 +129,7 @@ pub async fn create(client: &Client, name: &str, size: u64) -> Result<VdiInfo, V
         parent: 0,
         snapshot: 0,
         copies: cfg.copies as u8,
+        checked: true,
     };
     if let Err(e) = client
         .write_obj(ObjectId::inode(vid), 0, Bytes::from(header.encode()))
@@ -100,35 +138,14 @@ pub async fn create(client: &Client, name: &str, size: u64) -> Result<VdiInfo, V
         let _ = client.kv_cas(&key, Some(&entry), None).await;
         return Err(e.into());
     }
-    Ok(Vdi::summary(&header, &[]))
+    Ok(Vdi::summary(&header, &[], None))
 }
 
-/// Every VDI, sorted by name.
+/// Every VDI and snapshot, sorted by name (a VDI's snapshots right after it, oldest first),
+/// with the bytes each alone holds and its parent's name.
 pub async fn list(client: &Arc<Client>) -> Result<Vec<VdiInfo>, VdiError> {
-    use futures::StreamExt;
-    let entries = client.kv_list(keys::VDI_PREFIX).await?;
-    let names: Vec<String> = entries
-        .into_iter()
-        .filter_map(|(k, _)| k.strip_prefix(keys::VDI_PREFIX).map(str::to_string))
-        .collect();
-    let infos: Vec<Result<VdiInfo, VdiError>> = futures::stream::iter(names)
-        .map(|n| {
-            let client = client.clone();
-            async move { Ok(Vdi::open(client, &n).await?.info()) }
-        })
-        .buffered(PARALLEL)
-        .collect()
-        .await;
-    let mut out = Vec::new();
-    for i in infos {
-        match i {
-            Ok(i) => out.push(i),
-            // Deleted while we listed.
-            Err(VdiError::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(out)
+    let inodes = super::space::load_live(client).await?;
+    Ok(super::space::account(&inodes))
 }
 
 /// Fails with [`VdiError::Attached`] while someone holds the VDI's attachment lock.
@@ -142,8 +159,12 @@ pub async fn check_not_attached(client: &Client, name: &str) -> Result<(), VdiEr
     Ok(())
 }
 
-/// Deletes a VDI and every object it owns.
+/// Deletes a VDI and every object it owns (its snapshots stay), or snapshot `NAME@TAG`
+/// ([`super::delete_snapshot`]).
 pub async fn delete(client: &Arc<Client>, name: &str) -> Result<(), VdiError> {
+    if name.contains('@') {
+        return super::delete_snapshot(client, name).await.map(drop);
+    }
     delete_held(client, name, None).await
 }
 
@@ -190,6 +211,12 @@ pub async fn delete_held(
     for key in [lock_key, keys::gen(name)] {
         if let Some(cur) = client.kv_get(&key).await? {
             let _ = client.kv_cas(&key, Some(&cur), None).await?;
+        }
+    }
+    if vdi.header().parent != 0 {
+        // Objects of deleted snapshots that only this VDI still read are free now.
+        if let Err(e) = super::gc(client).await {
+            tracing::warn!("VDI '{name}' deleted; freeing its deleted snapshots' objects failed (the next delete or 'dog vdi gc' retries): {e}");
         }
     }
     Ok(())

@@ -142,12 +142,12 @@ impl Drop for Tmpfs {
 /// Discards `[offset, offset+len)` of VDI `name` through the client library (dog has no
 /// discard command; sheepfs turns hole punching into this call).
 pub fn discard(c: &Cluster, name: &str, offset: u64, len: u64) {
-    use objstore_client::{Client, ClientOptions, Vdi};
+    use objstore_client::{Client, Vdi};
     let addr: std::net::SocketAddr = c.addr(live_node(c)).parse().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = std::sync::Arc::new(
-            Client::connect(&[addr], ClientOptions::default())
+            Client::connect(&[addr], testkit::auth::client_options())
                 .await
                 .unwrap(),
         );

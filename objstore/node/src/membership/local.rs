@@ -130,6 +130,9 @@ impl LocalDriver {
         for sub in ["nodes", "epochs", "kv", "leases"] {
             fs::create_dir_all(dir.join(sub)).map_err(|e| d.io("create directory", e))?;
         }
+        // The VDI table and the membership: whoever can write here can change the cluster.
+        let owner_only = std::os::unix::fs::PermissionsExt::from_mode(0o700);
+        fs::set_permissions(dir, owner_only).map_err(|e| d.io("chmod 700", e))?;
         Ok(d)
     }
 

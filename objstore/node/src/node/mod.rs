@@ -11,13 +11,21 @@
 //! and driver calls run on the calling task ([`Node::blocking`]), so a whole cluster runs in one
 //! current-thread runtime under a paused clock (the fault simulator, `objstore/sim`).
 
+mod check;
 mod collect;
+mod cow;
+mod fence;
+pub mod gate;
 mod history;
+mod integrity;
 mod recovery;
 mod reference;
 mod repair;
 mod replicate;
+mod scrub;
 mod server;
+
+pub use scrub::ScrubOptions;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -32,11 +40,13 @@ use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::health::{Health, HealthOptions, HealthStore};
 use crate::membership::{self, Driver, DriverError, TICK};
+use crate::metrics::Metrics;
 use crate::store::{FileStore, ObjectBackend};
 use objstore_client::conn::Pool;
 use objstore_client::transport::{Listener, Tcp, Transport};
-use objstore_proto::api::RecoveryStatus;
+use objstore_proto::api::{NodeStats, NodeStatus, RecoveryStatus};
 use objstore_proto::keys;
 use objstore_proto::placement::Ring;
 use objstore_proto::view::{ClusterConfig, ClusterInfo, NodeInfo, View};
@@ -55,6 +65,12 @@ pub struct NodeOptions {
     /// Test hook: a pause before each recovery pull, so an end-to-end test can act while a
     /// node is still recovering. Zero (no pause) unless a test asks.
     pub pull_delay: std::time::Duration,
+    /// When the node fences itself for disk errors (`--io-error-limit`, `--io-error-window`).
+    pub health: HealthOptions,
+    /// The background scrub (`sheep --scrub-rate`); off by default.
+    pub scrub: ScrubOptions,
+    /// The cluster key and the node's limits (see [`gate`]).
+    pub access: gate::Access,
 }
 
 #[derive(Debug, Error)]
@@ -85,6 +101,10 @@ pub enum NodeError {
     },
     #[error(transparent)]
     Driver(#[from] DriverError),
+    #[error(
+        "data directory {dir} was fenced for disk errors ({reason}); remove {dir}/fenced once the disk is checked or replaced (see docs/operations.md, \"Sick disks\")"
+    )]
+    Fenced { dir: PathBuf, reason: String },
 }
 
 /// The node's identity, kept in `DIR/node.json`.
@@ -120,7 +140,10 @@ pub struct Node {
     epoch_tx: watch::Sender<Arc<Epoch>>,
     config: OnceLock<ClusterConfig>,
     peers: Pool,
+    /// Who may connect, and the caps on connections and on what each has in flight.
+    gate: gate::Gate,
     recovery: recovery::Recovery,
+    scrub: scrub::Scrub,
     /// Orders changes of one object as its primary (sharded), held while the replicas apply.
     obj_locks: Vec<tokio::sync::Mutex<()>>,
     /// Orders what a replica applies to one object (sharded): held only around local store
@@ -144,6 +167,13 @@ pub struct Node {
     inline: bool,
     /// The data directory's lock; None when the caller chose the identity (see [`NodeParts`]).
     _dir_lock: Option<File>,
+    /// The data directory (where a fenced node leaves its `fenced` mark).
+    dir: PathBuf,
+    /// The store's I/O errors and fencing (see [`crate::health`]).
+    health: Arc<Health>,
+    /// Request counters and the registry others add metrics to (see [`crate::metrics`]).
+    metrics: Metrics,
+    started: std::time::Instant,
 }
 
 /// What [`Node::start_with`] runs on.
@@ -208,6 +238,9 @@ fn dir_err<'a>(dir: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Nod
 /// Locks the data directory and reads (or creates) the node's identity.
 fn open_dir(dir: &Path, cluster_id: &str) -> Result<(File, u64), NodeError> {
     fs::create_dir_all(dir).map_err(dir_err(dir, "create"))?;
+    // Objects are VDI data: the node's user only.
+    fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(dir_err(dir, "chmod 700"))?;
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -254,7 +287,8 @@ impl Node {
     /// Opens the data directory, joins the cluster and starts serving over TCP, with objects
     /// as files under `DIR/obj`. Must run inside a tokio runtime.
     pub async fn start(opts: NodeOptions) -> Result<Running, NodeError> {
-        Node::start_with(opts, NodeParts::new(Arc::new(Tcp))).await
+        let tcp = Tcp::with_key(opts.access.key.clone());
+        Node::start_with(opts, NodeParts::new(Arc::new(tcp))).await
     }
 
     /// Like [`Node::start`] with the seams chosen by the caller: the object backend (None: files
@@ -275,6 +309,7 @@ impl Node {
             Some((id, incarnation)) => (None, id, incarnation),
             None => {
                 let (lock, id) = open_dir(&opts.dir, &cluster_id)?;
+                fence::check_mark(&opts.dir)?;
                 (Some(lock), id, rand::random())
             }
         };
@@ -285,6 +320,8 @@ impl Node {
                 Arc::new(FileStore::open(&obj_dir).map_err(dir_err(&obj_dir, "open store"))?)
             }
         };
+        let health = Arc::new(Health::new(opts.health));
+        let store: Arc<dyn ObjectBackend> = Arc::new(HealthStore::new(store, health.clone()));
         let listener = match parts.listener {
             Some(l) => l,
             None => Listener::Tcp(TcpListener::bind(opts.listen).await.map_err(|source| {
@@ -324,7 +361,9 @@ impl Node {
             epoch_tx,
             config: OnceLock::new(),
             peers: Pool::new(parts.transport),
+            gate: gate::Gate::new(opts.access.clone()),
             recovery: recovery::Recovery::default(),
+            scrub: Default::default(),
             obj_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),
@@ -344,6 +383,10 @@ impl Node {
             },
             inline,
             _dir_lock: dir_lock,
+            dir: opts.dir.clone(),
+            health,
+            metrics: Metrics::default(),
+            started: std::time::Instant::now(),
         });
         let ticker = if inline {
             Ticker::Task(node.spawn(node.clone().tick_task()))
@@ -356,10 +399,16 @@ impl Node {
                     .map_err(dir_err(&opts.dir, "start membership thread"))?,
             )
         };
-        let tasks = vec![
+        let mut tasks = vec![
             node.spawn(recovery::run(node.clone())),
             node.spawn(server::serve(node.clone(), listener)),
+            node.spawn(fence::restore_unreadable(node.clone())),
+            node.spawn(fence::fence_when_told(node.clone())),
         ];
+        // No task at all when off: the simulator's schedules stay as they were.
+        if opts.scrub.rate > 0 {
+            tasks.push(node.spawn(scrub::run(node.clone(), opts.scrub, opts.dir.clone())));
+        }
         Ok(Running {
             node,
             ticker: Some(ticker),
@@ -497,6 +546,57 @@ impl Node {
 
     pub fn recovery_status(&self) -> RecoveryStatus {
         self.recovery.status()
+    }
+
+    /// The disk's health: I/O errors, fencing.
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// The node's counters, and the registry where other parts add theirs.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// What `NodeStatus` answers.
+    pub fn status(&self) -> NodeStatus {
+        let (disk_total, disk_free) = self.store.capacity().unwrap_or((0, 0));
+        NodeStatus {
+            id: self.me.id,
+            addr: self.me.addr,
+            zone: self.me.zone,
+            vnodes: self.me.vnodes,
+            epoch: self.epoch().view.epoch,
+            objects: self.store.len(),
+            disk_total,
+            disk_free,
+            recovery: self.recovery_status(),
+            lease_left_ms: self.driver.member_until().map(|until| {
+                let now = std::time::Instant::now();
+                if until >= now {
+                    (until - now).as_millis() as i64
+                } else {
+                    -((now - until).as_millis() as i64)
+                }
+            }),
+            health: self.health.status(),
+            scrub: self.scrub_status(),
+        }
+    }
+
+    /// What `NodeStat` answers and `--metrics` serves.
+    pub fn stats(&self) -> NodeStats {
+        NodeStats {
+            status: self.status(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            ops: self.metrics.ops(),
+            errors: self.metrics.errors(),
+            extra: self.metrics.registry().samples(),
+        }
+    }
+
+    pub fn scrub_status(&self) -> objstore_proto::api::ScrubStatus {
+        self.scrub.status()
     }
 }
 

@@ -133,12 +133,24 @@ impl Node {
         h: Header,
         payload: Bytes,
     ) -> Result<Frame, String> {
+        self.peer_call_within(addr, h, payload, FORWARD_TIMEOUT)
+            .await
+    }
+
+    /// [`Node::peer_call`] waiting up to `timeout` for the answer.
+    pub(super) async fn peer_call_within(
+        &self,
+        addr: SocketAddr,
+        h: Header,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Frame, String> {
         let conn = self
             .peers
-            .get(addr, FORWARD_TIMEOUT)
+            .get(addr, timeout)
             .await
             .map_err(|e| e.to_string())?;
-        match conn.call(h, payload, FORWARD_TIMEOUT).await {
+        match conn.call(h, payload, timeout).await {
             Ok(f) => Ok(f),
             Err(e) => {
                 self.peers.drop_conn(addr).await;
@@ -206,7 +218,9 @@ impl Node {
             let restored =
                 self.ensure_recovered(oid).await.is_ok() && self.recovery.lost(oid).is_none();
             if restored {
-                tracing::info!("object {oid} restored from another replica after a failed flush");
+                tracing::info!(
+                    "object {oid} restored from another replica (its copy here was lost)"
+                );
             } else {
                 tracing::error!(
                     "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner up gives it; it stays unreadable here and is planned again"

@@ -21,13 +21,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::server::Failure;
 use super::{Epoch, Node};
 use crate::store::{ObjState, Version};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
+use objstore_proto::payload::peer_write_prefix;
 use objstore_proto::view::ClusterConfig;
 
 pub(super) const LOCK_SHARDS: usize = 1024;
@@ -82,23 +83,6 @@ enum Forwarded {
     Failed(Failure),
 }
 
-fn versions_prefix(base: Version, new: Version) -> Bytes {
-    let mut b = BytesMut::with_capacity(16);
-    b.put_u64(base.0);
-    b.put_u64(new.0);
-    b.freeze()
-}
-
-/// The base and new versions at the head of a `PeerWrite` payload, and the data after them.
-pub(super) fn split_peer_write(payload: &Bytes) -> Option<(Version, Version, Bytes)> {
-    if payload.len() < 16 {
-        return None;
-    }
-    let base = Version(u64::from_be_bytes(payload[..8].try_into().unwrap()));
-    let new = Version(u64::from_be_bytes(payload[8..16].try_into().unwrap()));
-    Some((base, new, payload.slice(16..)))
-}
-
 /// A replica's failure as the primary reports it to the client.
 fn replica_failure(addr: SocketAddr, code: ResultCode, message: String) -> Failure {
     match code {
@@ -107,6 +91,17 @@ fn replica_failure(addr: SocketAddr, code: ResultCode, message: String) -> Failu
         }
         _ => Failure::new(ResultCode::Busy, format!("replica {addr}: {message}")),
     }
+}
+
+/// A change refused because `oid` is at `base`, not at the version the client expected; the
+/// answer carries `base` so the client retries from it.
+pub(super) fn conflict(oid: ObjectId, base: Version, expected: Version) -> Failure {
+    let mut f = Failure::new(
+        ResultCode::Conflict,
+        format!("object {oid} is at {base:?}, the change expects {expected:?}"),
+    );
+    f.version = Some(base);
+    f
 }
 
 fn shard(oid: ObjectId) -> usize {
@@ -208,12 +203,7 @@ impl Node {
             // The client last saw the object at another version (or saw none, and there is
             // one): this is an attempt it gave up on, arriving late, or the object changed
             // since. Never applied over it; the client retries from `base`.
-            let mut f = Failure::new(
-                ResultCode::Conflict,
-                format!("object {oid} is at {base:?}, the change expects {expected:?}"),
-            );
-            f.version = Some(base);
-            return Err(f);
+            return Err(conflict(oid, base, expected));
         }
         let floor = self
             .issued
@@ -275,7 +265,7 @@ impl Node {
                 // Some owners may hold the change and others not: bring them to one version
                 // now rather than at the object's next write.
                 self.schedule_repair(epoch, oid);
-                Err(f)
+                Err(self.retry_io(f))
             }
         }
     }
@@ -299,8 +289,13 @@ impl Node {
                 h.oid = oid.0;
                 h.offset = *offset;
                 h.length = data.len() as u32;
-                conn.call_with_prefix(h, versions_prefix(base, new), data.clone(), FORWARD_TIMEOUT)
-                    .await
+                conn.call_with_prefix(
+                    h,
+                    peer_write_prefix(base, new),
+                    data.clone(),
+                    FORWARD_TIMEOUT,
+                )
+                .await
             }
             Change::Remove => {
                 let state = ObjState::tombstone(new);

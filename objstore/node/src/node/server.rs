@@ -11,29 +11,42 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 
 use objstore_client::transport::{Listener, Reader, Writer};
 
+use super::gate;
 use super::recovery::PullFailed;
-use super::replicate::{split_peer_write, Change};
+use super::replicate::Change;
 use super::{Epoch, Node};
 use crate::membership::{Driver, DriverError};
 use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{
-    FormatRequest, KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId, NodeStatus,
+    KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId, RepairReply, RepairRequest,
 };
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
+use objstore_proto::payload::{split_expected, split_peer_write};
 use objstore_proto::version::encode_list;
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 /// Reads up to this size run on the request's task instead of the blocking pool.
 const INLINE_READ: usize = 64 << 10;
 
+mod format;
+use format::format;
+
 pub(super) async fn serve(node: Arc<Node>, mut listener: Listener) {
+    // Only TCP connections shake hands: an in-memory network lives inside one process.
+    let tcp = matches!(listener, Listener::Tcp(_));
     loop {
         match listener.accept().await {
-            Ok((rd, wr, peer)) => {
-                node.spawn(connection(node.clone(), rd, wr, peer));
-            }
+            Ok((rd, wr, peer)) => match node.gate.admit() {
+                Some(slot) => {
+                    node.spawn(connection(node.clone(), rd, wr, peer, tcp, slot));
+                }
+                None => {
+                    let max = node.gate.access.limits.max_connections;
+                    node.spawn(gate::refuse_full(wr, rd, max, peer));
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotConnected => return,
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -43,7 +56,18 @@ pub(super) async fn serve(node: Arc<Node>, mut listener: Listener) {
     }
 }
 
-async fn connection(node: Arc<Node>, rd: Reader, wr: Writer, peer: SocketAddr) {
+async fn connection(
+    node: Arc<Node>,
+    rd: Reader,
+    wr: Writer,
+    peer: SocketAddr,
+    tcp: bool,
+    _slot: gate::Slot,
+) {
+    let Some((rd, wr)) = gate::open(&node, rd, wr, peer, tcp).await else {
+        return;
+    };
+    let budget = node.gate.budget();
     // Each request task writes its own response: no hop through a writer task. Request tasks
     // are never cancelled, so a frame is never left half written.
     let wr = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
@@ -54,6 +78,8 @@ async fn connection(node: Arc<Node>, rd: Reader, wr: Writer, peer: SocketAddr) {
     loop {
         match read_frame(&mut r).await {
             Ok(Some(frame)) => {
+                // Not read further until this request fits the connection's budget.
+                let permit = budget.take(gate::cost(&node, &frame)).await;
                 let n = node.clone();
                 let wr = wr.clone();
                 node.spawn(async move {
@@ -62,6 +88,7 @@ async fn connection(node: Arc<Node>, rd: Reader, wr: Writer, peer: SocketAddr) {
                     if write_frame(&mut *w, &h, &payload).await.is_ok() {
                         let _ = w.flush().await;
                     }
+                    drop(permit);
                 });
             }
             Ok(None) => break,
@@ -103,6 +130,7 @@ impl From<StoreError> for Failure {
         let code = match e {
             StoreError::NotFound(_) => ResultCode::NotFound,
             StoreError::NoSpace => ResultCode::NoSpace,
+            StoreError::Corrupt { .. } => ResultCode::Corrupt,
             _ => ResultCode::Io,
         };
         let code = match e {
@@ -155,6 +183,21 @@ type Handled = Result<Reply, Failure>;
 
 async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
     let h = frame.header;
+    let started = std::time::Instant::now();
+    let bytes_in = frame.payload.len();
+    let (rh, payload) = answer(node, frame).await;
+    node.metrics.request(
+        h.opcode,
+        bytes_in,
+        payload.len(),
+        rh.result_code(),
+        started.elapsed(),
+    );
+    (rh, payload)
+}
+
+async fn answer(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
+    let h = frame.header;
     let res = if h.is_response() {
         Err(Failure::invalid("a response frame was sent as a request"))
     } else {
@@ -190,6 +233,9 @@ async fn handle(node: &Arc<Node>, frame: Frame) -> (Header, Bytes) {
             (rh, r.payload)
         }
         Err(f) => {
+            if f.code == ResultCode::Corrupt {
+                node.copy_corrupt(ObjectId(h.oid));
+            }
             if f.code == ResultCode::InvalidRequest {
                 tracing::warn!("refused {:?}: {}", h.opcode, f.message);
             }
@@ -225,13 +271,6 @@ pub(super) fn task_failure(e: tokio::task::JoinError) -> Failure {
     Failure::new(code, format!("store task failed: {e}"))
 }
 
-/// The version a client expects an object at (the first 8 bytes of a `WriteObj` or `RemoveObj`
-/// payload), and the rest.
-fn split_expected(payload: &Bytes) -> Option<(Version, Bytes)> {
-    let v = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
-    Some((Version(v), payload.slice(8..)))
-}
-
 fn text(payload: &[u8]) -> Result<&str, Failure> {
     std::str::from_utf8(payload).map_err(|_| Failure::invalid("payload is not UTF-8"))
 }
@@ -243,7 +282,7 @@ fn json<'a, T: serde::Deserialize<'a>>(payload: &'a [u8]) -> Result<T, Failure> 
 /// A request for an object whose pull failed or which must wait for nodes that are down: its
 /// local copy may be stale or missing, so neither served nor written into. The client retries
 /// (another replica, or later) unless this node's disk has no room for the object.
-fn not_recovered(oid: ObjectId, why: PullFailed) -> Failure {
+pub(super) fn not_recovered(oid: ObjectId, why: PullFailed) -> Failure {
     match why {
         PullFailed::Waiting { nodes, epoch } => Failure::new(
             ResultCode::Busy,
@@ -342,6 +381,10 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             let v = node.change(&ep, oid, &others, expected, change).await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))
         }
+        Opcode::CowWrite => {
+            let v = super::cow::cow_write(node, h, payload).await?;
+            Ok(Reply::state(Bytes::new(), ObjState::live(v)))
+        }
         Opcode::RemoveObj => {
             let _change = node.enter(h.epoch);
             let (ep, cfg) = io_epoch(node, h).await?;
@@ -359,7 +402,10 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .await?;
             Ok(Reply::state(Bytes::new(), ObjState::tombstone(v)))
         }
-        Opcode::Flush => node.flush_here().await.map(|()| Reply::empty()),
+        Opcode::Flush => {
+            node.check_fenced()?;
+            node.flush_here().await.map(|()| Reply::empty())
+        }
         Opcode::StatObj | Opcode::PeerRead if node.recovery.is_pending(oid) => Err(Failure::new(
             ResultCode::NotFound,
             format!("object {oid} is not recovered here yet"),
@@ -372,6 +418,15 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             let store = node.store.clone();
             let (data, st) = blocking(node, move || store.read_whole(oid)).await?;
             Ok(Reply::state(Bytes::from(data), st))
+        }
+        Opcode::CheckObj => {
+            let state_only = h.aux & objstore_proto::api::CHECK_STATE_ONLY != 0;
+            Ok(Reply::json(&node.check_copy(oid, state_only).await))
+        }
+        Opcode::RepairObj => {
+            let req: RepairRequest = json(&payload)?;
+            let state = node.repair_copy(oid, req.version, req.source).await?;
+            Ok(Reply::json(&RepairReply { state }))
         }
         Opcode::PeerList => {
             let cur = node.epoch().view.epoch;
@@ -434,28 +489,8 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             version: None,
         }),
         Opcode::ClusterInfo => Ok(Reply::json::<ClusterInfo>(&node.cluster_info())),
-        Opcode::NodeStatus => {
-            let (disk_total, disk_free) = node.store.capacity().unwrap_or((0, 0));
-            Ok(Reply::json(&NodeStatus {
-                id: node.me.id,
-                addr: node.me.addr,
-                zone: node.me.zone,
-                vnodes: node.me.vnodes,
-                epoch: node.epoch().view.epoch,
-                objects: node.store.len(),
-                disk_total,
-                disk_free,
-                recovery: node.recovery_status(),
-                lease_left_ms: node.driver.member_until().map(|until| {
-                    let now = std::time::Instant::now();
-                    if until >= now {
-                        (until - now).as_millis() as i64
-                    } else {
-                        -((now - until).as_millis() as i64)
-                    }
-                }),
-            }))
-        }
+        Opcode::NodeStatus => Ok(Reply::json(&node.status())),
+        Opcode::NodeStat => Ok(Reply::json(&node.stats())),
         Opcode::Format => format(node, json(&payload)?).await,
         Opcode::KvGet => {
             let key = text(&payload)?.to_string();
@@ -541,6 +576,10 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 Err(Failure::new(ResultCode::NotFound, "the lease ended"))
             }
         }
+        Opcode::AuthHello | Opcode::AuthProof => Err(Failure::new(
+            ResultCode::Unauthenticated,
+            "this node runs without a cluster key (sheep --no-auth) and cannot prove one",
+        )),
         Opcode::LeaseRevoke => {
             let LeaseId { lease } = json(&payload)?;
             driver_call(node, move |d| d.lease_revoke(lease)).await?;
@@ -554,7 +593,10 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
 const MAX_LEASE_TTL_SECS: u64 = 86_400;
 
 /// Checks the request's epoch and waits for this epoch's recovery plan.
-async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
+pub(super) async fn io_epoch(
+    node: &Node,
+    h: &Header,
+) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
     let cfg = node.config().ok_or_else(|| {
         Failure::new(
             ResultCode::NotFormatted,
@@ -562,6 +604,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
         )
     })?;
     node.check_member()?;
+    node.check_fenced()?;
     let ep = node.epoch();
     let cur = ep.view.epoch;
     if h.epoch < cur {
@@ -589,7 +632,7 @@ async fn io_epoch(node: &Node, h: &Header) -> Result<(Arc<Epoch>, ClusterConfig)
     Ok((ep, cfg))
 }
 
-fn check_range(
+pub(super) fn check_range(
     oid: ObjectId,
     offset: u64,
     length: u32,
@@ -606,45 +649,6 @@ fn check_range(
             "range {offset}+{length} is outside object {oid} ({limit} bytes)"
         ))),
     }
-}
-
-async fn format(node: &Node, req: FormatRequest) -> Handled {
-    let min_copies = req
-        .min_copies
-        .unwrap_or_else(|| objstore_proto::view::default_min_copies(req.copies));
-    ClusterConfig::validate(req.copies, min_copies, req.object_size).map_err(Failure::invalid)?;
-    let cfg = ClusterConfig {
-        copies: req.copies,
-        min_copies,
-        object_size: req.object_size as u32,
-        formatted_at: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    };
-    let raw = serde_json::to_vec(&cfg).expect("serializable");
-    let ok = driver_call(node, move |d| d.kv_cas(keys::CONFIG, None, Some(&raw))).await?;
-    if !ok {
-        let cur = node.config();
-        return Err(Failure::new(
-            ResultCode::AlreadyFormatted,
-            match cur {
-                Some(c) => format!(
-                    "the cluster is already formatted ({} copies, {} MiB objects)",
-                    c.copies,
-                    c.object_size >> 20
-                ),
-                None => "the cluster is already formatted".to_string(),
-            },
-        ));
-    }
-    tracing::info!(
-        "cluster formatted: {} copies (writes need {}), {} byte objects",
-        cfg.copies,
-        cfg.min_copies,
-        cfg.object_size
-    );
-    Ok(Reply::empty())
 }
 
 #[cfg(test)]

@@ -22,11 +22,17 @@
 //! `fdatasync` that fails is reported for that object and the object is not retried: the node
 //! restores it from another replica. The store is synchronous: callers run it on a blocking
 //! pool.
+//!
+//! Checksums ([`layout`]): every file starts with a header region holding one sum per 4 KiB
+//! block, and the object's bytes follow, so one `fdatasync` makes both durable. A write
+//! updates the sums of the blocks it touches; a read checks every block it returns, and a
+//! mismatch marks the copy bad ([`StoreError::Corrupt`]) until it is restored. A marked
+//! (suspect) file may hold bytes and sums out of step after a crash: it is read unchecked, and
+//! its sums are recomputed from its bytes when it is settled or kept (`accept_lost`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
@@ -59,15 +65,22 @@ pub struct FileStore {
     /// Held for the whole of a flush: a flush that finds nothing dirty because an earlier one
     /// took it must still wait until that one has synced it.
     flushing: Mutex<()>,
-    /// Objects whose last fdatasync failed: unreadable until restored.
-    bad: Mutex<HashSet<ObjectId>>,
+    /// Objects unreadable until restored: their last fdatasync failed (None), or a block of
+    /// theirs did not match its sum (that block).
+    bad: Mutex<HashMap<ObjectId, Option<u64>>>,
 }
 
-fn failed_sync(oid: ObjectId) -> StoreError {
-    StoreError::Io {
-        oid,
-        op: "read",
-        source: io::Error::other("its last fdatasync failed: it is being restored from a replica"),
+/// The error a read of a bad copy (see [`FileStore::bad`]) gets.
+fn bad_copy(oid: ObjectId, why: Option<u64>) -> StoreError {
+    match why {
+        Some(block) => StoreError::Corrupt { oid, block },
+        None => StoreError::Io {
+            oid,
+            op: "read",
+            source: io::Error::other(
+                "its copy here was lost (a failed fdatasync or read): it is being restored from a replica",
+            ),
+        },
     }
 }
 
@@ -133,12 +146,13 @@ impl FileStore {
         for e in fs::read_dir(&tmp)? {
             let _ = fs::remove_file(e?.path());
         }
+        layout::open_format(dir, &tmp)?;
         let mut index: HashMap<ObjectId, Entry> = HashMap::new();
         for e in fs::read_dir(dir)? {
             let e = e?;
             let name = e.file_name();
             let Some(name) = name.to_str() else { continue };
-            if name == ".tmp" {
+            if name == ".tmp" || name == layout::FORMAT_FILE {
                 continue;
             }
             let Some((oid, state)) = parse_name(name) else {
@@ -189,6 +203,34 @@ impl FileStore {
         self.index.lock().unwrap().get(&oid).copied()
     }
 
+    /// A bad copy (see [`FileStore::bad`]) is not read: its error.
+    fn check_bad(&self, oid: ObjectId) -> Result<(), StoreError> {
+        match self.bad.lock().unwrap().get(&oid) {
+            Some(why) => Err(bad_copy(oid, *why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Passes `res` on; a checksum mismatch in it first marks the copy bad, so that nothing
+    /// reads it again and a copy of the same version may replace it.
+    fn note_corrupt<T>(&self, res: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Corrupt { oid, block }) = &res {
+            tracing::error!("object {oid}: block {block} does not match its checksum; the copy here is bad until restored");
+            self.bad.lock().unwrap().entry(*oid).or_insert(Some(*block));
+        }
+        res
+    }
+
+    /// Recomputes and syncs the sums of the file of `e` from its bytes.
+    fn reseal(&self, oid: ObjectId, e: &Entry) -> Result<(), StoreError> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.path(oid, e))
+            .map_err(|e| StoreError::io(oid, "open", e))?;
+        layout::reseal(&f, oid)
+    }
+
     /// [`ObjectBackend::write`] with the object's write lock held.
     fn write_locked(
         &self,
@@ -210,11 +252,13 @@ impl FileStore {
                     }
                 }
                 let f = OpenOptions::new()
+                    .read(true)
                     .write(true)
                     .open(self.path(oid, &e))
                     .map_err(|e| StoreError::io(oid, "open", e))?;
-                f.write_all_at(data, offset)
-                    .map_err(|e| StoreError::io(oid, "write", e))?;
+                // A bad copy is written too (it stays bad until replaced), but an edge block
+                // that does not check is never given a fresh sum.
+                self.note_corrupt(layout::write(&f, oid, offset, data, !e.state.suspect))?;
                 if let Some(e) = self.index.lock().unwrap().get_mut(&oid) {
                     e.state.version = version;
                 }
@@ -250,10 +294,14 @@ impl FileStore {
         let name = file_name(oid, state.version, state.deleted, false);
         let tmp_path = self.tmp.join(format!("{name}.{}", rand::random::<u32>()));
         let mut guard = DeleteOnDrop(Some(tmp_path.clone()));
-        let f = File::create(&tmp_path).map_err(|e| StoreError::io(oid, "create", e))?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp_path)
+            .map_err(|e| StoreError::io(oid, "create", e))?;
         if !state.deleted {
-            f.write_all_at(data, offset)
-                .map_err(|e| StoreError::io(oid, "write", e))?;
+            layout::create(&f, oid, offset, data)?;
         }
         f.sync_all().map_err(|e| StoreError::io(oid, "sync", e))?;
         let final_path = self.dir.join(&name);
@@ -299,33 +347,24 @@ impl ObjectBackend for FileStore {
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let _g = self.lock(oid).read().unwrap();
-        if self.bad.lock().unwrap().contains(&oid) {
-            return Err(failed_sync(oid));
-        }
+        self.check_bad(oid)?;
         let e = self
             .entry(oid)
             .filter(|e| !e.state.deleted)
             .ok_or(StoreError::NotFound(oid))?;
-        let mut f = File::open(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "open", e))?;
-        // read_to_end fills uninitialised capacity; bytes past the end of the file are zeros.
-        let mut buf = Vec::with_capacity(len);
-        f.seek(SeekFrom::Start(offset))
-            .and_then(|_| (&mut f).take(len as u64).read_to_end(&mut buf))
-            .map_err(|e| StoreError::io(oid, "read", e))?;
-        buf.resize(len, 0);
-        Ok(buf)
+        let f = File::open(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "open", e))?;
+        self.note_corrupt(layout::read(&f, oid, offset, len, !e.state.suspect))
     }
 
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
         let _g = self.lock(oid).read().unwrap();
-        if self.bad.lock().unwrap().contains(&oid) {
-            return Err(failed_sync(oid));
-        }
+        self.check_bad(oid)?;
         let e = self.entry(oid).ok_or(StoreError::NotFound(oid))?;
         if e.state.deleted {
             return Ok((Vec::new(), e.state));
         }
-        let data = fs::read(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "read", e))?;
+        let f = File::open(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "open", e))?;
+        let data = self.note_corrupt(layout::read_all(&f, oid, !e.state.suspect))?;
         Ok((data, e.state))
     }
 
@@ -365,7 +404,7 @@ impl ObjectBackend for FileStore {
         let _g = self.lock(oid).write().unwrap();
         let old = self.entry(oid);
         // A copy whose last sync failed is replaced by any copy at least as new.
-        let bad = self.bad.lock().unwrap().contains(&oid);
+        let bad = self.bad.lock().unwrap().contains_key(&oid);
         if old.is_some_and(|e| {
             !(e.state.replaced_by(state) || (bad && state.version >= e.state.version))
         }) {
@@ -389,6 +428,8 @@ impl ObjectBackend for FileStore {
             marked: dirty || e.state.version != e.disk,
             ..e
         };
+        // Its bytes are the reference now: their sums are recomputed (and synced) first.
+        self.reseal(oid, &e)?;
         let (from, to) = (self.path(oid, &e), self.path(oid, &after));
         if from != to {
             fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
@@ -403,20 +444,28 @@ impl ObjectBackend for FileStore {
             self.bad.lock().unwrap().remove(&oid);
             return Ok(None);
         };
-        if !self.bad.lock().unwrap().contains(&oid) {
+        let Some(why) = self.bad.lock().unwrap().get(&oid).copied() else {
             return Ok(Some(e.state));
-        }
-        // The file holds what its last successful sync made durable (its name's version) and
-        // maybe some later pages: suspect at the named version, marked as such on disk.
+        };
+        // After a failed sync the file holds what its last successful sync made durable (its
+        // name's version) and maybe some later pages; a corrupt copy keeps its version. Either
+        // is kept suspect, marked as such on disk, its sums recomputed from its bytes.
         let after = Entry {
             state: ObjState {
-                version: e.disk,
+                version: if why.is_some() {
+                    e.state.version
+                } else {
+                    e.disk
+                },
                 suspect: true,
                 ..e.state
             },
             marked: true,
             ..e
         };
+        if !e.state.deleted {
+            self.reseal(oid, &e)?;
+        }
         let (from, to) = (self.path(oid, &e), self.path(oid, &after));
         if from != to {
             fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
@@ -425,6 +474,12 @@ impl ObjectBackend for FileStore {
         self.index.lock().unwrap().insert(oid, after);
         self.bad.lock().unwrap().remove(&oid);
         Ok(Some(after.state))
+    }
+
+    fn mark_lost(&self, oid: ObjectId) {
+        if self.entry(oid).is_some() {
+            self.bad.lock().unwrap().entry(oid).or_insert(None);
+        }
     }
 
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {
@@ -463,7 +518,7 @@ impl ObjectBackend for FileStore {
                     // Not retried: after a failed fdatasync the kernel may have dropped the
                     // dirty pages, so a later sync would succeed without the data.
                     tracing::error!("fdatasync of object {oid} failed: {err}");
-                    self.bad.lock().unwrap().insert(oid);
+                    self.bad.lock().unwrap().insert(oid, None);
                     failed.push((oid, e.state.version));
                     first_err.get_or_insert(err);
                     continue;
@@ -486,7 +541,7 @@ impl ObjectBackend for FileStore {
                 continue;
             }
             if let Err(err) = fs::rename(&from, &to) {
-                self.bad.lock().unwrap().insert(oid);
+                self.bad.lock().unwrap().insert(oid, None);
                 failed.push((oid, e.state.version));
                 first_err.get_or_insert(err);
                 continue;
@@ -519,6 +574,11 @@ impl ObjectBackend for FileStore {
         Ok((s.f_blocks as u64 * frsize, s.f_bavail as u64 * frsize))
     }
 }
+
+mod layout;
+
+#[cfg(test)]
+mod checks;
 
 #[cfg(test)]
 mod tests;

@@ -6,28 +6,90 @@
 //! file backend's install and unlink are followed by a directory fsync). [`MemStore::crashed`] returns a store
 //! holding only the durable state, as the files would be after a power cut.
 //!
-//! Faults: [`MemStore::fail`] makes chosen operations fail with EIO (or ENOSPC) until cleared. A
+//! Faults: [`MemStore::fail`] (or [`MemStore::fail_object`], for one object) makes chosen operations fail with EIO (or ENOSPC) until cleared. A
 //! failed flush loses what it could not sync, as a failed `fdatasync` may: those objects go back
 //! to their durable state and the flush names them.
+//!
+//! Checksums: each object keeps the sums of its 4 KiB blocks ([`super::sums`]) as the file
+//! backend does, checked on every read of a copy that is not suspect; [`MemStore::corrupt`]
+//! flips a stored byte behind them, as a bad disk would.
 //!
 //! Holds: [`MemStore::hold`] makes writes (or removes) of one object wait, their calling
 //! threads blocked before they change anything, until [`MemStore::release`]: a change caught
 //! in flight inside the store, as a slow disk would keep it. Only for nodes whose store calls
 //! run on threads of their own (`MemCluster`), never inline ones (the simulator).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::sync::{Condvar, Mutex};
 
 use objstore_proto::oid::ObjectId;
 
+use super::sums::{self, BLOCK};
 use super::{ObjState, ObjectBackend, StoreError, Version};
 
-/// An object's bytes and state (a tombstone has no bytes).
+/// An object's bytes, the sums of its blocks, and its state (a tombstone has no bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Obj {
     data: Vec<u8>,
+    sums: Vec<u32>,
     state: ObjState,
+}
+
+impl Obj {
+    fn new(data: Vec<u8>, state: ObjState) -> Obj {
+        Obj {
+            sums: sums::sums_of(&data),
+            data,
+            state,
+        }
+    }
+
+    /// Checks the blocks that bytes `offset..offset+len` touch (not on a suspect copy).
+    fn check(&self, oid: ObjectId, offset: u64, len: usize) -> Result<(), StoreError> {
+        if self.state.suspect || len == 0 {
+            return Ok(());
+        }
+        let (first, end) = sums::blocks(offset, len);
+        let lo = (first as usize * BLOCK).min(self.data.len());
+        let hi = (end as usize * BLOCK).min(self.data.len());
+        let t =
+            &self.sums[(first as usize).min(self.sums.len())..(end as usize).min(self.sums.len())];
+        match sums::first_bad(first, &self.data[lo..hi], t) {
+            Some(block) => Err(StoreError::Corrupt { oid, block }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks the blocks a write of `len` bytes at `offset` covers only in part.
+    fn check_edges(&self, oid: ObjectId, offset: u64, len: usize) -> Result<(), StoreError> {
+        let b = BLOCK as u64;
+        let end = offset + len as u64;
+        if !offset.is_multiple_of(b) {
+            self.check(oid, offset, 1)?;
+        }
+        if !end.is_multiple_of(b) && len > 0 {
+            self.check(oid, end - 1, 1)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` and the sums of the blocks it touches.
+    fn write(&mut self, offset: usize, data: &[u8]) {
+        let end = offset + data.len();
+        if self.data.len() < end {
+            self.data.resize(end, 0);
+        }
+        self.data[offset..end].copy_from_slice(data);
+        let (first, last) = sums::blocks(offset as u64, data.len());
+        if self.sums.len() < last as usize {
+            self.sums.resize(last as usize, 0);
+        }
+        for b in first as usize..last as usize {
+            let hi = ((b + 1) * BLOCK).min(self.data.len());
+            self.sums[b] = sums::sum(&self.data[b * BLOCK..hi]);
+        }
+    }
 }
 
 /// Operations a fault can target.
@@ -55,8 +117,11 @@ struct State {
     /// Written since the last flush.
     dirty: HashSet<ObjectId>,
     faults: Vec<(Op, Fault)>,
-    /// Objects whose last flush failed: unreadable until restored.
-    bad: HashSet<ObjectId>,
+    /// Faults of one object only (a bad sector under one file).
+    object_faults: Vec<(Op, ObjectId, Fault)>,
+    /// Objects unreadable until restored: their last flush failed (None), or a block of
+    /// theirs did not match its sum (that block).
+    bad: HashMap<ObjectId, Option<u64>>,
 }
 
 /// Operations held until released, and how many calls wait on them.
@@ -137,8 +202,19 @@ impl MemStore {
         self.state.lock().unwrap().faults.push((op, fault));
     }
 
+    /// Makes `op` on `oid` only fail with `fault` until [`MemStore::clear_faults`].
+    pub fn fail_object(&self, op: Op, oid: ObjectId, fault: Fault) {
+        self.state
+            .lock()
+            .unwrap()
+            .object_faults
+            .push((op, oid, fault));
+    }
+
     pub fn clear_faults(&self) {
-        self.state.lock().unwrap().faults.clear();
+        let mut st = self.state.lock().unwrap();
+        st.faults.clear();
+        st.object_faults.clear();
     }
 
     /// Makes `op` (`Write` or `Remove`, whole-object installs included) on `oid` wait before it
@@ -185,22 +261,37 @@ impl MemStore {
         hit
     }
 
-    /// An object whose last flush failed reads as an I/O error until it is restored.
+    /// An object whose last flush failed reads as an I/O error until it is restored; one
+    /// found corrupt, as corrupt.
     fn check_bad(st: &State, oid: ObjectId) -> Result<(), StoreError> {
-        if st.bad.contains(&oid) {
-            return Err(StoreError::Io {
+        match st.bad.get(&oid) {
+            None => Ok(()),
+            Some(Some(block)) => Err(StoreError::Corrupt { oid, block: *block }),
+            Some(None) => Err(StoreError::Io {
                 oid,
                 op: "read",
                 source: io::Error::other(
-                    "its last fdatasync failed: it is being restored from a replica",
+                    "its copy here was lost (a failed fdatasync or read): it is being restored from a replica",
                 ),
-            });
+            }),
         }
-        Ok(())
+    }
+
+    /// Passes `res` on; a checksum mismatch in it marks the copy bad first.
+    fn note_corrupt<T>(st: &mut State, res: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(StoreError::Corrupt { oid, block }) = &res {
+            st.bad.entry(*oid).or_insert(Some(*block));
+        }
+        res
     }
 
     fn check(st: &State, op: Op, oid: ObjectId) -> Result<(), StoreError> {
-        match st.faults.iter().find(|(o, _)| *o == op) {
+        let one = st
+            .object_faults
+            .iter()
+            .find(|(o, id, _)| *o == op && *id == oid)
+            .map(|(o, _, f)| (*o, *f));
+        match st.faults.iter().copied().find(|(o, _)| *o == op).or(one) {
             None => Ok(()),
             Some((_, Fault::NoSpace)) => Err(StoreError::NoSpace),
             Some((_, Fault::Io)) => Err(StoreError::Io {
@@ -234,7 +325,7 @@ impl ObjectBackend for MemStore {
     }
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
-        let st = self.state.lock().unwrap();
+        let mut st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Read, oid)?;
         MemStore::check_bad(&st, oid)?;
         let o = st
@@ -242,6 +333,9 @@ impl ObjectBackend for MemStore {
             .get(&oid)
             .filter(|o| !o.state.deleted)
             .ok_or(StoreError::NotFound(oid))?;
+        let checked = o.check(oid, offset, len);
+        MemStore::note_corrupt(&mut st, checked)?;
+        let o = &st.live[&oid];
         let mut out = vec![0u8; len];
         let start = (offset as usize).min(o.data.len());
         let end = (start + len).min(o.data.len());
@@ -250,10 +344,13 @@ impl ObjectBackend for MemStore {
     }
 
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
-        let st = self.state.lock().unwrap();
+        let mut st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Read, oid)?;
         MemStore::check_bad(&st, oid)?;
         let o = st.live.get(&oid).ok_or(StoreError::NotFound(oid))?;
+        let checked = o.check(oid, 0, o.data.len());
+        MemStore::note_corrupt(&mut st, checked)?;
+        let o = &st.live[&oid];
         Ok((o.data.clone(), o.state))
     }
 
@@ -269,20 +366,14 @@ impl ObjectBackend for MemStore {
         MemStore::check(&st, Op::Write, oid)?;
         let created = st.live.get(&oid).is_none_or(|o| o.state.deleted);
         if created {
-            st.live.insert(
-                oid,
-                Obj {
-                    data: Vec::new(),
-                    state: ObjState::live(version),
-                },
-            );
+            st.live
+                .insert(oid, Obj::new(Vec::new(), ObjState::live(version)));
         }
+        // An edge block that does not check is never given a fresh sum.
+        let checked = st.live[&oid].check_edges(oid, offset, data.len());
+        MemStore::note_corrupt(&mut st, checked)?;
         let o = st.live.get_mut(&oid).expect("just inserted");
-        let end = offset as usize + data.len();
-        if o.data.len() < end {
-            o.data.resize(end, 0);
-        }
-        o.data[offset as usize..end].copy_from_slice(data);
+        o.write(offset as usize, data);
         o.state.version = version;
         if created {
             // The file backend creates an object with the crash-safe recipe: durable at once.
@@ -305,24 +396,24 @@ impl ObjectBackend for MemStore {
         let mut st = self.state.lock().unwrap();
         MemStore::check(&st, op, oid)?;
         // A copy whose last flush failed is replaced by any copy at least as new.
-        let bad = st.bad.contains(&oid);
+        let bad = st.bad.contains_key(&oid);
         if st.live.get(&oid).is_some_and(|o| {
             !(o.state.replaced_by(state) || (bad && state.version >= o.state.version))
         }) {
             return Ok(false);
         }
-        let o = Obj {
-            data: if state.deleted {
+        let o = Obj::new(
+            if state.deleted {
                 Vec::new()
             } else {
                 data.to_vec()
             },
-            state: ObjState {
+            ObjState {
                 suspect: false,
                 lost: false,
                 ..state
             },
-        };
+        );
         st.live.insert(oid, o.clone());
         st.durable.insert(oid, o);
         st.dirty.remove(&oid);
@@ -334,8 +425,10 @@ impl ObjectBackend for MemStore {
         let mut guard = self.state.lock().unwrap();
         let st: &mut State = &mut guard;
         for map in [&mut st.live, &mut st.durable] {
-            if let Some(o) = map.get_mut(&oid) {
+            if let Some(o) = map.get_mut(&oid).filter(|o| o.state.suspect) {
+                // Its bytes are the reference now: their sums are recomputed.
                 o.state.suspect = false;
+                o.sums = sums::sums_of(&o.data);
             }
         }
         Ok(())
@@ -344,15 +437,24 @@ impl ObjectBackend for MemStore {
     fn accept_lost(&self, oid: ObjectId) -> Result<Option<ObjState>, StoreError> {
         let mut guard = self.state.lock().unwrap();
         let st: &mut State = &mut guard;
-        if st.bad.remove(&oid) {
-            // The live state went back to the durable one when the flush failed.
+        if st.bad.remove(&oid).is_some() {
+            // The live state went back to the durable one when a flush failed; a corrupt copy
+            // keeps its bytes. Either is kept suspect, its sums recomputed from its bytes.
             for map in [&mut st.live, &mut st.durable] {
                 if let Some(o) = map.get_mut(&oid) {
                     o.state.suspect = true;
+                    o.sums = sums::sums_of(&o.data);
                 }
             }
         }
         Ok(st.live.get(&oid).map(|o| o.state))
+    }
+
+    fn mark_lost(&self, oid: ObjectId) {
+        let mut st = self.state.lock().unwrap();
+        if st.live.contains_key(&oid) {
+            st.bad.entry(oid).or_insert(None);
+        }
     }
 
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError> {
@@ -384,7 +486,7 @@ impl ObjectBackend for MemStore {
                     Some(o) => st.live.insert(*oid, o),
                     None => st.live.remove(oid),
                 };
-                st.bad.insert(*oid);
+                st.bad.insert(*oid, None);
             }
             let source = match e {
                 StoreError::Io { source, .. } => source,
@@ -455,7 +557,14 @@ mod tests {
         s.clear_faults();
         s.flush().unwrap();
         assert!(s.corrupt(a, 0));
-        assert_ne!(s.read(a, 0, 1).unwrap(), b"x");
+        // A flipped byte is never read: the copy is bad until a copy as new replaces it.
+        assert!(matches!(
+            s.read(a, 0, 1),
+            Err(StoreError::Corrupt { block: 0, .. })
+        ));
+        assert!(matches!(s.read_whole(a), Err(StoreError::Corrupt { .. })));
+        assert!(s.put_if_newer(a, b"x", ObjState::live(Version(2))).unwrap());
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
     }
 
     #[test]

@@ -23,10 +23,16 @@
 //!   their data may be gone and a later flush does not make it durable again: from then on they
 //!   are unreadable (an I/O error) until `put_if_newer` or `forget`, and the node restores them
 //!   from another replica; when no replica holds that data, `accept_lost` keeps what remains.
+//! - Every block's checksum is verified on every read ([`sums`]): a block that does not match
+//!   is never returned; the read fails with [`StoreError::Corrupt`] and the copy is unreadable
+//!   (like a copy a failed flush lost) until `put_if_newer` installs a copy at least as new, or
+//!   `accept_lost` keeps it. A *suspect* copy is not checked (a crash may leave its bytes and
+//!   sums out of step); `settle` and `accept_lost` recompute its sums from its bytes.
 //! - The backend is synchronous: the node calls it on tokio's blocking pool.
 
 pub mod file;
 pub mod mem;
+pub mod sums;
 
 use std::io;
 
@@ -53,6 +59,9 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// A block's checksum does not match its bytes: the copy is bad here.
+    #[error("object {oid} is corrupt here: block {block} does not match its checksum")]
+    Corrupt { oid: ObjectId, block: u64 },
     #[error("{op} of object {oid} failed")]
     Io {
         oid: ObjectId,
@@ -81,6 +90,16 @@ fn first_oids(oids: &[(ObjectId, Version)]) -> String {
     s.join(", ")
 }
 
+/// What [`ObjectBackend::verify`] found: a copy that reads back whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub state: ObjState,
+    /// [`objstore_proto::check::digest`] of its bytes (of nothing for a tombstone).
+    pub digest: String,
+    /// Bytes read.
+    pub bytes: u64,
+}
+
 /// Where a node keeps its objects. See the module documentation for the contract.
 pub trait ObjectBackend: Send + Sync + 'static {
     /// The object's state here (tombstones included), if it is held here.
@@ -97,6 +116,18 @@ pub trait ObjectBackend: Send + Sync + 'static {
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError>;
     /// Reads a whole object and its state (for recovery); a tombstone has no bytes.
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError>;
+    /// Reads a whole copy back and hashes it (`CheckObj`, the scrub). An error is a bad copy:
+    /// a read that failed, or (for a backend that keeps checksums) bytes that do not match
+    /// them. The default reads through [`ObjectBackend::read_whole`], which catches only read
+    /// errors; a flipped byte shows as a digest that differs from the other copies'.
+    fn verify(&self, oid: ObjectId) -> Result<Verified, StoreError> {
+        let (data, state) = self.read_whole(oid)?;
+        Ok(Verified {
+            state,
+            digest: objstore_proto::check::digest(&data),
+            bytes: data.len() as u64,
+        })
+    }
     /// Writes `data` at `offset`, creating the object if it is missing or deleted, and sets its
     /// version to `version`.
     fn write(
@@ -134,6 +165,11 @@ pub trait ObjectBackend: Send + Sync + 'static {
     /// bytes may hold some of the lost writes. Returns its state, None when nothing remains.
     /// For a copy not lost, returns its state unchanged.
     fn accept_lost(&self, oid: ObjectId) -> Result<Option<ObjState>, StoreError>;
+    /// Declares the copy of `oid` here lost although no flush failed: a read of it failed with
+    /// an I/O error, so its bytes cannot be vouched for. From then on it is handled as a copy a
+    /// failed `flush` lost (see the module documentation): unreadable until `put_if_newer`
+    /// (any copy at least as new replaces it) or `forget`. No-op for an object not held here.
+    fn mark_lost(&self, oid: ObjectId);
     /// Drops every trace of an object (a copy this node no longer owns, or one it must fetch
     /// again); forgetting a missing object is not an error.
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError>;

@@ -230,6 +230,7 @@ fn opcode_table() {
         (0x03, Opcode::RemoveObj, Client),
         (0x04, Opcode::Flush, Client),
         (0x05, Opcode::StatObj, Client),
+        (0x06, Opcode::CowWrite, Client),
         (0x10, Opcode::ClusterInfo, Client),
         (0x11, Opcode::Format, Client),
         (0x12, Opcode::KvGet, Client),
@@ -240,6 +241,11 @@ fn opcode_table() {
         (0x17, Opcode::LeaseKeepalive, Client),
         (0x18, Opcode::LeaseRevoke, Client),
         (0x19, Opcode::KvCasLeased, Client),
+        (0x1a, Opcode::NodeStat, Client),
+        (0x1b, Opcode::CheckObj, Client),
+        (0x1c, Opcode::RepairObj, Client),
+        (0x20, Opcode::AuthHello, Client),
+        (0x21, Opcode::AuthProof, Client),
         (0x81, Opcode::PeerList, Peer),
         (0x82, Opcode::PeerRead, Peer),
         (0x83, Opcode::PeerStatus, Peer),
@@ -262,10 +268,19 @@ fn opcode_table() {
 
 #[test]
 fn result_codes() {
-    for v in 0..=12u16 {
+    for v in 0..=13u16 {
         assert_eq!(ResultCode::from_u16(v).unwrap() as u16, v);
     }
-    assert_eq!(ResultCode::from_u16(13), None);
+    assert_eq!(ResultCode::from_u16(13), Some(ResultCode::Corrupt));
+    assert_eq!(ResultCode::Corrupt as u16, 13);
+    assert_eq!(ResultCode::from_u16(17), None);
+    assert_eq!(ResultCode::from_u16(16), Some(ResultCode::Fenced));
+    assert_eq!(ResultCode::Fenced as u16, 16);
+    for v in [14u16, 15] {
+        assert_eq!(ResultCode::from_u16(v).unwrap() as u16, v);
+    }
+    assert_eq!(ResultCode::from_u16(14), Some(ResultCode::Unauthenticated));
+    assert_eq!(ResultCode::from_u16(15), Some(ResultCode::LimitReached));
     let mut h = golden_request().response(ResultCode::Ok, 1);
     h.result = 0xffff;
     assert_eq!(h.result_code(), ResultCode::Io);
@@ -351,7 +366,7 @@ async fn refuses_bad_magic() {
 
 #[tokio::test]
 async fn refuses_unknown_opcode() {
-    for op in [0x00, 0x06, 0x3f, 0x40, 0x80, 0x86, 0xff] {
+    for op in [0x00, 0x07, 0x3f, 0x40, 0x80, 0x86, 0xff] {
         let mut b = GOLDEN_REQUEST;
         b[3] = op;
         assert_eq!(

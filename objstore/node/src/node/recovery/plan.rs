@@ -255,7 +255,7 @@ impl Node {
         match self.blocking(move || store.accept_lost(oid)).await {
             Ok(Ok(st)) => {
                 tracing::error!(
-                    "epoch {e}: object {oid}: no node holds the data this node lost at {want:?} with a failed fdatasync; keeping what remains here ({st:?}) to compare with the other copies"
+                    "epoch {e}: object {oid}: no node holds the data this node lost at {want:?} (a failed fdatasync or a checksum mismatch); keeping what remains here ({st:?}) to compare with the other copies"
                 );
                 self.recovery.unlose(oid);
                 self.recovery.update(|s| s.data_lost += 1);

@@ -43,8 +43,8 @@ fn write_read_version_tombstone() {
     assert!(s.list().is_empty());
     assert_eq!(
         fs::read_dir(d.path()).unwrap().count(),
-        1,
-        "only .tmp is left"
+        2,
+        "only .tmp and the format marker are left"
     );
 }
 
@@ -87,7 +87,7 @@ fn a_lost_copy_kept_is_suspect_at_its_synced_version() {
     written_flushed_then_again(&s, oid);
     // What a failed fdatasync does to it (see `flush`).
     s.dirty.lock().unwrap().remove(&oid);
-    s.bad.lock().unwrap().insert(oid);
+    s.bad.lock().unwrap().insert(oid, None);
     assert!(s.read(oid, 0, 1).is_err());
     let kept = s.accept_lost(oid).unwrap().unwrap();
     assert_eq!(

@@ -1,0 +1,150 @@
+//! Changes of objects: writes, copy-on-writes and removes, each sent to the object's primary
+//! with the version this client last saw it at (see [`Client::write_obj`]).
+
+use bytes::Bytes;
+
+use super::{answer, targets, Answer, Client, ClientError, ClusterView, Step};
+use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
+use objstore_proto::payload;
+use objstore_proto::version::Version;
+
+impl Client {
+    /// Sends a change of `oid` to its primary, which orders it and applies it on every owner.
+    ///
+    /// The change carries the version this client last saw the object at (8 bytes before the
+    /// data; 0: none seen), and the primary applies it only if the object is still at that
+    /// version (0: the primary has no copy). So an attempt this client gave up on (no answer
+    /// in time) that reaches the primary later, after a newer change, is refused instead of
+    /// applied over it. When the object changed otherwise (another writer, an attempt that
+    /// did land), the primary says at which version it is and the client tries again from
+    /// there: at once the first time it sees the object, after the usual backoff otherwise.
+    ///
+    /// With `source`, the change is a copy-on-write (`CowWrite`): the prefix also names the
+    /// object the primary copies when the target does not exist, and a `NotFound` answer means
+    /// that source does not exist.
+    async fn to_primary(
+        &self,
+        v: &ClusterView,
+        h: Header,
+        source: Option<ObjectId>,
+        payload: Bytes,
+    ) -> Step<()> {
+        let oid = ObjectId(h.oid);
+        let primary = match targets(v, oid) {
+            Ok(t) => t[0],
+            Err(step) => return step,
+        };
+        let mut h = h;
+        h.epoch = v.epoch();
+        let mut expected = self
+            .versions
+            .lock()
+            .unwrap()
+            .get(&oid)
+            .copied()
+            .unwrap_or_default();
+        let mut first_sight = expected == Version::NONE;
+        let res = loop {
+            let prefix = match source {
+                None => payload::expected_prefix(expected),
+                Some(source) => payload::cow_prefix(expected, source),
+            };
+            let res = self
+                .call_with_prefix(primary, h, prefix, payload.clone())
+                .await;
+            if let Ok(f) = &res {
+                match f.header.result_code() {
+                    ResultCode::Ok => {
+                        self.versions
+                            .lock()
+                            .unwrap()
+                            .insert(oid, Version(f.header.offset));
+                    }
+                    ResultCode::Conflict => {
+                        let now = Version(f.header.offset);
+                        self.versions.lock().unwrap().insert(oid, now);
+                        if first_sight {
+                            // This client had seen no version: now it has, try again at once.
+                            first_sight = false;
+                            expected = now;
+                            continue;
+                        }
+                        return Step::Retry(format!(
+                            "{primary}: object {oid} is at {now:?}, not at {expected:?} as this client last changed it"
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            break res;
+        };
+        match answer(primary, res) {
+            Answer::Ok(_) => Step::Done(()),
+            Answer::NotFound => Step::Fatal(ClientError::NotFound(source.unwrap_or(oid))),
+            Answer::Retry(why) => Step::Retry(why),
+            Answer::Fatal(e) => Step::Fatal(e),
+        }
+    }
+
+    /// Writes `data` at `offset` of object `oid` on every replica.
+    pub async fn write_obj(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        self.write_via_primary(Opcode::WriteObj, oid, None, offset, data)
+            .await
+    }
+
+    /// Writes `data` at `offset` of object `oid`, which is copied first from object `source`
+    /// when it does not exist (or was removed): a copy-on-write, done by the nodes (the
+    /// target's primary reads the source from its owners, applies the write and stores the
+    /// whole object on every owner of `oid`). When `oid` exists this is [`Client::write_obj`]
+    /// (the source is not read again). `source` must be a data object of the same index in
+    /// another VDI (else `ClientError::Refused`, `InvalidRequest`); a source that does not
+    /// exist is `ClientError::NotFound(source)`, and the target is not created. Ordered with
+    /// this client's other changes of `oid`, and retried like them.
+    pub async fn cow_write_obj(
+        &self,
+        oid: ObjectId,
+        source: ObjectId,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        self.write_via_primary(Opcode::CowWrite, oid, Some(source), offset, data)
+            .await
+    }
+
+    /// A `WriteObj` or `CowWrite` of `data` at `offset` of `oid`, ordered with this client's
+    /// other changes of `oid` and retried through its primary.
+    async fn write_via_primary(
+        &self,
+        op: Opcode,
+        oid: ObjectId,
+        source: Option<ObjectId>,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        let _order = self.order_lock(oid).lock().await;
+        let mut h = Header::request(op, 0, 0);
+        h.oid = oid.0;
+        h.offset = offset;
+        h.length = data.len() as u32;
+        self.retry(|v| {
+            let data = data.clone();
+            async move { self.to_primary(&v, h, source, data).await }
+        })
+        .await
+    }
+
+    /// Removes object `oid` from every replica (each keeps a tombstone at a new version).
+    pub async fn remove_obj(&self, oid: ObjectId) -> Result<(), ClientError> {
+        let _order = self.order_lock(oid).lock().await;
+        let mut h = Header::request(Opcode::RemoveObj, 0, 0);
+        h.oid = oid.0;
+        self.retry(|v| async move { self.to_primary(&v, h, None, Bytes::new()).await })
+            .await
+    }
+}

@@ -1,0 +1,226 @@
+//! Snapshots, clones and rollback through real nodes and `dog`: a snapshot keeps what the VDI
+//! held when it was taken while the VDI goes on (copy-on-write on the nodes), clones are
+//! isolated from each other and from their snapshot, rollback brings the snapshot back,
+//! deletes free exactly what nothing else reads, also on a node that was down.
+
+mod common;
+
+use common::{bins, MIB};
+use serde_json::Value;
+use testkit::cluster::Cluster;
+use testkit::{pseudo_random, replicas};
+
+/// 3 nodes, 3 copies of 1 MiB objects, VDI `disk` of 8 MiB written whole (returned).
+fn cluster() -> (Cluster, Vec<u8>) {
+    let c = Cluster::start(&bins(), 3);
+    c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "disk", "8M"]);
+    let data = pseudo_random((8 * MIB) as usize, 0x5a9);
+    c.write_vdi("disk", 0, &data);
+    (c, data)
+}
+
+fn row<'a>(list: &'a Value, full: &str) -> &'a Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            let name = r["name"].as_str().unwrap();
+            match r["tag"].as_str() {
+                Some(t) => format!("{name}@{t}") == full,
+                None => name == full,
+            }
+        })
+        .unwrap_or_else(|| panic!("{full} is not listed: {list}"))
+}
+
+fn oids(c: &Cluster, name: &str, n: u64) -> Vec<String> {
+    (0..n)
+        .map(|i| c.holders(name, i).oid.expect("allocated"))
+        .collect()
+}
+
+#[test]
+fn snapshot_keeps_its_data_while_the_vdi_goes_on() {
+    let (c, data) = cluster();
+    c.dog_ok(&["vdi", "snapshot", "disk", "-s", "one"]);
+    // Writes after the snapshot: a whole object, a 4 KiB piece inside another, a discard.
+    let new = pseudo_random(MIB as usize, 0xbeef);
+    c.write_vdi("disk", 2 * MIB, &new);
+    c.write_vdi("disk", 5 * MIB + 12345, &[0xab; 4096]);
+    let mut expect = data.clone();
+    expect[(2 * MIB) as usize..(3 * MIB) as usize].copy_from_slice(&new);
+    expect[(5 * MIB + 12345) as usize..(5 * MIB + 12345 + 4096) as usize].fill(0xab);
+
+    assert_eq!(
+        c.read_vdi("disk@one", 0, 8 * MIB),
+        data,
+        "the snapshot is as taken"
+    );
+    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), expect, "the VDI goes on");
+
+    // The snapshot's objects are the VDI's old ones: untouched ones still shared, written
+    // ones copied into the VDI's own.
+    let snap = oids(&c, "disk@one", 8);
+    let cur = oids(&c, "disk", 8);
+    for i in 0..8 {
+        assert_eq!(
+            snap[i] == cur[i],
+            i != 2 && i != 5,
+            "index {i}: {snap:?} {cur:?}"
+        );
+    }
+    replicas::assert_consistent(&c, "disk");
+    replicas::assert_consistent(&c, "disk@one");
+
+    // Read-only.
+    let e = c.dog_err(&["vdi", "write", "disk@one", "0", "1"]);
+    assert!(e.contains("read-only"), "{e}");
+    let e = c.dog_err(&["vdi", "resize", "disk@one", "16M"]);
+    assert!(e.contains("read-only") || e.contains("snapshot"), "{e}");
+
+    // Listed under the VDI, with what each alone holds.
+    let list = c.dog_json(&["vdi", "list"]);
+    let s = row(&list, "disk@one");
+    assert_eq!(
+        s["alone"],
+        2 * MIB,
+        "the snapshot alone holds the 2 overwritten objects"
+    );
+    let d = row(&list, "disk");
+    assert_eq!(d["alone"], 2 * MIB, "the VDI alone holds its 2 copies");
+    assert_eq!(d["parent"], "disk@one");
+    let text = String::from_utf8(c.dog_ok(&["vdi", "list"])).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("s disk") && l.contains("one")),
+        "{text}"
+    );
+    let tree = String::from_utf8(c.dog_ok(&["vdi", "tree"])).unwrap();
+    assert_eq!(tree, "disk@one\n└── disk (current)\n");
+
+    // A snapshot without a tag gets one; a second with the same tag is refused.
+    c.dog_ok(&["vdi", "snapshot", "disk"]);
+    let e = c.dog_err(&["vdi", "snapshot", "disk", "-s", "one"]);
+    assert!(e.contains("already exists"), "{e}");
+    let e = c.dog_err(&["vdi", "snapshot", "disk", "-s", "a@b"]);
+    assert!(e.contains("'@'"), "{e}");
+    let list = c.dog_json(&["vdi", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 3, "{list}");
+}
+
+#[test]
+fn twenty_clones_are_isolated_rollback_and_delete_free_what_nothing_reads() {
+    let (c, data) = cluster();
+    c.dog_ok(&["vdi", "snapshot", "disk", "-s", "gold"]);
+    for k in 0..20u8 {
+        let name = format!("vm{k}");
+        c.dog_ok(&["vdi", "clone", "disk@gold", &name]);
+        c.write_vdi(
+            &name,
+            (k as u64 % 8) * MIB + 7 + 100 * k as u64,
+            &[k + 1; 100],
+        );
+    }
+    for k in 0..20u8 {
+        let mut expect = data.clone();
+        let at = ((k as u64 % 8) * MIB + 7 + 100 * k as u64) as usize;
+        expect[at..at + 100].fill(k + 1);
+        assert_eq!(c.read_vdi(&format!("vm{k}"), 0, 8 * MIB), expect, "vm{k}");
+    }
+    assert_eq!(c.read_vdi("disk@gold", 0, 8 * MIB), data);
+    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), data);
+    let tree = String::from_utf8(c.dog_ok(&["vdi", "tree"])).unwrap();
+    assert!(tree.starts_with("disk@gold\n"), "{tree}");
+    assert_eq!(tree.matches("(clone)").count(), 20, "{tree}");
+
+    // A snapshot with clones is not deleted; the message names them.
+    let e = c.dog_err(&["vdi", "delete", "disk@gold"]);
+    assert!((0..20).all(|k| e.contains(&format!("vm{k}"))), "{e}");
+
+    // Rollback: what was written since is gone, and freed.
+    c.write_vdi("disk", 0, &vec![9u8; (3 * MIB) as usize]);
+    let e = c.dog_err(&["vdi", "rollback", "disk@gold"]);
+    assert!(e.contains("--yes"), "{e}");
+    c.dog_ok(&["vdi", "rollback", "disk@gold", "--yes"]);
+    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), data);
+
+    // Deleting the clones, then the snapshot: the VDI still reads every object it shared
+    // with the snapshot, and it alone holds them now.
+    for k in 0..20 {
+        c.dog_ok(&["vdi", "delete", &format!("vm{k}")]);
+    }
+    let gold = oids(&c, "disk@gold", 8);
+    let out: Value =
+        serde_json::from_slice(&c.dog_ok(&["vdi", "delete", "disk@gold", "--json"])).unwrap();
+    assert_eq!(out["gc"]["freed_objects"], 0, "all shared with disk: {out}");
+    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), data);
+    let list = c.dog_json(&["vdi", "list"]);
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(row(&list, "disk")["alone"], 8 * MIB);
+    let tree = String::from_utf8(c.dog_ok(&["vdi", "tree"])).unwrap();
+    assert!(
+        tree.contains("disk@gold (deleted, kept for others)"),
+        "{tree}"
+    );
+    // The check covers the kept inode too.
+    let check = String::from_utf8(c.dog_ok(&["cluster", "check"])).unwrap();
+    assert!(
+        check.contains("10 object"),
+        "disk's inode and 8 objects, gold's inode: {check}"
+    );
+
+    // Overwriting the VDI leaves the deleted snapshot's objects unread: the next gc frees
+    // them, and the deleted inode with them.
+    c.write_vdi("disk", 0, &vec![7u8; (8 * MIB) as usize]);
+    let r = c.dog_json(&["vdi", "gc"]);
+    assert_eq!(r["freed_objects"], 8, "{r}");
+    // The deleted inode stays: the VDI was rolled back from it and names it as its parent.
+    assert_eq!(r["removed_inodes"], 0, "{r}");
+    for oid in &gold {
+        for i in 0..3 {
+            assert!(
+                replicas::copy_path(&c, &c.addr(i), oid).is_none(),
+                "{oid} still on node {i}"
+            );
+        }
+    }
+    let tree = String::from_utf8(c.dog_ok(&["vdi", "tree"])).unwrap();
+    assert_eq!(
+        tree,
+        "disk@gold (deleted, kept for others)\n└── disk (current)\n"
+    );
+}
+
+#[test]
+fn deleting_a_snapshot_frees_its_objects_on_a_node_that_was_down() {
+    let (mut c, _) = cluster();
+    c.dog_ok(&["vdi", "snapshot", "disk", "-s", "old"]);
+    c.write_vdi("disk", 0, &vec![3u8; (8 * MIB) as usize]);
+    let old = oids(&c, "disk@old", 8);
+    c.wait_recovered();
+    c.kill9(2);
+    c.wait_members(2);
+    let out: Value =
+        serde_json::from_slice(&c.dog_ok(&["vdi", "delete", "disk@old", "--json"])).unwrap();
+    assert_eq!(out["gc"]["freed_objects"], 8, "{out}");
+    let down = c.addr(2);
+    assert!(
+        old.iter()
+            .all(|o| replicas::copy_path(&c, &down, o).is_some()),
+        "the down node still has its copies on disk"
+    );
+    c.start_node(2);
+    c.wait_members(3);
+    c.wait_recovered();
+    for oid in &old {
+        assert!(
+            replicas::copy_path(&c, &down, oid).is_none(),
+            "{oid} came back with node 2"
+        );
+    }
+    assert_eq!(
+        c.read_vdi("disk", 0, 8 * MIB),
+        vec![3u8; (8 * MIB) as usize]
+    );
+}
