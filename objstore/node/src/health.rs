@@ -315,18 +315,24 @@ impl ObjectBackend for HealthStore {
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError> {
-        self.saw(oid, "write", self.inner.write(oid, offset, data, version))
+        self.saw(
+            oid,
+            "write",
+            self.inner.write(oid, offset, data, sums, version),
+        )
     }
     fn write_now(
         &self,
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Option<Result<(), StoreError>> {
-        let r = self.inner.write_now(oid, offset, data, version)?;
+        let r = self.inner.write_now(oid, offset, data, sums, version)?;
         Some(self.saw(oid, "write", r))
     }
     fn put_if_newer(
@@ -389,7 +395,7 @@ mod tests {
     fn a_failed_read_is_counted_once_and_the_copy_marked_lost() {
         let (mem, health, store) = setup(0);
         let a = ObjectId::data(Vid(1), ObjIndex(0));
-        store.write(a, 0, b"abc", Version(1)).unwrap();
+        store.write(a, 0, b"abc", None, Version(1)).unwrap();
         let mut lost = health.take_lost().unwrap();
         mem.fail_object(Op::Read, a, Fault::Io);
         assert!(matches!(store.read(a, 0, 3), Err(StoreError::Io { .. })));
@@ -409,7 +415,7 @@ mod tests {
         assert_eq!(store.read(a, 0, 3).unwrap(), b"abc");
         // A full disk is not a sick one.
         mem.fail(Op::Write, Fault::NoSpace);
-        assert!(store.write(a, 0, b"x", Version(2)).is_err());
+        assert!(store.write(a, 0, b"x", None, Version(2)).is_err());
         assert_eq!(health.status().io_errors.total(), 1);
         assert!(!health.is_fenced());
     }
@@ -418,11 +424,11 @@ mod tests {
     fn the_limit_fences_and_every_kind_counts() {
         let (mem, health, store) = setup(3);
         let a = ObjectId::data(Vid(1), ObjIndex(0));
-        store.write(a, 0, b"abc", Version(1)).unwrap();
+        store.write(a, 0, b"abc", None, Version(1)).unwrap();
         mem.fail(Op::Write, Fault::Io);
-        assert!(store.write(a, 0, b"x", Version(2)).is_err());
+        assert!(store.write(a, 0, b"x", None, Version(2)).is_err());
         mem.clear_faults();
-        store.write(a, 0, b"y", Version(2)).unwrap();
+        store.write(a, 0, b"y", None, Version(2)).unwrap();
         mem.fail(Op::Flush, Fault::Io);
         assert!(matches!(store.flush(), Err(StoreError::SyncFailed { .. })));
         assert!(!health.is_fenced());

@@ -7,9 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use objstore_client::conn::Conn;
 use objstore_client::Client;
-use objstore_node::store::{ObjectBackend, StoreError};
+use objstore_node::store::sums::{self, BLOCK};
+use objstore_node::store::{FileStore, MemStore, ObjectBackend, StoreError, Version};
 use objstore_node::testing::MemCluster;
+use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::payload::peer_write_prefix;
 use objstore_proto::{ObjIndex, ObjectId, Vid};
 
 const MIB: u64 = 1 << 20;
@@ -121,5 +125,100 @@ fn a_node_recovering_never_takes_a_corrupt_copy() {
             Err(StoreError::Corrupt { .. }) => assert_eq!(n, corrupt),
             Err(e) => panic!("node {n}: {e}"),
         }
+    }
+}
+
+/// The sums a primary sends with a write of whole blocks (`PeerWrite`'s `aux`) are kept as
+/// given by both backends, for a new object and for one written in place: bytes damaged after
+/// the primary summed them fail their check on read instead of being blessed with fresh sums.
+/// Sums that do not fit the write (not whole blocks, not one a block) are ignored.
+#[test]
+fn sums_a_primary_sends_are_kept_as_given_so_bytes_damaged_on_the_way_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = FileStore::open(dir.path()).unwrap();
+    let mem = MemStore::new(1 << 30);
+    let stores: [(&str, &dyn ObjectBackend); 2] = [("file", &file), ("mem", &mem)];
+    for (name, s) in stores {
+        let (a, b, c) = (oid(1), oid(2), oid(3));
+        // Right sums: read back whole, new object and in place.
+        let two = [1u8; 2 * BLOCK];
+        s.write(a, 0, &two, Some(&sums::sums_of(&two)), Version(1))
+            .unwrap();
+        let one = [2u8; BLOCK];
+        s.write(
+            a,
+            BLOCK as u64,
+            &one,
+            Some(&sums::sums_of(&one)),
+            Version(2),
+        )
+        .unwrap();
+        let (got, _) = s.read_whole(a).unwrap();
+        assert!(
+            got[..BLOCK] == two[..BLOCK] && got[BLOCK..] == one[..],
+            "{name}"
+        );
+        // Sums of other bytes (the bytes changed on the way): the block is bad here.
+        s.write(b, 0, &two, Some(&[sums::sum(&[1u8; BLOCK]), 7]), Version(1))
+            .unwrap();
+        assert_eq!(s.read(b, 0, BLOCK).unwrap(), [1u8; BLOCK], "{name}");
+        assert!(
+            matches!(
+                s.read(b, BLOCK as u64, 1),
+                Err(StoreError::Corrupt { block: 1, .. })
+            ),
+            "{name}"
+        );
+        s.write(a, 0, &one, Some(&[99]), Version(3)).unwrap();
+        assert!(
+            matches!(s.read(a, 0, 1), Err(StoreError::Corrupt { block: 0, .. })),
+            "{name}"
+        );
+        // Sums that cannot be the write's are not used: the store sums the bytes itself.
+        s.write(c, 512, &two, Some(&[5, 6]), Version(1)).unwrap();
+        s.write(c, 0, &one, Some(&[5, 6]), Version(2)).unwrap();
+        assert_eq!(s.read(c, 0, BLOCK).unwrap(), one, "{name}");
+        assert_eq!(s.read(c, BLOCK as u64 + 512, 1).unwrap(), [1], "{name}");
+    }
+}
+
+/// A `PeerWrite` whose block sums cannot be the write's is refused with a message that says
+/// why, and nothing is written.
+#[test]
+fn a_peer_write_with_sums_that_do_not_fit_is_refused() {
+    let (c, rt, _cl) = setup(1);
+    let o = oid(0);
+    let replica = {
+        let ep = c.node(0).unwrap().epoch();
+        let a = ep.ring.replicas(o, 3)[1].addr;
+        (0..3).find(|&i| c.addr(i) == a).unwrap()
+    };
+    let before = c.store(replica).read_whole(o).unwrap();
+    let epoch = c.epoch(0).unwrap();
+    let (v, next) = (before.1.version, Version(before.1.version.0 + 1));
+    // (offset, length, sums): not block-aligned, not whole blocks, one sum short.
+    for (offset, length, sums) in [
+        (512, BLOCK, vec![1]),
+        (0, 100, vec![1]),
+        (0, 2 * BLOCK, vec![1]),
+    ] {
+        let frame = rt.block_on(async {
+            let conn = Conn::connect_via(&c.net, c.addr(replica), Duration::from_secs(5))
+                .await
+                .unwrap();
+            let mut h = Header::request(Opcode::PeerWrite, 0, epoch);
+            (h.oid, h.offset, h.length, h.aux) = (o.0, offset, length as u32, sums.len() as u32);
+            conn.call_with_prefix(
+                h,
+                peer_write_prefix(v, next, &sums),
+                Bytes::from(vec![0xee; length]),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap()
+        });
+        assert_eq!(frame.header.result_code(), ResultCode::InvalidRequest);
+        assert!(frame.message().contains("block sum"), "{}", frame.message());
+        assert!(c.store(replica).read_whole(o).unwrap() == before);
     }
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! WriteObj, RemoveObj:  [expected version: u64 BE][data ...]
 //! CowWrite:             [expected version: u64 BE][source object id: u64 BE][data ...]
-//! PeerWrite:            [base version: u64 BE][new version: u64 BE][data ...]
+//! PeerWrite:            [base version: u64 BE][new version: u64 BE][aux × block sum: u32 BE][data ...]
 //! ```
 //!
 //! The encoders are what clients and primaries send; the decoders are what a node reads, and
@@ -62,19 +62,31 @@ pub fn cow_source_error(target: ObjectId, source: ObjectId) -> Option<String> {
     ))
 }
 
-/// The prefix of a `PeerWrite` payload: the version the write applies to and the one it makes.
-pub fn peer_write_prefix(base: Version, new: Version) -> Bytes {
-    let mut b = BytesMut::with_capacity(16);
+/// The prefix of a `PeerWrite` payload: the version the write applies to, the one it makes,
+/// and the sums of the data's blocks as the primary computed them (none for a write that does
+/// not cover whole blocks; the header's `aux` says how many).
+pub fn peer_write_prefix(base: Version, new: Version, sums: &[u32]) -> Bytes {
+    let mut b = BytesMut::with_capacity(16 + 4 * sums.len());
     b.put_u64(base.0);
     b.put_u64(new.0);
+    for s in sums {
+        b.put_u32(*s);
+    }
     b.freeze()
 }
 
-/// The base and new versions at the head of a `PeerWrite` payload, and the data after them.
-pub fn split_peer_write(payload: &Bytes) -> Option<(Version, Version, Bytes)> {
+/// The base and new versions at the head of a `PeerWrite` payload, the `sums` block sums after
+/// them (the header's `aux`), and the data after those.
+pub fn split_peer_write(payload: &Bytes, sums: u32) -> Option<(Version, Version, Vec<u32>, Bytes)> {
     let base = u64::from_be_bytes(payload.get(..8)?.try_into().ok()?);
     let new = u64::from_be_bytes(payload.get(8..16)?.try_into().ok()?);
-    Some((Version(base), Version(new), payload.slice(16..)))
+    let end = 16usize.checked_add(usize::try_from(sums).ok()?.checked_mul(4)?)?;
+    let table = payload
+        .get(16..end)?
+        .chunks_exact(4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Some((Version(base), Version(new), table, payload.slice(end..)))
 }
 
 #[cfg(test)]
@@ -94,11 +106,22 @@ mod tests {
         );
         assert_eq!(split_expected(&Bytes::from_static(&[0; 7])), None);
 
-        let mut p = peer_write_prefix(Version(5), Version(6)).to_vec();
+        let mut p = peer_write_prefix(Version(5), Version(6), &[]).to_vec();
         p.push(9);
-        let (b, n, rest) = split_peer_write(&Bytes::from(p)).unwrap();
+        let (b, n, sums, rest) = split_peer_write(&Bytes::from(p), 0).unwrap();
         assert_eq!((b, n, &rest[..]), (Version(5), Version(6), &[9u8][..]));
-        assert_eq!(split_peer_write(&Bytes::from_static(&[0; 15])), None);
+        assert!(sums.is_empty());
+        assert_eq!(split_peer_write(&Bytes::from_static(&[0; 15]), 0), None);
+
+        let mut p = peer_write_prefix(Version(5), Version(6), &[0x0102_0304, 7]).to_vec();
+        assert_eq!(p[16..], [1, 2, 3, 4, 0, 0, 0, 7]);
+        p.push(9);
+        let p = Bytes::from(p);
+        let (_, _, sums, rest) = split_peer_write(&p, 2).unwrap();
+        assert_eq!((&sums[..], &rest[..]), (&[0x0102_0304, 7][..], &[9u8][..]));
+        // More sums than the payload holds, or a count whose size overflows: refused.
+        assert_eq!(split_peer_write(&p, 3), None);
+        assert_eq!(split_peer_write(&p, u32::MAX), None);
     }
 
     #[test]

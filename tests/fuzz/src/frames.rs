@@ -108,12 +108,12 @@ fn check_payload(h: &Header, p: &Bytes) -> Result<(), TestCaseError> {
             }
         }
         Opcode::PeerWrite => {
-            if let Some((base, new, rest)) = split_peer_write(p) {
-                let mut again = peer_write_prefix(base, new).to_vec();
+            if let Some((base, new, sums, rest)) = split_peer_write(p, h.aux) {
+                let mut again = peer_write_prefix(base, new, &sums).to_vec();
                 again.extend_from_slice(&rest);
                 prop_assert_eq!(&again[..], &p[..]);
             } else {
-                prop_assert!(p.len() < 16);
+                prop_assert!(p.len() < 16 + 4 * h.aux as usize);
             }
         }
         Opcode::Format => {

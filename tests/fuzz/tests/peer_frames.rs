@@ -50,9 +50,17 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             state(4 << 32 | 1, false, false, true),
         ),
     ]);
-    let mut write = peer_write_prefix(Version(4 << 32 | 1), Version(4 << 32 | 2)).to_vec();
+    let mut write = peer_write_prefix(Version(4 << 32 | 1), Version(4 << 32 | 2), &[]).to_vec();
     write.extend_from_slice(&[0xa5; 4096]);
-    let list: [(&str, Vec<u8>); 7] = [
+    // A write of whole blocks carries the primary's sums, one a block (`aux` of them).
+    let mut summed = peer_write_prefix(
+        Version(4 << 32 | 2),
+        Version(4 << 32 | 3),
+        &[0x1234_5678, 9],
+    )
+    .to_vec();
+    summed.extend_from_slice(&[0x5a; 8192]);
+    let list: [(&str, Vec<u8>); 8] = [
         ("list", request(Opcode::PeerList, 0, 0, 0, 0, &[])),
         ("answer-list", answer(Opcode::PeerList, 0, 0, &list)),
         (
@@ -74,6 +82,10 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         (
             "write",
             request(Opcode::PeerWrite, oid, 8192, 4096, 0, &write),
+        ),
+        (
+            "write-summed",
+            request(Opcode::PeerWrite, oid, 8192, 8192, 2, &summed),
         ),
         (
             "put",

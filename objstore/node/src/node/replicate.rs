@@ -25,7 +25,7 @@ use bytes::Bytes;
 
 use super::server::Failure;
 use super::{Epoch, Node};
-use crate::store::{ObjState, Version};
+use crate::store::{sums, ObjState, Version};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::payload::peer_write_prefix;
@@ -196,6 +196,13 @@ impl Node {
         expected: Version,
         change: Change,
     ) -> Result<Version, Failure> {
+        // The primary sums a write of whole blocks once, for its own copy and every replica's.
+        let sums = match &change {
+            Change::Write { offset, data } if sums::whole_blocks(*offset, data.len()) => {
+                Some(self.block_sums(data.clone()).await?)
+            }
+            _ => None,
+        };
         let _ordered = self.obj_lock(oid).lock().await;
         let cur = self.store.meta(oid);
         let base = cur.map(|c| c.version).unwrap_or_default();
@@ -220,7 +227,8 @@ impl Node {
         let local = async {
             match &change {
                 Change::Write { offset, data } => {
-                    self.write_store(oid, *offset, data.clone(), new).await
+                    self.write_store(oid, *offset, data.clone(), sums.clone(), new)
+                        .await
                 }
                 Change::Remove => {
                     super::server::blocking(self, move || {
@@ -235,7 +243,7 @@ impl Node {
         let remote = futures::future::join_all(
             others
                 .iter()
-                .map(|&a| self.forward(a, epoch, oid, base, new, &change)),
+                .map(|&a| self.forward(a, epoch, oid, (base, new), &change, sums.as_deref())),
         );
         let (local, remote) = tokio::join!(local, remote);
 
@@ -270,14 +278,24 @@ impl Node {
         }
     }
 
+    /// The sums of `data`'s blocks (on the blocking pool when it is large).
+    async fn block_sums(&self, data: Bytes) -> Result<Arc<[u32]>, Failure> {
+        if data.len() <= INLINE_WRITE {
+            return Ok(sums::sums_of(&data).into());
+        }
+        super::server::blocking(self, move || Ok(sums::sums_of(&data).into())).await
+    }
+
+    /// Sends `change` (from version `base` to `new`) to the replica at `addr`, with the
+    /// primary's block sums of a write when it has them.
     async fn forward(
         &self,
         addr: SocketAddr,
         epoch: u32,
         oid: ObjectId,
-        base: Version,
-        new: Version,
+        (base, new): (Version, Version),
         change: &Change,
+        sums: Option<&[u32]>,
     ) -> Forwarded {
         let conn = match self.peers.get(addr, FORWARD_TIMEOUT).await {
             Ok(c) => c,
@@ -289,9 +307,11 @@ impl Node {
                 h.oid = oid.0;
                 h.offset = *offset;
                 h.length = data.len() as u32;
+                let sums = sums.unwrap_or_default();
+                h.aux = sums.len() as u32;
                 conn.call_with_prefix(
                     h,
-                    peer_write_prefix(base, new),
+                    peer_write_prefix(base, new, sums),
                     data.clone(),
                     FORWARD_TIMEOUT,
                 )
@@ -367,6 +387,7 @@ impl Node {
         oid: ObjectId,
         offset: u64,
         data: Bytes,
+        sums: Option<Arc<[u32]>>,
         base: Version,
         new: Version,
     ) -> Result<(), Failure> {
@@ -382,25 +403,33 @@ impl Node {
                 ),
             ));
         }
-        self.write_store(oid, offset, data, new).await
+        self.write_store(oid, offset, data, sums, new).await
     }
 
-    /// A write into the local store: a small one at once on this task when the store can do
-    /// it without waiting ([`crate::store::ObjectBackend::write_now`]), else on the blocking pool.
+    /// A write into the local store (with the primary's block sums when it has them): a small
+    /// one at once on this task when the store can do it without waiting
+    /// ([`crate::store::ObjectBackend::write_now`]), else on the blocking pool.
     async fn write_store(
         &self,
         oid: ObjectId,
         offset: u64,
         data: Bytes,
+        sums: Option<Arc<[u32]>>,
         new: Version,
     ) -> Result<(), Failure> {
         if data.len() <= INLINE_WRITE {
-            if let Some(r) = self.store.write_now(oid, offset, &data, new) {
+            if let Some(r) = self
+                .store
+                .write_now(oid, offset, &data, sums.as_deref(), new)
+            {
                 return r.map_err(Failure::from);
             }
         }
         let store = self.store.clone();
-        super::server::blocking(self, move || store.write(oid, offset, &data, new)).await
+        super::server::blocking(self, move || {
+            store.write(oid, offset, &data, sums.as_deref(), new)
+        })
+        .await
     }
 
     /// A replica's side of `PeerPut`: install a whole object or tombstone if it is newer.

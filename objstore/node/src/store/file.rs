@@ -237,6 +237,7 @@ impl FileStore {
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError> {
         match self.entry(oid) {
@@ -258,14 +259,14 @@ impl FileStore {
                     .map_err(|e| StoreError::io(oid, "open", e))?;
                 // A bad copy is written too (it stays bad until replaced), but an edge block
                 // that does not check is never given a fresh sum.
-                self.note_corrupt(layout::write(&f, oid, offset, data, !e.state.suspect))?;
+                self.note_corrupt(layout::write(&f, oid, offset, data, sums, !e.state.suspect))?;
                 if let Some(e) = self.index.lock().unwrap().get_mut(&oid) {
                     e.state.version = version;
                 }
                 self.dirty.lock().unwrap().insert(oid);
                 Ok(())
             }
-            old => self.install(oid, offset, data, ObjState::live(version), old),
+            old => self.install(oid, offset, data, sums, ObjState::live(version), old),
         }
     }
 
@@ -276,13 +277,14 @@ impl FileStore {
     }
 
     /// The crash-safe recipe: tmp file, sync_all, rename, fsync the directory, then drop the
-    /// replaced file. `data` lands at `offset` (a tombstone has none). Caller holds the
-    /// object's write lock.
+    /// replaced file. `data` lands at `offset` (a tombstone has none), with `sums` as
+    /// [`layout::write`] takes them. Caller holds the object's write lock.
     fn install(
         &self,
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         state: ObjState,
         old: Option<Entry>,
     ) -> Result<(), StoreError> {
@@ -301,7 +303,7 @@ impl FileStore {
             .open(&tmp_path)
             .map_err(|e| StoreError::io(oid, "create", e))?;
         if !state.deleted {
-            layout::create(&f, oid, offset, data)?;
+            layout::create(&f, oid, offset, data, sums)?;
         }
         f.sync_all().map_err(|e| StoreError::io(oid, "sync", e))?;
         let final_path = self.dir.join(&name);
@@ -373,10 +375,11 @@ impl ObjectBackend for FileStore {
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
-        self.write_locked(oid, offset, data, version)
+        self.write_locked(oid, offset, data, sums, version)
     }
 
     /// Only into an existing object (creating one syncs a new file) whose lock is free: an
@@ -386,13 +389,14 @@ impl ObjectBackend for FileStore {
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Option<Result<(), StoreError>> {
         let _g = self.lock(oid).try_write().ok()?;
         if self.entry(oid).is_none_or(|e| e.state.deleted) {
             return None;
         }
-        Some(self.write_locked(oid, offset, data, version))
+        Some(self.write_locked(oid, offset, data, sums, version))
     }
 
     fn put_if_newer(
@@ -410,7 +414,7 @@ impl ObjectBackend for FileStore {
         }) {
             return Ok(false);
         }
-        self.install(oid, 0, data, state, old)?;
+        self.install(oid, 0, data, None, state, old)?;
         Ok(true)
     }
 

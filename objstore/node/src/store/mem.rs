@@ -74,8 +74,9 @@ impl Obj {
         Ok(())
     }
 
-    /// Writes `data` at `offset` and the sums of the blocks it touches.
-    fn write(&mut self, offset: usize, data: &[u8]) {
+    /// Writes `data` at `offset` and the sums of the blocks it touches (`given` as they are
+    /// when they fit the write, as the file backend takes them).
+    fn write(&mut self, offset: usize, data: &[u8], given: Option<&[u32]>) {
         let end = offset + data.len();
         if self.data.len() < end {
             self.data.resize(end, 0);
@@ -84,6 +85,10 @@ impl Obj {
         let (first, last) = sums::blocks(offset as u64, data.len());
         if self.sums.len() < last as usize {
             self.sums.resize(last as usize, 0);
+        }
+        if let Some(t) = sums::given(offset as u64, data.len(), given) {
+            self.sums[first as usize..last as usize].copy_from_slice(t);
+            return;
         }
         for b in first as usize..last as usize {
             let hi = ((b + 1) * BLOCK).min(self.data.len());
@@ -359,6 +364,7 @@ impl ObjectBackend for MemStore {
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError> {
         self.pass(Op::Write, oid);
@@ -373,7 +379,7 @@ impl ObjectBackend for MemStore {
         let checked = st.live[&oid].check_edges(oid, offset, data.len());
         MemStore::note_corrupt(&mut st, checked)?;
         let o = st.live.get_mut(&oid).expect("just inserted");
-        o.write(offset as usize, data);
+        o.write(offset as usize, data, sums);
         o.state.version = version;
         if created {
             // The file backend creates an object with the crash-safe recipe: durable at once.
@@ -521,11 +527,11 @@ mod tests {
     fn crash_keeps_only_flushed_writes() {
         let s = MemStore::default();
         let a = ObjectId::data(Vid(1), ObjIndex(0));
-        s.write(a, 0, b"first", Version(1)).unwrap();
-        s.write(a, 0, b"FIRST", Version(2)).unwrap();
+        s.write(a, 0, b"first", None, Version(1)).unwrap();
+        s.write(a, 0, b"FIRST", None, Version(2)).unwrap();
         assert_eq!(s.crashed().read(a, 0, 5).unwrap(), b"first");
         s.flush().unwrap();
-        s.write(a, 0, b"later", Version(3)).unwrap();
+        s.write(a, 0, b"later", None, Version(3)).unwrap();
         let c = s.crashed();
         assert_eq!(c.read(a, 0, 5).unwrap(), b"FIRST");
         assert_eq!(c.meta(a).unwrap().version, Version(2));
@@ -536,8 +542,8 @@ mod tests {
     fn faults_fail_the_chosen_operation() {
         let s = MemStore::default();
         let a = ObjectId::data(Vid(1), ObjIndex(0));
-        s.write(a, 0, b"x", Version(1)).unwrap();
-        s.write(a, 0, b"z", Version(2)).unwrap();
+        s.write(a, 0, b"x", None, Version(1)).unwrap();
+        s.write(a, 0, b"z", None, Version(2)).unwrap();
         s.fail(Op::Flush, Fault::Io);
         // The failed flush names the object and loses its unsynced write.
         match s.flush() {
@@ -550,7 +556,7 @@ mod tests {
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         s.fail(Op::Write, Fault::NoSpace);
         assert!(matches!(
-            s.write(a, 0, b"y", Version(3)),
+            s.write(a, 0, b"y", None, Version(3)),
             Err(StoreError::NoSpace)
         ));
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
@@ -572,17 +578,17 @@ mod tests {
         let s = std::sync::Arc::new(MemStore::default());
         let a = ObjectId::data(Vid(1), ObjIndex(0));
         let b = ObjectId::data(Vid(1), ObjIndex(1));
-        s.write(a, 0, b"x", Version(1)).unwrap();
+        s.write(a, 0, b"x", None, Version(1)).unwrap();
         s.hold(Op::Write, a);
         let w = std::thread::spawn({
             let s = s.clone();
-            move || s.write(a, 0, b"y", Version(2))
+            move || s.write(a, 0, b"y", None, Version(2))
         });
         while s.held() == 0 {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         // Other objects, reads and listings go on; the held write changed nothing yet.
-        s.write(b, 0, b"z", Version(1)).unwrap();
+        s.write(b, 0, b"z", None, Version(1)).unwrap();
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         assert_eq!(s.meta(a).unwrap().version, Version(1));
         s.release();

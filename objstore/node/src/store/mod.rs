@@ -129,12 +129,16 @@ pub trait ObjectBackend: Send + Sync + 'static {
         })
     }
     /// Writes `data` at `offset`, creating the object if it is missing or deleted, and sets its
-    /// version to `version`.
+    /// version to `version`. `sums`, when given for a write of whole blocks ([`sums::given`]),
+    /// are the sums of `data`'s blocks as the primary computed them: the store keeps them
+    /// instead of summing again (a byte damaged on its way here then fails its check on read);
+    /// sums that do not fit the write are ignored.
     fn write(
         &self,
         oid: ObjectId,
         offset: u64,
         data: &[u8],
+        sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError>;
     /// [`ObjectBackend::write`] if it can be done at once, without waiting for another thread
@@ -146,6 +150,7 @@ pub trait ObjectBackend: Send + Sync + 'static {
         _oid: ObjectId,
         _offset: u64,
         _data: &[u8],
+        _sums: Option<&[u32]>,
         _version: Version,
     ) -> Option<Result<(), StoreError>> {
         None

@@ -59,6 +59,19 @@ pub fn blocks(offset: u64, len: usize) -> (u64, u64) {
     (first, end.max(first))
 }
 
+/// Whether a write of `len` bytes at `offset` covers whole blocks only, so that the sums of its
+/// bytes alone ([`sums_of`]) are the sums its blocks get: such a write's primary sends them with
+/// it and the replicas keep them as given (see [`given`]).
+pub fn whole_blocks(offset: u64, len: usize) -> bool {
+    len > 0 && offset.is_multiple_of(BLOCK as u64) && len.is_multiple_of(BLOCK)
+}
+
+/// `sums` if they can be the sums of a write of `len` bytes at `offset`: it covers whole
+/// blocks and there is one sum a block. Anything else is None: the store sums the bytes itself.
+pub fn given(offset: u64, len: usize, sums: Option<&[u32]>) -> Option<&[u32]> {
+    sums.filter(|s| whole_blocks(offset, len) && s.len() == len / BLOCK)
+}
+
 /// The sums of the consecutive blocks of `data`, whose first byte starts block `first`:
 /// the object's bytes from `first * BLOCK` on (the last block may be short).
 pub fn sums_of(data: &[u8]) -> Vec<u32> {
@@ -140,5 +153,16 @@ mod tests {
         assert_eq!(blocks(0, 0), (0, 0));
         assert_eq!(blocks(4095, 2), (0, 2));
         assert_eq!(blocks(4096, 4096), (1, 2));
+    }
+
+    #[test]
+    fn only_sums_of_whole_blocks_one_a_block_are_taken_as_given() {
+        let s = [1u32, 2];
+        assert!(whole_blocks(0, 2 * BLOCK) && whole_blocks(BLOCK as u64, BLOCK));
+        assert!(!whole_blocks(0, 0) && !whole_blocks(512, BLOCK) && !whole_blocks(0, 100));
+        assert_eq!(given(0, 2 * BLOCK, Some(&s)), Some(&s[..]));
+        assert_eq!(given(0, 3 * BLOCK, Some(&s)), None);
+        assert_eq!(given(512, 2 * BLOCK, Some(&s)), None);
+        assert_eq!(given(0, 2 * BLOCK, None), None);
     }
 }

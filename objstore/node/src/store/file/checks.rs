@@ -90,7 +90,7 @@ fn a_flipped_byte_is_never_read_and_a_copy_as_new_replaces_it() {
 fn a_flipped_sum_or_header_is_found_too() {
     let d = tempfile::tempdir().unwrap();
     let s = FileStore::open(d.path()).unwrap();
-    s.write(oid(), 0, &[9u8; 2 * BLOCK], v(1)).unwrap();
+    s.write(oid(), 0, &[9u8; 2 * BLOCK], None, v(1)).unwrap();
     let f = OpenOptions::new()
         .write(true)
         .open(file_of(d.path(), oid()))
@@ -102,7 +102,7 @@ fn a_flipped_sum_or_header_is_found_too() {
     ));
     let d = tempfile::tempdir().unwrap();
     let s = FileStore::open(d.path()).unwrap();
-    s.write(oid(), 0, b"x", v(1)).unwrap();
+    s.write(oid(), 0, b"x", None, v(1)).unwrap();
     let f = OpenOptions::new()
         .write(true)
         .open(file_of(d.path(), oid()))
@@ -132,7 +132,7 @@ fn unaligned_writes_and_holes_check() {
     ];
     let mut end = 0;
     for (i, &(off, len, byte)) in writes.iter().enumerate() {
-        s.write(oid(), off as u64, &vec![byte; len], v(i as u64 + 1))
+        s.write(oid(), off as u64, &vec![byte; len], None, v(i as u64 + 1))
             .unwrap();
         model[off..off + len].fill(byte);
         end = end.max(off + len);
@@ -163,10 +163,10 @@ fn unaligned_writes_and_holes_check() {
 fn a_write_does_not_bless_a_bad_edge_block() {
     let d = tempfile::tempdir().unwrap();
     let s = FileStore::open(d.path()).unwrap();
-    s.write(oid(), 0, &[1u8; 2 * BLOCK], v(1)).unwrap();
+    s.write(oid(), 0, &[1u8; 2 * BLOCK], None, v(1)).unwrap();
     flip(d.path(), oid(), 10);
     assert!(matches!(
-        s.write(oid(), 5, b"abc", v(2)),
+        s.write(oid(), 5, b"abc", None, v(2)),
         Err(StoreError::Corrupt { block: 0, .. })
     ));
     assert!(matches!(
@@ -183,9 +183,9 @@ fn a_suspect_copy_with_torn_sums_is_resealed_when_settled() {
     let d = tempfile::tempdir().unwrap();
     {
         let s = FileStore::open(d.path()).unwrap();
-        s.write(oid(), 0, &[1u8; 2 * BLOCK], v(1)).unwrap();
+        s.write(oid(), 0, &[1u8; 2 * BLOCK], None, v(1)).unwrap();
         s.flush().unwrap();
-        s.write(oid(), 0, &[2u8; BLOCK], v(2)).unwrap();
+        s.write(oid(), 0, &[2u8; BLOCK], None, v(2)).unwrap();
     }
     // The crash: block 1 got bytes whose sum never landed.
     flip(d.path(), oid(), BLOCK as u64 + 1);

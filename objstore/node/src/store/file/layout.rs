@@ -65,6 +65,12 @@ fn read_fresh(f: &File, at: u64, len: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// A read or write past the largest object: no table has room for its blocks' sums.
+fn past_largest(oid: ObjectId, op: &'static str) -> StoreError {
+    let why = format!("{op} past the largest object");
+    StoreError::io(oid, op, io::Error::new(io::ErrorKind::InvalidInput, why))
+}
+
 /// The sums of blocks `[first, end)`.
 fn table(f: &File, oid: ObjectId, first: u64, end: u64) -> Result<Vec<u32>, StoreError> {
     let mut t = vec![0u8; 4 * (end - first) as usize];
@@ -85,11 +91,7 @@ pub(super) fn read(
 ) -> Result<Vec<u8>, StoreError> {
     let (first, end) = sums::blocks(offset, len);
     if end > MAX_BLOCKS {
-        return Err(StoreError::io(
-            oid,
-            "read",
-            io::Error::new(io::ErrorKind::InvalidInput, "read past the largest object"),
-        ));
+        return Err(past_largest(oid, "read"));
     }
     let start = first * BLOCK as u64;
     let want = ((end - first) as usize) * BLOCK;
@@ -135,26 +137,31 @@ pub(super) fn read_all(f: &File, oid: ObjectId, check: bool) -> Result<Vec<u8>, 
     read(f, oid, 0, len as usize, check)
 }
 
-/// Writes `data` at `offset` into the object in `f` and the sums of the blocks it touches.
-/// An edge block the write covers in part is read back first, checked when `check` (a bad
-/// block is never given a fresh sum).
+/// Writes `data` at `offset` into the object in `f` and the sums of the blocks it touches:
+/// `given` as they are when they fit the write ([`sums::given`]: the primary's), else summed
+/// here. An edge block the write covers in part is read back first, checked when `check` (a
+/// bad block is never given a fresh sum).
 pub(super) fn write(
     f: &File,
     oid: ObjectId,
     offset: u64,
     data: &[u8],
+    given: Option<&[u32]>,
     check: bool,
 ) -> Result<(), StoreError> {
     if data.is_empty() {
         return Ok(());
     }
+    if let Some(table) = sums::given(offset, data.len(), given) {
+        let first = offset / BLOCK as u64;
+        if first + table.len() as u64 > MAX_BLOCKS {
+            return Err(past_largest(oid, "write"));
+        }
+        return write_with(f, oid, offset, data, first, table);
+    }
     let (first, end) = sums::blocks(offset, data.len());
     if end > MAX_BLOCKS {
-        return Err(StoreError::io(
-            oid,
-            "write",
-            io::Error::new(io::ErrorKind::InvalidInput, "write past the largest object"),
-        ));
+        return Err(past_largest(oid, "write"));
     }
     let stop = offset + data.len() as u64;
     let mut table = Vec::with_capacity((end - first) as usize);
@@ -170,18 +177,37 @@ pub(super) fn write(
             table.push(sums::sum(&old));
         }
     }
+    write_with(f, oid, offset, data, first, &table)
+}
+
+/// Writes `data` at `offset` and `table`, the sums of blocks `first..`.
+fn write_with(
+    f: &File,
+    oid: ObjectId,
+    offset: u64,
+    data: &[u8],
+    first: u64,
+    table: &[u32],
+) -> Result<(), StoreError> {
     f.write_all_at(data, HEADER_LEN + offset)
         .map_err(|e| StoreError::io(oid, "write", e))?;
-    f.write_all_at(&sums::encode(&table), TABLE_AT + 4 * first)
+    f.write_all_at(&sums::encode(table), TABLE_AT + 4 * first)
         .map_err(|e| StoreError::io(oid, "write", e))
 }
 
-/// Makes `f` (new and empty) an object file holding `data` at `offset`.
-pub(super) fn create(f: &File, oid: ObjectId, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+/// Makes `f` (new and empty) an object file holding `data` at `offset` (with `given` sums as
+/// [`write`] takes them).
+pub(super) fn create(
+    f: &File,
+    oid: ObjectId,
+    offset: u64,
+    data: &[u8],
+    given: Option<&[u32]>,
+) -> Result<(), StoreError> {
     f.write_all_at(&sums::header(), 0)
         .and_then(|()| f.set_len(HEADER_LEN))
         .map_err(|e| StoreError::io(oid, "write", e))?;
-    write(f, oid, offset, data, false)
+    write(f, oid, offset, data, given, false)
 }
 
 /// Recomputes every sum from the bytes (a suspect copy made the reference, or kept after a
@@ -244,7 +270,7 @@ pub(super) fn open_format(dir: &Path, tmp: &Path) -> io::Result<()> {
             .create(true)
             .truncate(true)
             .open(&t)?;
-        create(&f, oid, 0, &bytes).map_err(io::Error::other)?;
+        create(&f, oid, 0, &bytes, None).map_err(io::Error::other)?;
         f.sync_all()?;
         fs::rename(&t, &path)?;
         converted += 1;

@@ -13,10 +13,10 @@ fn write_read_version_tombstone() {
     let s = FileStore::open(d.path()).unwrap();
     let oid = ObjectId::data(Vid(1), ObjIndex(2));
     assert!(matches!(s.read(oid, 0, 4), Err(StoreError::NotFound(_))));
-    s.write(oid, 4096, b"hello", v(3)).unwrap();
+    s.write(oid, 4096, b"hello", None, v(3)).unwrap();
     assert_eq!(s.read(oid, 4094, 9).unwrap(), b"\0\0hello\0\0");
     assert_eq!(s.meta(oid).unwrap(), ObjState::live(v(3)));
-    s.write(oid, 0, b"x", v(5)).unwrap();
+    s.write(oid, 0, b"x", None, v(5)).unwrap();
     assert_eq!(s.meta(oid).unwrap().version, v(5));
     s.flush().unwrap();
     drop(s);
@@ -36,7 +36,7 @@ fn write_read_version_tombstone() {
         (vec![], ObjState::tombstone(v(6)))
     );
     // A write over the tombstone makes a new object of zeros.
-    s.write(oid, 2, b"y", v(7)).unwrap();
+    s.write(oid, 2, b"y", None, v(7)).unwrap();
     assert_eq!(s.read(oid, 0, 4).unwrap(), b"\0\0y\0");
     s.forget(oid).unwrap();
     s.forget(oid).unwrap();
@@ -50,10 +50,10 @@ fn write_read_version_tombstone() {
 
 /// `a` at v1 and `b` at v2, flushed, then `c` at v3 not flushed.
 fn written_flushed_then_again(s: &FileStore, oid: ObjectId) {
-    s.write(oid, 0, b"a", v(1)).unwrap();
-    s.write(oid, 0, b"b", v(2)).unwrap();
+    s.write(oid, 0, b"a", None, v(1)).unwrap();
+    s.write(oid, 0, b"b", None, v(2)).unwrap();
     s.flush().unwrap();
-    s.write(oid, 0, b"c", v(3)).unwrap();
+    s.write(oid, 0, b"c", None, v(3)).unwrap();
 }
 
 /// `write_now` writes in place into an existing object whose lock is free, and declines
@@ -63,15 +63,15 @@ fn write_now_only_writes_what_needs_no_waiting() {
     let d = tempfile::tempdir().unwrap();
     let oid = ObjectId::data(Vid(1), ObjIndex(4));
     let s = FileStore::open(d.path()).unwrap();
-    assert!(s.write_now(oid, 0, b"a", v(1)).is_none());
+    assert!(s.write_now(oid, 0, b"a", None, v(1)).is_none());
     assert!(s.meta(oid).is_none());
-    s.write(oid, 0, b"a", v(1)).unwrap();
-    s.write_now(oid, 1, b"b", v(2)).unwrap().unwrap();
+    s.write(oid, 0, b"a", None, v(1)).unwrap();
+    s.write_now(oid, 1, b"b", None, v(2)).unwrap().unwrap();
     assert_eq!(s.read(oid, 0, 2).unwrap(), b"ab");
     assert_eq!(s.meta(oid).unwrap().version, v(2));
     {
         let _flushing = s.lock(oid).read().unwrap();
-        assert!(s.write_now(oid, 0, b"c", v(3)).is_none());
+        assert!(s.write_now(oid, 0, b"c", None, v(3)).is_none());
     }
     assert_eq!(s.meta(oid).unwrap().version, v(2));
 }
@@ -125,9 +125,9 @@ fn unflushed_versions_are_not_claimed_after_a_crash() {
     // The same version from elsewhere replaces a suspect copy; settling keeps it.
     assert!(s.put_if_newer(oid, b"b", ObjState::live(v(2))).unwrap());
     assert!(!s.meta(oid).unwrap().suspect);
-    s.write(oid, 0, b"d", v(3)).unwrap();
+    s.write(oid, 0, b"d", None, v(3)).unwrap();
     s.flush().unwrap();
-    s.write(oid, 1, b"e", v(4)).unwrap();
+    s.write(oid, 1, b"e", None, v(4)).unwrap();
     drop(s);
     let s = FileStore::open(d.path()).unwrap();
     assert!(s.meta(oid).unwrap().suspect);
@@ -172,8 +172,8 @@ fn a_flush_waits_for_an_earlier_flush_still_syncing() {
         ObjectId::data(Vid(1), ObjIndex(1)),
     );
     for oid in [x, y] {
-        s.write(oid, 0, b"created", v(1)).unwrap();
-        s.write(oid, 0, b"written", v(2)).unwrap();
+        s.write(oid, 0, b"created", None, v(1)).unwrap();
+        s.write(oid, 0, b"written", None, v(2)).unwrap();
     }
     // The first flush will stop at x until the test lets go of its lock.
     let s = &s;
