@@ -91,13 +91,13 @@ impl Sums {
         for (i, b) in (b0..b1).enumerate() {
             let (s, e) = (b as u64 * BLOCK, (b as u64 + 1) * BLOCK);
             let sum = if s >= offset && e <= end {
-                crc32c::crc32c(&bytes[(s - offset) as usize..(e - offset) as usize])
+                crc_fast::crc32_iscsi(&bytes[(s - offset) as usize..(e - offset) as usize])
             } else {
                 let mut blk = read_block(data, b)?;
                 let (from, to) = (s.max(offset), e.min(end));
                 blk[(from - s) as usize..(to - s) as usize]
                     .copy_from_slice(&bytes[(from - offset) as usize..(to - offset) as usize]);
-                crc32c::crc32c(&blk)
+                crc_fast::crc32_iscsi(&blk)
             };
             let pair = &mut out[i * SUMS as usize..(i + 1) * SUMS as usize];
             pair.copy_within(0..4, 4);
@@ -111,7 +111,7 @@ impl Sums {
     pub fn check(&self, data: &File, b: usize) -> io::Result<bool> {
         let mut pair = [0u8; SUMS as usize];
         self.0.read_exact_at(&mut pair, b as u64 * SUMS)?;
-        let sum = crc32c::crc32c(&read_block(data, b)?).to_le_bytes();
+        let sum = crc_fast::crc32_iscsi(&read_block(data, b)?).to_le_bytes();
         Ok(pair[..4] == sum || pair[4..] == sum)
     }
 

@@ -20,9 +20,18 @@
 use std::io::{self, Read, Write};
 
 use bytes::Bytes;
+use crc_fast::CrcAlgorithm;
 use objstore_proto::name::{validate_name, validate_tag};
 use objstore_proto::view::{MAX_OBJECT_SIZE, MIN_OBJECT_SIZE};
 use thiserror::Error;
+
+/// crc32c of the bytes whose crc32c is `crc` followed by `b`.
+fn crc_append(crc: u32, b: &[u8]) -> u32 {
+    // crc-fast's state is the running register, before the final inversion.
+    let mut d = crc_fast::Digest::new_with_init_state(CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    d.update(b);
+    d.finalize() as u32
+}
 
 pub const MAGIC: &[u8; 8] = b"DOGDELTA";
 /// The version this code writes and reads.
@@ -82,7 +91,7 @@ impl Header {
             b.extend_from_slice(&(s.len() as u16).to_be_bytes());
             b.extend_from_slice(s.as_bytes());
         }
-        let crc = crc32c::crc32c(&b);
+        let crc = crc_fast::crc32_iscsi(&b);
         b.extend_from_slice(&crc.to_be_bytes());
         b
     }
@@ -215,7 +224,7 @@ impl<W: Write> DeltaWriter<W> {
         Ok(DeltaWriter {
             w,
             header: header.clone(),
-            crc: crc32c::crc32c(&b),
+            crc: crc_fast::crc32_iscsi(&b),
             sum: Summary {
                 stream_bytes: b.len() as u64,
                 ..Summary::default()
@@ -226,7 +235,7 @@ impl<W: Write> DeltaWriter<W> {
 
     fn put(&mut self, b: &[u8]) -> io::Result<()> {
         self.w.write_all(b)?;
-        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.crc = crc_append(self.crc, b);
         self.sum.stream_bytes += b.len() as u64;
         Ok(())
     }
@@ -238,11 +247,11 @@ impl<W: Write> DeltaWriter<W> {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
         }
         let head = r.head();
-        let mut crc = crc32c::crc32c(&head);
+        let mut crc = crc_fast::crc32_iscsi(&head);
         self.put(&head)?;
         match r {
             Record::Data { data, .. } => {
-                crc = crc32c::crc32c_append(crc, data);
+                crc = crc_append(crc, data);
                 self.put(data)?;
                 self.sum.data_bytes += data.len() as u64;
             }
@@ -356,7 +365,7 @@ impl<R: Read> DeltaReader<R> {
         let crc_at = buf.len() as u64;
         let mut crc = [0u8; 4];
         read_exact(&mut r, &mut crc, crc_at, None, "the header's checksum")?;
-        if u32::from_be_bytes(crc) != crc32c::crc32c(&buf) {
+        if u32::from_be_bytes(crc) != crc_fast::crc32_iscsi(&buf) {
             return Err(err(
                 crc_at,
                 DeltaErrorKind::Corrupt("the header fails its checksum".into()),
@@ -397,7 +406,7 @@ impl<R: Read> DeltaReader<R> {
             r,
             header,
             at,
-            crc: crc32c::crc32c(&all),
+            crc: crc_fast::crc32_iscsi(&all),
             sum: Summary {
                 stream_bytes: at,
                 ..Summary::default()
@@ -442,7 +451,7 @@ impl<R: Read> DeltaReader<R> {
                 record: rec,
                 kind: DeltaErrorKind::Io(e),
             })?;
-        self.crc = crc32c::crc32c_append(self.crc, &buf);
+        self.crc = crc_append(self.crc, &buf);
         if got < n {
             return Err(DeltaError {
                 at: self.at + got as u64,
@@ -480,11 +489,11 @@ impl<R: Read> DeltaReader<R> {
         };
         check_record(&self.header, self.end, a, b, &probe)
             .map_err(|e| self.error(start, corrupt(e)))?;
-        let mut crc = crc32c::crc32c(&head);
+        let mut crc = crc_fast::crc32_iscsi(&head);
         let record = if head[0] == KIND_DATA {
             // Within one object (checked above), so at most 64 MiB.
             let data = self.take(b as usize, "the record's data")?;
-            crc = crc32c::crc32c_append(crc, &data);
+            crc = crc_append(crc, &data);
             Record::Data {
                 offset: a,
                 data: Bytes::from(data),

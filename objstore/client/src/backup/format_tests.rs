@@ -47,7 +47,11 @@ fn header_bytes_field_by_field() {
     assert_eq!(&b[48..54], b"\0\x04disk", "name");
     assert_eq!(&b[54..58], b"\0\x02s1", "FROM's tag");
     assert_eq!(&b[58..62], b"\0\x02s2", "TO's tag");
-    assert_eq!(&b[62..66], &crc32c::crc32c(&b[..62]).to_be_bytes(), "crc");
+    assert_eq!(
+        &b[62..66],
+        &crc_fast::crc32_iscsi(&b[..62]).to_be_bytes(),
+        "crc"
+    );
     assert_eq!(b.len(), 66);
     let full = header(false).encode();
     assert_eq!(&full[10..12], &[0, 0], "flags: full");
@@ -67,14 +71,14 @@ fn record_and_trailer_bytes_field_by_field() {
     assert_eq!(&r[1..9], &4096u64.to_be_bytes());
     assert_eq!(&r[9..17], &2u64.to_be_bytes());
     assert_eq!(&r[17..19], b"hi");
-    assert_eq!(&r[19..23], &crc32c::crc32c(&r[..19]).to_be_bytes());
+    assert_eq!(&r[19..23], &crc_fast::crc32_iscsi(&r[..19]).to_be_bytes());
     let t = &r[23..];
     assert_eq!(t[0], b'E');
     assert_eq!(&t[1..9], &1u64.to_be_bytes(), "one record");
     assert_eq!(&t[9..17], &2u64.to_be_bytes(), "two data bytes");
     assert_eq!(
         &t[17..21],
-        &crc32c::crc32c(&b[..b.len() - 4]).to_be_bytes(),
+        &crc_fast::crc32_iscsi(&b[..b.len() - 4]).to_be_bytes(),
         "stream crc"
     );
     assert_eq!(t.len(), 21);
@@ -221,4 +225,19 @@ proptest! {
         let _ = decode_all(&b);
         let _ = decode_all(&with_magic);
     }
+}
+
+#[test]
+fn crc_append_is_the_crc_of_the_bytes_joined() {
+    let b: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+    let whole = crc_fast::crc32_iscsi(&b);
+    for cut in [0, 1, 9, 4096, 5000, b.len()] {
+        let (x, y) = b.split_at(cut);
+        assert_eq!(
+            crc_append(crc_fast::crc32_iscsi(x), y),
+            whole,
+            "cut at {cut}"
+        );
+    }
+    assert_eq!(crc_append(0, b"123456789"), 0xe306_9283);
 }

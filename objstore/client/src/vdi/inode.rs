@@ -35,7 +35,7 @@ fn check_byte(index: u64, vid: Vid) -> u8 {
     let mut b = [0u8; 12];
     b[..8].copy_from_slice(&index.to_be_bytes());
     b[8..].copy_from_slice(&vid.0.to_be_bytes());
-    (crc32c::crc32c(&b) >> 24) as u8
+    (crc_fast::crc32_iscsi(&b) >> 24) as u8
 }
 
 /// The raw value of map entry `index` holding `vid` (a hole is 0), checked or not.
@@ -100,7 +100,7 @@ impl InodeHeader {
         b[48..48 + name.len()].copy_from_slice(name);
         if self.checked {
             b[FLAGS_AT] = FLAG_CHECKED;
-            let crc = crc32c::crc32c(&b[..48 + name.len()]);
+            let crc = crc_fast::crc32_iscsi(&b[..48 + name.len()]);
             b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         }
         b
@@ -127,7 +127,7 @@ impl InodeHeader {
             let stored = u32_at(CRC_AT);
             let mut h = b[..48 + name_len].to_vec();
             h[CRC_AT..CRC_AT + 4].fill(0);
-            let computed = crc32c::crc32c(&h);
+            let computed = crc_fast::crc32_iscsi(&h);
             if stored != computed {
                 return Err(format!(
                     "inode header fails its checksum (stored {stored:#010x}, computed {computed:#010x})"
