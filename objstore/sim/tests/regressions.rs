@@ -270,3 +270,25 @@ fn recovery_settles_after_a_lost_copy_with_only_older_sources_seed_8990() {
 fn no_copy_stays_unreadable_after_successful_restores() {
     assert_clean(8952);
 }
+
+// Found on 2026-12-02 by `make sim SEEDS=10000` on main at e0b94f9, and failing the same way on
+// 59047e0 (issues 25 and 26, before that day's changes); the 10,000 seeds were clean on the
+// issue 22 code (stop 31). Not traced yet: ignored until fixed.
+
+/// Owners diverge: object 5 removed, written again (write 10, block 6, Ok), then write 16
+/// (block 5) failed with the primary (node 0) out of disk space while replica node 3 applied
+/// it; at the end node 0 has no copy, node 4 holds write 10 only and node 3 writes 10 and 16.
+/// (Seed 8330.)
+#[test]
+#[ignore = "seed 8330: owners diverge after a write failed for ENOSPC on the primary (not fixed yet)"]
+fn owners_converge_after_a_write_failed_for_space_on_the_primary() {
+    assert_clean(8330);
+}
+
+/// Recovery never finished after the faults stopped: at epoch 25 node 0 stayed Recovering with
+/// 1 object pending and 1 failed pull, node 1 Collecting with 1 pending. (Seed 6438.)
+#[test]
+#[ignore = "seed 6438: recovery does not settle at epoch 25 (not traced yet)"]
+fn recovery_settles_seed_6438() {
+    assert_clean(6438);
+}
