@@ -278,7 +278,11 @@ fn no_copy_stays_unreadable_after_successful_restores() {
 /// Owners diverge: object 5 removed, written again (write 10, block 6, Ok), then write 16
 /// (block 5) failed with the primary (node 0) out of disk space while replica node 3 applied
 /// it; at the end node 0 has no copy, node 4 holds write 10 only and node 3 writes 10 and 16.
-/// (Seed 8330.)
+/// First trace (`SIM_LOG=objstore_node=trace,info`, grep the oid 0000000100000005): node 0
+/// (10.0.0.1) logs its copy "restored from another replica" at 1.326 s (pulled at v5.5 from
+/// 10.0.0.4), yet every later read there fails "its copy here was lost", so its repair of the
+/// object (scheduled by the failed write) retries for ever and 10.0.0.5 stays at v5.4: the
+/// restore is reported while the store still holds the copy as lost. (Seed 8330.)
 #[test]
 #[ignore = "seed 8330: owners diverge after a write failed for ENOSPC on the primary (not fixed yet)"]
 fn owners_converge_after_a_write_failed_for_space_on_the_primary() {
