@@ -104,6 +104,27 @@ pub(super) fn conflict(oid: ObjectId, base: Version, expected: Version) -> Failu
     f
 }
 
+/// The block sums a `PeerWrite` carries, if any: only for whole blocks, one a block.
+pub(super) fn given_sums(
+    offset: u64,
+    data: &[u8],
+    sums: Vec<u32>,
+) -> Result<Option<Arc<[u32]>>, Failure> {
+    if sums.is_empty() {
+        return Ok(None);
+    }
+    if sums::given(offset, data.len(), Some(&sums)).is_none() {
+        return Err(Failure::invalid(format!(
+            "PeerWrite carries {} block sum(s) for {} bytes at offset {offset}: sums come only \
+             with whole {}-byte blocks, one a block",
+            sums.len(),
+            data.len(),
+            sums::BLOCK
+        )));
+    }
+    Ok(Some(sums.into()))
+}
+
 fn shard(oid: ObjectId) -> usize {
     let h = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h >> 32) as usize % LOCK_SHARDS

@@ -16,7 +16,7 @@ use super::recovery::PullFailed;
 use super::replicate::Change;
 use super::{Epoch, Node};
 use crate::membership::{Driver, DriverError};
-use crate::store::{sums, ObjState, StoreError, Version};
+use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{
     KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId, RepairReply, RepairRequest,
 };
@@ -271,23 +271,6 @@ pub(super) fn task_failure(e: tokio::task::JoinError) -> Failure {
     Failure::new(code, format!("store task failed: {e}"))
 }
 
-/// The block sums a `PeerWrite` carries, if any: only for whole blocks, one a block.
-fn given_sums(offset: u64, data: &[u8], sums: Vec<u32>) -> Result<Option<Arc<[u32]>>, Failure> {
-    if sums.is_empty() {
-        return Ok(None);
-    }
-    if sums::given(offset, data.len(), Some(&sums)).is_none() {
-        return Err(Failure::invalid(format!(
-            "PeerWrite carries {} block sum(s) for {} bytes at offset {offset}: sums come only \
-             with whole {}-byte blocks, one a block",
-            sums.len(),
-            data.len(),
-            sums::BLOCK
-        )));
-    }
-    Ok(Some(sums.into()))
-}
-
 fn text(payload: &[u8]) -> Result<&str, Failure> {
     std::str::from_utf8(payload).map_err(|_| Failure::invalid("payload is not UTF-8"))
 }
@@ -479,7 +462,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     data.len()
                 )));
             }
-            let sums = given_sums(h.offset, &data, sums)?;
+            let sums = super::replicate::given_sums(h.offset, &data, sums)?;
             check_range(oid, h.offset, h.length, &cfg)?;
             node.ensure_recovered(oid)
                 .await
