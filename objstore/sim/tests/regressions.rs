@@ -272,31 +272,29 @@ fn no_copy_stays_unreadable_after_successful_restores() {
 }
 
 // Found on 2026-12-02 by `make sim SEEDS=10000` on main at e0b94f9, and failing the same way on
-// 59047e0 (issues 25 and 26, before that day's changes); the 10,000 seeds were clean on the
-// issue 22 code (stop 31). Not traced yet: ignored until fixed.
+// 59047e0 (issues 25 and 26); the 10,000 seeds were clean on the issue 22 code (stop 31).
+// Fixed the next day (each cause also has a test of its own: the stores' lost-copy tests).
 
-/// Owners diverge: object 5 removed, written again (write 10, block 6, Ok), then write 16
-/// (block 5) failed with the primary (node 0) out of disk space while replica node 3 applied
-/// it; at the end node 0 has no copy, node 4 holds write 10 only and node 3 writes 10 and 16.
-/// First trace (`SIM_LOG=objstore_node=trace,info`, grep the oid 0000000100000005): node 0
-/// (10.0.0.1) logs its copy "restored from another replica" at 1.326 s (pulled at v5.5 from
-/// 10.0.0.4), yet every later read there fails "its copy here was lost", so its repair of the
-/// object (scheduled by the failed write) retries for ever and 10.0.0.5 stays at v5.4: the
-/// restore is reported while the store still holds the copy as lost. Further: node 0's flush
-/// failed at 1.305 s with the object dirty at v5.5 and no install of it followed, yet
-/// `restore_lost` found the pull done and no lost mark left (node 0 also refused writes for
-/// space then): something ends that pull or clears the mark without `put_if_newer`
-/// installing. (Seed 8330.)
+/// Owners diverged: object 5's write 16 failed (a replica out of space) after the primary
+/// (node 0) and node 3 applied it; node 0's next flush failed and lost it (v5.5). Before the
+/// node marked the copy lost, the client's retry was applied over it at v5.6 (on bytes the
+/// memory store had put back at v5.4, which its `meta` showed too). The copy restoring v5.5
+/// was then "not newer" and left uninstalled (`put_if_newer` Ok(false)), yet counted as a
+/// restore, so the copy stayed lost for good and the owners never converged.
+/// Now a lost copy keeps the version lost and takes no write (`StoreError::Lost`, `Busy`) until
+/// a whole copy replaces it, every copy a flush lost is marked lost before the first restore
+/// waits, and only an install counts as a restore. (Seed 8330.)
 #[test]
-#[ignore = "seed 8330: owners diverge after a write failed for ENOSPC on the primary (not fixed yet)"]
 fn owners_converge_after_a_write_failed_for_space_on_the_primary() {
     assert_clean(8330);
 }
 
-/// Recovery never finished after the faults stopped: at epoch 25 node 0 stayed Recovering with
-/// 1 object pending and 1 failed pull, node 1 Collecting with 1 pending. (Seed 6438.)
+/// Recovery never finished: node 0 planned to pull a clone's object from node 4 alone, which
+/// then lost its copy (a failed fdatasync, and no space to restore it) and dropped it; node 0
+/// retried the same source for ever ("not found") while two other owners held the version.
+/// Now a round tries failed pulls from the planned sources a few times, then plans again.
+/// (Seed 6438.)
 #[test]
-#[ignore = "seed 6438: recovery does not settle at epoch 25 (not traced yet)"]
-fn recovery_settles_seed_6438() {
+fn recovery_settles_after_a_planned_source_drops_its_copy() {
     assert_clean(6438);
 }

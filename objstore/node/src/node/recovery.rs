@@ -13,8 +13,10 @@
 //!    installed only if still newer than the local copy. A request for a pending object pulls
 //!    it first. A pull that fails (sources unreachable, the local disk full) leaves the object
 //!    pending: requests for it get `Busy` (or `NoSpace`) at once, never the stale or missing
-//!    local copy, and the round retries it with backoff. While objects wait for nodes that are
-//!    down, the round plans again every few seconds (a forced recovery is seen that way).
+//!    local copy, and the round retries it with backoff, then plans again (a source may have
+//!    lost or dropped its copy since the plan; the new listings find the holders). While
+//!    objects wait for nodes that are down, the round plans again every few seconds (a forced
+//!    recovery is seen that way).
 //! 3. **Record.** Only when nothing is pending or waiting is the epoch recovered here; the node
 //!    records that in the cluster store (`recovered/<epoch>`), which makes an epoch clean once
 //!    all its members did.
@@ -53,6 +55,19 @@ const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
 /// every listing: a node that hangs (stopped, not yet dropped) must cost a short pause, not
 /// [`PEER_TIMEOUT`]. A listing is 17 bytes per object: a million objects fit well inside it.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How many times a round tries its failed pulls from the same sources before it plans
+/// again (a source may have lost or dropped its copy since the plan).
+const PULL_PASSES: u32 = 3;
+
+/// How [`Node::pull_all`] ended.
+enum Pulled {
+    All,
+    /// The epoch changed: the round ends.
+    Changed,
+    /// This many objects are still pending after [`PULL_PASSES`] tries.
+    Failed(usize),
+}
 
 pub(super) struct Pull {
     want: ObjState,
@@ -336,8 +351,13 @@ impl Node {
                 .await
                 .expect("store task");
             match put {
-                Ok(_) => {
-                    self.recovery.restored(oid, state.version);
+                Ok(installed) => {
+                    // Not installed: the copy here is at least as new (a write came first).
+                    // A copy lost here counts as restored only by an install: a lost copy
+                    // never outranks the copy that restores it.
+                    if installed {
+                        self.recovery.restored(oid, state.version);
+                    }
                     self.recovery.update(|s| s.done += 1);
                     return Ok(());
                 }
@@ -431,8 +451,23 @@ impl Node {
                 s.state = RecoveryState::Recovering;
             });
             self.recovery.set_planned(e);
-            if !self.pull_all(e, oids).await {
-                return;
+            match self.pull_all(e, oids).await {
+                Pulled::All => {}
+                Pulled::Changed => return,
+                Pulled::Failed(n) => {
+                    // The sources planned may be gone (a node that lost its copy, or dropped
+                    // it since): the next plan lists every node again and finds the holders.
+                    tracing::warn!(
+                        "epoch {e}: {n} object(s) still not recovered from the sources planned: planning again"
+                    );
+                    self.recovery.update(|s| s.state = RecoveryState::Waiting);
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                    if changed() {
+                        return;
+                    }
+                    continue;
+                }
             }
             // A flush may have lost a copy while the round pulled: not done until it is back.
             if complete && !self.recovery.any_lost() {
@@ -473,20 +508,22 @@ impl Node {
         self.collect(&ep, copies).await;
     }
 
-    /// Pulls `oids`; what failed is retried with backoff until it succeeds or the epoch
-    /// changes (false then).
-    async fn pull_all(&self, e: u32, mut oids: Vec<ObjectId>) -> bool {
+    /// Pulls `oids`; what failed is retried with backoff from the same sources
+    /// [`PULL_PASSES`] times in all, then left pending for the next plan.
+    async fn pull_all(&self, e: u32, mut oids: Vec<ObjectId>) -> Pulled {
         use futures::StreamExt;
         let changed = || self.epoch().view.epoch != e;
         let mut backoff = RETRY_FIRST;
+        let mut pass = 0;
         loop {
+            pass += 1;
             let mut failed = Vec::new();
             let mut work = futures::stream::iter(oids)
                 .map(|oid| async move { (oid, self.ensure_recovered(oid).await.is_ok()) })
                 .buffered(PULL_PARALLEL);
             while let Some((oid, ok)) = work.next().await {
                 if changed() {
-                    return false;
+                    return Pulled::Changed;
                 }
                 if !ok {
                     failed.push(oid);
@@ -495,7 +532,11 @@ impl Node {
             drop(work);
             self.recovery.update(|s| s.failed = failed.len() as u64);
             if failed.is_empty() {
-                return true;
+                return Pulled::All;
+            }
+            if pass >= PULL_PASSES {
+                // Pullable again, from the sources of the next plan.
+                return Pulled::Failed(self.recovery.retry(failed).len());
             }
             tracing::warn!(
                 "epoch {e}: {} object(s) could not be recovered; retrying in {backoff:?}",
@@ -503,7 +544,7 @@ impl Node {
             );
             tokio::time::sleep(backoff).await;
             if changed() {
-                return false;
+                return Pulled::Changed;
             }
             backoff = (backoff * 2).min(RETRY_MAX);
             oids = self.recovery.retry(failed);

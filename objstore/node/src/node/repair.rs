@@ -193,9 +193,12 @@ impl Node {
         let epoch = ep.view.epoch;
         let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
         let mut first_err = None;
+        // First of all, for every copy before the first wait: from now on nothing uses it as
+        // it is (the store already refuses it; this makes its I/O wait, `Busy`).
         for &(oid, want) in lost {
-            // First of all: from now on nothing uses this copy as it is.
             self.recovery.lose(oid, want);
+        }
+        for &(oid, want) in lost {
             let want = self.recovery.lost(oid).unwrap_or(want);
             let hold = self.recovery.hold(oid, ObjState::live(want));
             let mut held = Vec::new();

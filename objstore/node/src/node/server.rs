@@ -131,6 +131,8 @@ impl From<StoreError> for Failure {
             StoreError::NotFound(_) => ResultCode::NotFound,
             StoreError::NoSpace => ResultCode::NoSpace,
             StoreError::Corrupt { .. } => ResultCode::Corrupt,
+            // Being restored: the client retries (a read tries the other owners).
+            StoreError::Lost(_) => ResultCode::Busy,
             _ => ResultCode::Io,
         };
         let code = match e {

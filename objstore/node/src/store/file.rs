@@ -74,13 +74,7 @@ pub struct FileStore {
 fn bad_copy(oid: ObjectId, why: Option<u64>) -> StoreError {
     match why {
         Some(block) => StoreError::Corrupt { oid, block },
-        None => StoreError::Io {
-            oid,
-            op: "read",
-            source: io::Error::other(
-                "its copy here was lost (a failed fdatasync or read): it is being restored from a replica",
-            ),
-        },
+        None => StoreError::Lost(oid),
     }
 }
 
@@ -240,6 +234,11 @@ impl FileStore {
         sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError> {
+        // A lost copy takes no write: its bytes are not those of its version, and a write
+        // would move its version past the one lost, which the copy restoring it must reach.
+        if self.bad.lock().unwrap().get(&oid) == Some(&None) {
+            return Err(StoreError::Lost(oid));
+        }
         match self.entry(oid) {
             Some(mut e) if !e.state.deleted => {
                 if !e.marked {
@@ -257,8 +256,8 @@ impl FileStore {
                     .write(true)
                     .open(self.path(oid, &e))
                     .map_err(|e| StoreError::io(oid, "open", e))?;
-                // A bad copy is written too (it stays bad until replaced), but an edge block
-                // that does not check is never given a fresh sum.
+                // A corrupt copy is written too (it stays bad until replaced), but an edge
+                // block that does not check is never given a fresh sum.
                 self.note_corrupt(layout::write(&f, oid, offset, data, sums, !e.state.suspect))?;
                 if let Some(e) = self.index.lock().unwrap().get_mut(&oid) {
                     e.state.version = version;

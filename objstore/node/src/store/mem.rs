@@ -185,7 +185,9 @@ impl MemStore {
     pub fn killed(&self) -> MemStore {
         let st = self.state.lock().unwrap();
         let mut live = st.live.clone();
-        for oid in &st.dirty {
+        // A copy a failed flush lost is, on disk, its durable bytes under a marked name.
+        let lost = st.bad.iter().filter(|(_, why)| why.is_none()).map(|(o, _)| o);
+        for oid in st.dirty.iter().chain(lost) {
             if let (Some(o), Some(d)) = (live.get_mut(oid), st.durable.get(oid)) {
                 o.state.version = d.state.version;
                 o.state.suspect = true;
@@ -266,19 +268,13 @@ impl MemStore {
         hit
     }
 
-    /// An object whose last flush failed reads as an I/O error until it is restored; one
-    /// found corrupt, as corrupt.
+    /// An object whose last flush failed reads as lost until it is restored; one found
+    /// corrupt, as corrupt.
     fn check_bad(st: &State, oid: ObjectId) -> Result<(), StoreError> {
         match st.bad.get(&oid) {
             None => Ok(()),
             Some(Some(block)) => Err(StoreError::Corrupt { oid, block: *block }),
-            Some(None) => Err(StoreError::Io {
-                oid,
-                op: "read",
-                source: io::Error::other(
-                    "its copy here was lost (a failed fdatasync or read): it is being restored from a replica",
-                ),
-            }),
+            Some(None) => Err(StoreError::Lost(oid)),
         }
     }
 
@@ -370,6 +366,9 @@ impl ObjectBackend for MemStore {
         self.pass(Op::Write, oid);
         let mut st = self.state.lock().unwrap();
         MemStore::check(&st, Op::Write, oid)?;
+        if st.bad.get(&oid) == Some(&None) {
+            return Err(StoreError::Lost(oid));
+        }
         let created = st.live.get(&oid).is_none_or(|o| o.state.deleted);
         if created {
             st.live
@@ -443,11 +442,16 @@ impl ObjectBackend for MemStore {
     fn accept_lost(&self, oid: ObjectId) -> Result<Option<ObjState>, StoreError> {
         let mut guard = self.state.lock().unwrap();
         let st: &mut State = &mut guard;
-        if st.bad.remove(&oid).is_some() {
-            // The live state went back to the durable one when a flush failed; a corrupt copy
-            // keeps its bytes. Either is kept suspect, its sums recomputed from its bytes.
+        if let Some(why) = st.bad.remove(&oid) {
+            // The live bytes went back to the durable ones when a flush failed: so does the
+            // version; a corrupt copy keeps its bytes and version. Either is kept suspect, its
+            // sums recomputed from its bytes.
+            let durable = st.durable.get(&oid).map(|o| o.state.version);
             for map in [&mut st.live, &mut st.durable] {
                 if let Some(o) = map.get_mut(&oid) {
+                    if let (None, Some(v)) = (why, durable) {
+                        o.state.version = v;
+                    }
                     o.state.suspect = true;
                     o.sums = sums::sums_of(&o.data);
                 }
@@ -478,18 +482,26 @@ impl ObjectBackend for MemStore {
         let mut dirty: Vec<ObjectId> = st.dirty.drain().collect();
         dirty.sort_unstable();
         if let Err(e) = MemStore::check(&st, Op::Flush, ObjectId(0)) {
-            // What the failed sync held is gone: back to the durable state, and unreadable
-            // until the node restores it.
+            // What the failed sync held is gone: back to the durable bytes, and lost until the
+            // node restores it. The copy keeps the version lost, as the file backend's index
+            // does: no later write may take that version again for other bytes.
             let mut failed = Vec::with_capacity(dirty.len());
             for oid in &dirty {
-                let lost = st
-                    .live
-                    .get(oid)
-                    .map(|o| o.state.version)
-                    .unwrap_or_default();
-                failed.push((*oid, lost));
+                let Some(lost) = st.live.get(oid).map(|o| o.state) else {
+                    continue;
+                };
+                failed.push((*oid, lost.version));
                 match st.durable.get(oid).cloned() {
-                    Some(o) => st.live.insert(*oid, o),
+                    Some(o) => st.live.insert(
+                        *oid,
+                        Obj {
+                            state: ObjState {
+                                version: lost.version,
+                                ..o.state
+                            },
+                            ..o
+                        },
+                    ),
                     None => st.live.remove(oid),
                 };
                 st.bad.insert(*oid, None);
@@ -551,7 +563,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Unreadable until restored.
-        assert!(matches!(s.read(a, 0, 1), Err(StoreError::Io { .. })));
+        assert!(matches!(s.read(a, 0, 1), Err(StoreError::Lost(_))));
         assert!(s.put_if_newer(a, b"x", ObjState::live(Version(2))).unwrap());
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
         s.fail(Op::Write, Fault::NoSpace);
@@ -570,6 +582,43 @@ mod tests {
         ));
         assert!(matches!(s.read_whole(a), Err(StoreError::Corrupt { .. })));
         assert!(s.put_if_newer(a, b"x", ObjState::live(Version(2))).unwrap());
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
+    }
+
+    /// A copy a failed flush lost keeps the version lost and takes no write until a whole
+    /// copy at least that new replaces it; kept as it is (`accept_lost`), or after a kill, it
+    /// is suspect at its durable version. (Seed 8330: a write applied over a lost copy moved
+    /// its version past the one lost, so the copy restoring it was refused as older.)
+    #[test]
+    fn a_lost_copy_keeps_its_version_and_takes_no_write() {
+        let a = ObjectId::data(Vid(1), ObjIndex(0));
+        let lost_store = || {
+            let s = MemStore::default();
+            s.write(a, 0, b"x", None, Version(1)).unwrap();
+            s.write(a, 0, b"z", None, Version(2)).unwrap();
+            s.fail(Op::Flush, Fault::Io);
+            assert!(s.flush().is_err());
+            s.clear_faults();
+            s
+        };
+        let s = lost_store();
+        assert_eq!(s.meta(a).unwrap().version, Version(2));
+        assert!(matches!(
+            s.write(a, 0, b"y", None, Version(3)),
+            Err(StoreError::Lost(_))
+        ));
+        assert_eq!(s.meta(a).unwrap().version, Version(2));
+        let suspect = ObjState {
+            suspect: true,
+            ..ObjState::live(Version(1))
+        };
+        assert_eq!(s.killed().meta(a), Some(suspect));
+        assert!(s.put_if_newer(a, b"z", ObjState::live(Version(2))).unwrap());
+        assert_eq!(s.read(a, 0, 1).unwrap(), b"z");
+        s.write(a, 0, b"y", None, Version(3)).unwrap();
+
+        let s = lost_store();
+        assert_eq!(s.accept_lost(a).unwrap(), Some(suspect));
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
     }
 

@@ -21,8 +21,11 @@
 //!   object, `put_if_newer` and `forget` are durable when they return.
 //! - A `flush` that could not make some objects durable says which ([`StoreError::SyncFailed`]);
 //!   their data may be gone and a later flush does not make it durable again: from then on they
-//!   are unreadable (an I/O error) until `put_if_newer` or `forget`, and the node restores them
-//!   from another replica; when no replica holds that data, `accept_lost` keeps what remains.
+//!   are *lost* ([`StoreError::Lost`]): neither read nor written until `put_if_newer` or
+//!   `forget`, and the node restores them from another replica; when no replica holds that
+//!   data, `accept_lost` keeps what remains. A lost copy keeps the version it lost (its `meta`
+//!   shows it), so no later write can take that version again for other bytes, and only a
+//!   whole copy at least that new replaces it.
 //! - Every block's checksum is verified on every read ([`sums`]): a block that does not match
 //!   is never returned; the read fails with [`StoreError::Corrupt`] and the copy is unreadable
 //!   (like a copy a failed flush lost) until `put_if_newer` installs a copy at least as new, or
@@ -59,6 +62,12 @@ pub enum StoreError {
         #[source]
         source: io::Error,
     },
+    /// The copy here lost its data (a failed `fdatasync`, or a read that failed with an I/O
+    /// error) and is not restored yet: it is neither read nor written until a whole copy
+    /// replaces it ([`ObjectBackend::put_if_newer`]) or the node keeps what remains
+    /// ([`ObjectBackend::accept_lost`]). Not a new disk error: the one that lost it was counted.
+    #[error("object {0}: its copy here was lost (a failed fdatasync or read) and is being restored from a replica")]
+    Lost(ObjectId),
     /// A block's checksum does not match its bytes: the copy is bad here.
     #[error("object {oid} is corrupt here: block {block} does not match its checksum")]
     Corrupt { oid: ObjectId, block: u64 },

@@ -106,6 +106,29 @@ fn a_lost_copy_kept_is_suspect_at_its_synced_version() {
     assert_eq!(s.meta(oid), Some(kept));
 }
 
+/// A lost copy takes no write (it would move its version past the one lost, which the copy
+/// restoring it must reach); a whole copy of the version lost replaces it.
+#[test]
+fn a_lost_copy_takes_no_write_until_replaced() {
+    let d = tempfile::tempdir().unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(5));
+    let s = FileStore::open(d.path()).unwrap();
+    written_flushed_then_again(&s, oid);
+    s.dirty.lock().unwrap().remove(&oid);
+    s.bad.lock().unwrap().insert(oid, None);
+    assert!(matches!(s.read(oid, 0, 1), Err(StoreError::Lost(_))));
+    for w in [
+        s.write(oid, 0, b"d", None, v(4)),
+        s.write_now(oid, 0, b"d", None, v(4)).unwrap(),
+    ] {
+        assert!(matches!(w, Err(StoreError::Lost(_))), "{w:?}");
+    }
+    assert_eq!(s.meta(oid).unwrap().version, v(3));
+    assert!(s.put_if_newer(oid, b"c", ObjState::live(v(3))).unwrap());
+    assert_eq!(s.read(oid, 0, 1).unwrap(), b"c");
+    s.write(oid, 0, b"d", None, v(4)).unwrap();
+}
+
 /// The version in a file's name is the last one synced: a reopen without a flush shows the
 /// version of the bytes known durable, never a newer one, and marks the copy suspect (its
 /// bytes may be newer); a copy flushed since its last write is not suspect.
