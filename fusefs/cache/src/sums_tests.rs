@@ -114,3 +114,30 @@ fn a_write_cut_between_its_sums_and_its_data_leaves_a_block_that_matches() {
     assert!(!sums.check(o.data_file(), 1).unwrap(), "other bytes");
     assert!(sums.check(o.data_file(), 0).unwrap());
 }
+
+/// Sums kept through the mapping and with syscalls (past `MAX_MAPPED`) are the same bytes in
+/// the file, there for another reader while the writer still runs, unflushed (what a restart
+/// after a `kill -9` finds).
+#[test]
+fn mapped_and_syscall_sums_write_the_same_file() {
+    let d = tempfile::tempdir().unwrap();
+    let spares = Spares::open(d.path().join("spare"));
+    let a = CachedObject::create(d.path(), (1, 2), 64 << 10, &spares).unwrap();
+    let b = CachedObject::create(d.path(), (1, 3), 64 << 10, &spares).unwrap();
+    b.sums.as_ref().unwrap().never_map();
+    for o in [&a, &b] {
+        o.write_data(&vec![5u8; 4 * B], 0).unwrap();
+        o.write_data(&vec![9u8; B], B as u64 + 100).unwrap();
+    }
+    assert!(a.sums.as_ref().unwrap().is_mapped());
+    assert!(!b.sums.as_ref().unwrap().is_mapped());
+    let file = |k: u32| std::fs::read(d.path().join(format!("000001/0000000{k}.sums"))).unwrap();
+    assert_eq!(file(2), file(3));
+    let block0 = crc_fast::crc32_iscsi(&[5u8; B]).to_le_bytes();
+    assert_eq!(file(2)[..4], block0, "block 0's sum");
+    let again = CachedObject::load(d.path(), (1, 2)).unwrap();
+    let sums = again.sums.as_ref().unwrap();
+    for blk in 0..3 {
+        assert!(sums.check(again.data_file(), blk).unwrap(), "block {blk}");
+    }
+}
