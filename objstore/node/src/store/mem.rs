@@ -186,7 +186,11 @@ impl MemStore {
         let st = self.state.lock().unwrap();
         let mut live = st.live.clone();
         // A copy a failed flush lost is, on disk, its durable bytes under a marked name.
-        let lost = st.bad.iter().filter(|(_, why)| why.is_none()).map(|(o, _)| o);
+        let lost = st
+            .bad
+            .iter()
+            .filter(|(_, why)| why.is_none())
+            .map(|(o, _)| o);
         for oid in st.dirty.iter().chain(lost) {
             if let (Some(o), Some(d)) = (live.get_mut(oid), st.durable.get(oid)) {
                 o.state.version = d.state.version;
