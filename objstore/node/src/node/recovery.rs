@@ -460,10 +460,7 @@ impl Node {
                     tracing::warn!(
                         "epoch {e}: {n} object(s) still not recovered from the sources planned: planning again"
                     );
-                    self.recovery.update(|s| s.state = RecoveryState::Waiting);
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_MAX);
-                    if changed() {
+                    if !self.pause_before_planning(e, &mut wait).await {
                         return;
                     }
                     continue;
@@ -494,10 +491,7 @@ impl Node {
                     "epoch {e}: no listing from {unlisted:?} (members of this epoch): planning again"
                 );
             }
-            self.recovery.update(|s| s.state = RecoveryState::Waiting);
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(RETRY_MAX);
-            if changed() {
+            if !self.pause_before_planning(e, &mut wait).await {
                 return;
             }
         }
@@ -506,6 +500,15 @@ impl Node {
         self.recovery
             .update(|s| s.state = RecoveryState::Collecting);
         self.collect(&ep, copies).await;
+    }
+
+    /// Waits `wait` (then doubles it, up to [`RETRY_MAX`]) before the round for epoch `e`
+    /// plans again, showing it as waiting; false when the epoch changed meanwhile.
+    async fn pause_before_planning(&self, e: u32, wait: &mut Duration) -> bool {
+        self.recovery.update(|s| s.state = RecoveryState::Waiting);
+        tokio::time::sleep(*wait).await;
+        *wait = (*wait * 2).min(RETRY_MAX);
+        self.epoch().view.epoch == e
     }
 
     /// Pulls `oids`; what failed is retried with backoff from the same sources
