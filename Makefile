@@ -28,10 +28,12 @@ test: deps
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --lib --bins --tests -- --test-threads=$(TEST_THREADS)
 
-## check: formatting, clippy with warnings denied, quick (unit) tests.
+## check: formatting, clippy with warnings denied, docs with broken links denied, quick (unit)
+## tests.
 check:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 	$(CARGO) test --workspace --lib --bins
 
 ## sim: the deterministic fault simulator over SEEDS seeds from SEED_BASE (release build;

@@ -70,6 +70,10 @@
 //!   `Attachments::lost`, `Stats::counters`,
 //!   `Fills::unsaved`, `Pushes::last_push_error`, `CachedVdi::run`.
 
+// These docs map the crate's insides for its maintainers (`cargo doc
+// --document-private-items` renders every link); sheepfs is its only user.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod admit;
 mod attach;
 mod backend;

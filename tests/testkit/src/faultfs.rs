@@ -592,7 +592,7 @@ impl Filesystem for FaultFs {
     }
 }
 
-/// A mounted [`FaultFs`] (see the module documentation); unmounted on drop.
+/// A mounted `FaultFs` (see the module documentation); unmounted on drop.
 pub struct FaultMount {
     mountpoint: PathBuf,
     faults: Arc<Faults>,

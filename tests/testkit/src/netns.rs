@@ -22,7 +22,7 @@
 //! - **Drop** deletes every veth, namespace and the bridge, pass or fail. A namespace whose
 //!   processes still run lives on, unnamed and without links, until they exit.
 //!
-//! Needs root and iproute2 (`ip netns`) and util-linux (`nsenter`): [`Netns::unavailable`]
+//! Needs root and iproute2 (`ip netns`) and util-linux (`nsenter`): [`unavailable`]
 //! says why not, so a suite can skip loudly.
 
 use std::os::fd::AsRawFd;

@@ -1,6 +1,6 @@
 //! Incremental backup and restore of VDIs (`dog vdi backup | restore`).
 //!
-//! - [`format`]: the delta stream (header, records, trailer; every part checksummed).
+//! - [`format`](mod@format): the delta stream (header, records, trailer; every part checksummed).
 //! - [`source`]: what changed between two snapshots of one VDI, as records.
 //! - [`target`]: applying a delta to a VDI, then taking its snapshot `NAME@TO`.
 //!

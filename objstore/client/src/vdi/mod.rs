@@ -1,12 +1,12 @@
 //! VDIs: virtual disks cut into objects.
 //!
-//! - [`table`]: the VDI table (`vdi/<name>` → vid) in the cluster's key-value store, and the
+//! - `table`: the VDI table (`vdi/<name>` → vid) in the cluster's key-value store, and the
 //!   operations on whole VDIs (create, list, delete, resize); vids come from a counter there
 //!   and are never reused.
 //! - [`inode`]: each VDI's inode object (`ObjectId::inode(vid)`): header and allocation map.
-//! - [`handle`]: [`Vdi`], an open VDI: byte-addressed I/O over its objects.
+//! - `handle`: [`Vdi`], an open VDI: byte-addressed I/O over its objects.
 //! - [`check`]: checking every copy of a VDI's objects and repairing the bad ones.
-//! - [`snapshot`]: snapshots (`NAME@TAG`, read-only), clones and rollback.
+//! - [`snapshot`](mod@snapshot): snapshots (`NAME@TAG`, read-only), clones and rollback.
 //! - [`space`]: which inodes read which objects: space accounting and freeing what nothing
 //!   reads.
 //!

@@ -12,6 +12,8 @@ use objstore_proto::auth::KeyFile;
 /// A storage node: keeps objects under DIR and serves them to clients and peers.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
+// The field docs are `--help` text, not rustdoc: `[/PREFIX]` is an optional part, not a link.
+#[allow(rustdoc::broken_intra_doc_links)]
 struct Args {
     /// Data directory (objects and the node's identity); created if missing.
     #[arg(long)]

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! With [`NodeParts::inline`] the node starts no OS thread: the tick is a tokio task and store
-//! and driver calls run on the calling task ([`Node::blocking`]), so a whole cluster runs in one
+//! and driver calls run on the calling task (`Node::blocking`), so a whole cluster runs in one
 //! current-thread runtime under a paused clock (the fault simulator, `objstore/sim`).
 
 mod check;

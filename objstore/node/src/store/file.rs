@@ -23,7 +23,7 @@
 //! restores it from another replica. The store is synchronous: callers run it on a blocking
 //! pool.
 //!
-//! Checksums ([`layout`]): every file starts with a header region holding one sum per 4 KiB
+//! Checksums (`layout`): every file starts with a header region holding one sum per 4 KiB
 //! block, and the object's bytes follow, so one `fdatasync` makes both durable. A write
 //! updates the sums of the blocks it touches; a read checks every block it returns, and a
 //! mismatch marks the copy bad ([`StoreError::Corrupt`]) until it is restored. A marked

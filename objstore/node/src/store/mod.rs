@@ -1,7 +1,7 @@
 //! The node's object store behind one trait, so that the node runs over real files or, in
 //! tests and the fault simulator, over memory.
 //!
-//! - [`file`]: one file per object under `DIR/obj/`, named `<oid>.<stamp>` (production).
+//! - [`file`](mod@file): one file per object under `DIR/obj/`, named `<oid>.<stamp>` (production).
 //! - [`mem`]: objects in memory, with a volatile and a durable state so a test can crash a
 //!   node and keep only what was flushed, and with injectable I/O errors.
 //!
