@@ -93,6 +93,20 @@ fn update(data: &File, bytes: &[u8], offset: u64, pairs: &mut [u8]) -> io::Resul
     Ok(())
 }
 
+/// `file` mapped whole, its disk blocks allocated first; None if either fails (or it is empty).
+fn map_allocated(file: &File) -> Option<MmapMut> {
+    let len = file.metadata().ok()?.len();
+    // SAFETY: a plain syscall on a file descriptor we own.
+    let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+    if r != 0 || len == 0 {
+        return None;
+    }
+    // SAFETY: the file is this cache's own, never truncated while its object lives (retiring
+    // it unlinks the file; the pages stay), and its blocks are allocated, so no access
+    // through the mapping faults.
+    unsafe { MmapOptions::new().len(len as usize).map_mut(file) }.ok()
+}
+
 impl Sums {
     /// A new sums file of `blocks` zero sums (replacing any older one).
     pub fn create(path: &Path, blocks: usize) -> io::Result<Sums> {
@@ -141,19 +155,7 @@ impl Sums {
             MAPPED.fetch_sub(1, Ordering::Relaxed);
             return Mapping::Syscalls;
         }
-        let mapped = (|| {
-            let len = self.file.metadata().ok()?.len();
-            // SAFETY: a plain syscall on a file descriptor we own.
-            let r = unsafe { libc::posix_fallocate(self.file.as_raw_fd(), 0, len as libc::off_t) };
-            if r != 0 || len == 0 {
-                return None;
-            }
-            // SAFETY: the file is this cache's own, never truncated while this object lives
-            // (retiring it unlinks the file; the pages stay), and its blocks are allocated,
-            // so no access through the mapping faults.
-            unsafe { MmapOptions::new().len(len as usize).map_mut(&self.file) }.ok()
-        })();
-        match mapped {
+        match map_allocated(&self.file) {
             Some(m) => Mapping::Mapped(m),
             None => {
                 MAPPED.fetch_sub(1, Ordering::Relaxed);

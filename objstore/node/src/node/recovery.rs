@@ -538,8 +538,9 @@ impl Node {
                 return Pulled::All;
             }
             if pass >= PULL_PASSES {
-                // Pullable again, from the sources of the next plan.
-                return Pulled::Failed(self.recovery.retry(failed).len());
+                // Left failed (requests get that at once) until the next plan replaces every
+                // pending pull with one from the holders it finds.
+                return Pulled::Failed(failed.len());
             }
             tracing::warn!(
                 "epoch {e}: {} object(s) could not be recovered; retrying in {backoff:?}",

@@ -56,6 +56,14 @@ fn written_flushed_then_again(s: &FileStore, oid: ObjectId) {
     s.write(oid, 0, b"c", None, v(3)).unwrap();
 }
 
+/// [`written_flushed_then_again`], then what a failed fdatasync does to the copy (see
+/// `flush`): no longer dirty, and lost at v3.
+fn lost_after_a_failed_sync(s: &FileStore, oid: ObjectId) {
+    written_flushed_then_again(s, oid);
+    s.dirty.lock().unwrap().remove(&oid);
+    s.bad.lock().unwrap().insert(oid, None);
+}
+
 /// `write_now` writes in place into an existing object whose lock is free, and declines
 /// (doing nothing) to create one or to wait for its lock.
 #[test]
@@ -84,10 +92,7 @@ fn a_lost_copy_kept_is_suspect_at_its_synced_version() {
     let d = tempfile::tempdir().unwrap();
     let oid = ObjectId::data(Vid(1), ObjIndex(3));
     let s = FileStore::open(d.path()).unwrap();
-    written_flushed_then_again(&s, oid);
-    // What a failed fdatasync does to it (see `flush`).
-    s.dirty.lock().unwrap().remove(&oid);
-    s.bad.lock().unwrap().insert(oid, None);
+    lost_after_a_failed_sync(&s, oid);
     assert!(s.read(oid, 0, 1).is_err());
     let kept = s.accept_lost(oid).unwrap().unwrap();
     assert_eq!(
@@ -113,9 +118,7 @@ fn a_lost_copy_takes_no_write_until_replaced() {
     let d = tempfile::tempdir().unwrap();
     let oid = ObjectId::data(Vid(1), ObjIndex(5));
     let s = FileStore::open(d.path()).unwrap();
-    written_flushed_then_again(&s, oid);
-    s.dirty.lock().unwrap().remove(&oid);
-    s.bad.lock().unwrap().insert(oid, None);
+    lost_after_a_failed_sync(&s, oid);
     assert!(matches!(s.read(oid, 0, 1), Err(StoreError::Lost(_))));
     for w in [
         s.write(oid, 0, b"d", None, v(4)),
