@@ -12,7 +12,7 @@ use objstore_proto::size::format_size;
 use super::inode::{read_inode, InodeHeader};
 use super::table::{lookup, VdiInfo};
 use super::{check_size, VdiError};
-use crate::client::Client;
+use crate::client::{Client, ClientError};
 use crate::lock;
 
 /// An open VDI: its inode header and allocation map, cached.
@@ -209,14 +209,14 @@ impl Vdi {
             // One object: hand its bytes on without a copy.
             return match self.object(idx) {
                 None => Ok(Bytes::from(vec![0u8; n as usize])),
-                Some(oid) => Ok(self.client.read_obj(oid, off, n as u32).await?),
+                Some(oid) => read_mapped(&self.client, oid, off, n).await,
             };
         }
         let mut buf = vec![0u8; len as usize];
         let reads = pieces.into_iter().filter_map(|(idx, off, n, at)| {
             let oid = self.object(idx)?;
             Some(async move {
-                let data = self.client.read_obj(oid, off, n as u32).await?;
+                let data = read_mapped(&self.client, oid, off, n).await?;
                 Ok::<_, VdiError>((at, data))
             })
         });
@@ -260,7 +260,20 @@ impl Vdi {
             }
             ancestor => {
                 let source = ObjectId::data(ancestor, ObjIndex(idx as u32));
-                self.client.cow_write_obj(own, source, off, piece).await?;
+                match self
+                    .client
+                    .cow_write_obj(own, source, off, piece.clone())
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(ClientError::NotFound(o)) if o == source => {
+                        // A source no node holds reads as zeros (see `read_mapped`): so does
+                        // the copy, bar this write.
+                        tracing::warn!("copy-on-write of {own}: its source {source} is on no node; it read as zeros, so the copy starts from zeros");
+                        self.client.write_obj(own, off, piece).await?;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
                 self.record(idx, vid).await?;
             }
         }
@@ -356,5 +369,21 @@ impl Vdi {
     /// Makes every earlier write durable on every replica.
     pub async fn flush(&self) -> Result<(), VdiError> {
         Ok(self.client.flush().await?)
+    }
+}
+
+/// `n` bytes at `off` of `oid`, an object the VDI's map names. One that no node holds reads as
+/// zeros: a data object is durable only from the flush after its creation, so a crash may drop
+/// an object created since while the map's entry for it, written in place, survives (a discard
+/// removes the object after unmapping it, and the unmap may be lost the same way). Either way
+/// no write to it was ever flushed, and the bytes before it were zeros. Logged, so a loss of
+/// data that was durable does not pass unseen.
+async fn read_mapped(client: &Client, oid: ObjectId, off: u64, n: u64) -> Result<Bytes, VdiError> {
+    match client.read_obj(oid, off, n as u32).await {
+        Err(ClientError::NotFound(_)) => {
+            tracing::warn!("object {oid} is in the VDI's map but on no node: it reads as zeros (created, or removed, and not flushed before a crash)");
+            Ok(Bytes::from(vec![0u8; n as usize]))
+        }
+        r => Ok(r?),
     }
 }

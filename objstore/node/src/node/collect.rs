@@ -60,9 +60,16 @@ impl Node {
     pub(super) async fn collect(&self, ep: &Epoch, copies: usize) {
         let e = ep.view.epoch;
         let changed = || self.epoch().view.epoch != e;
-        // Wait until every owner has recovered this epoch.
+        // Wait until every owner has recovered this epoch. A copy here lost meanwhile (a
+        // failed flush after this round's plan) ends the round instead and plans the epoch
+        // again: the other owners may be waiting for this node to settle that copy, which a
+        // plan does (seed 8990), and a new plan happens only once this round ends.
         loop {
             if changed() {
+                return;
+            }
+            if self.recovery.any_lost() {
+                self.recovery.plan_again();
                 return;
             }
             let others: Vec<SocketAddr> = ep

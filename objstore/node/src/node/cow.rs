@@ -12,14 +12,14 @@
 //!  (recovered first), else each owner in placement order (ReadObj over the peer connections)
 //!        │ every owner: not found ─► NotFound "source object X of copy-on-write to Y does not exist"
 //!        ▼
-//!  whole = source with the write applied ─► Node::change(Write { offset: 0, data: whole })
+//!  whole = source with the write applied ─► Node::change(Put { data: whole })
 //! ```
 //!
-//! The last step is the path of every write (a version from the primary, `PeerWrite` to the
-//! replicas, `Diverged` → `PeerPut`, the expected-version check under the object's lock), so a
-//! copy races with nothing: a writer that created the target meanwhile makes the change's
-//! expected version stale (`Conflict`) and the client retries, then as a plain write. The
-//! source is only read: a COW never changes it.
+//! The last step is the path of every change (a version from the primary, the whole object to
+//! every owner with `PeerPut`, installed durable there, the expected-version check under the
+//! object's lock), so a copy races with nothing: a writer that created the target meanwhile
+//! makes the change's expected version stale (`Conflict`) and the client retries, then as a
+//! plain write. The source is only read: a COW never changes it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -80,10 +80,10 @@ pub(super) async fn cow_write(
         let whole = node
             .copy_applied(&ep, &cfg, source, target, h.offset, &data)
             .await?;
-        Change::Write {
-            offset: 0,
-            data: whole,
-        }
+        // Installed durable on every owner, not created unsynced: the client records the
+        // target in the VDI's inode as soon as this returns, and a crash that kept that entry
+        // but dropped the target would read zeros where the source's bytes were.
+        Change::Put { data: whole }
     };
     node.change(&ep, target, &others, expected, change).await
 }

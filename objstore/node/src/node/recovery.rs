@@ -189,7 +189,7 @@ impl Recovery {
     }
 
     /// Whether some copy here is lost and not restored.
-    fn any_lost(&self) -> bool {
+    pub(super) fn any_lost(&self) -> bool {
         !self.lost.lock().unwrap().is_empty()
     }
 

@@ -4,7 +4,7 @@
 //! The primary, holding the object's lock, gives the change the next version
 //! ([`Version::next`]), applies it and forwards it to every other owner at the same time
 //! (`PeerWrite` for a write, with the version it applies on; `PeerPut` of a tombstone for a
-//! remove). A replica applies a forwarded write only if its copy is exactly at that base
+//! remove, and of the whole object for a `Put`). A replica applies a forwarded write only if its copy is exactly at that base
 //! version; otherwise it answers `Diverged` and the primary sends it the whole object at the new
 //! version (`PeerPut`). So every replica holding a version holds the same bytes, whoever wrote
 //! and whatever failed before. The client's answer is Ok only when every owner holds the new
@@ -44,7 +44,16 @@ const DRAIN_WAIT: Duration = Duration::from_secs(10);
 
 /// What the primary applies.
 pub(super) enum Change {
-    Write { offset: u64, data: Bytes },
+    Write {
+        offset: u64,
+        data: Bytes,
+    },
+    /// A whole new object, durable on every owner when the change is acknowledged (a store
+    /// creates a data object a `Write` makes without a sync: see
+    /// [`crate::store::creates_unsynced`]): `PeerPut` to the replicas.
+    Put {
+        data: Bytes,
+    },
     Remove,
 }
 
@@ -251,6 +260,15 @@ impl Node {
                     self.write_store(oid, *offset, data.clone(), sums.clone(), new)
                         .await
                 }
+                Change::Put { data } => {
+                    let data = data.clone();
+                    super::server::blocking(self, move || {
+                        store
+                            .put_if_newer(oid, &data, ObjState::live(new))
+                            .map(|_| ())
+                    })
+                    .await
+                }
                 Change::Remove => {
                     super::server::blocking(self, move || {
                         store
@@ -338,13 +356,16 @@ impl Node {
                 )
                 .await
             }
-            Change::Remove => {
-                let state = ObjState::tombstone(new);
+            Change::Put { .. } | Change::Remove => {
+                let (state, data) = match change {
+                    Change::Put { data } => (ObjState::live(new), data.clone()),
+                    _ => (ObjState::tombstone(new), Bytes::new()),
+                };
                 let mut h = Header::request(Opcode::PeerPut, 0, epoch);
                 h.oid = oid.0;
                 h.offset = state.version.0;
                 h.aux = state.flags();
-                conn.call(h, Bytes::new(), FORWARD_TIMEOUT).await
+                conn.call(h, data, FORWARD_TIMEOUT).await
             }
         };
         match res {

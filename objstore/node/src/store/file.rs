@@ -14,9 +14,15 @@
 //! (After a power cut the marker is as safe as the journal's order: ext4 commits renames
 //! within seconds and writes dirty data back after 30 s.)
 //!
-//! Crash safety: a new object (and a tombstone) is built in `obj/.tmp/`, `sync_all`ed, renamed
-//! into place and the directory fsynced, so a crash never leaves a zero-length or half-created
-//! object that is later served. Later writes go in place (`pwrite`); like a disk's sectors, each
+//! Crash safety: a whole object installed (recovery, a copy-on-write target), a new inode, an
+//! object written over a tombstone, and a tombstone are built in `obj/.tmp/`, `sync_all`ed,
+//! renamed into place and the directory fsynced, so a crash never leaves a zero-length or
+//! half-created object that is later served. A data object that a write creates where the store
+//! holds nothing of it is written straight to `<oid>.0.n` without a sync, like any write into
+//! the page cache: the next flush syncs it, names it after its version and fsyncs the
+//! directory; reopened before that (a kill, a crash) the file is removed, as if the write had
+//! never reached the disk (nothing older hides under it; see [`super::creates_unsynced`]).
+//! Later writes go in place (`pwrite`); like a disk's sectors, each
 //! 4 KiB page of a write lands whole or not at all, and `flush` makes every earlier write durable
 //! (`fdatasync` of each file written since the last flush, its rename, then the directory). An
 //! `fdatasync` that fails is reported for that object and the object is not retried: the node
@@ -43,13 +49,16 @@ use super::{ObjState, ObjectBackend, StoreError, Version};
 const LOCK_SHARDS: usize = 256;
 const TOMBSTONE: &str = "del";
 const WRITTEN: &str = "w";
+/// `<oid>.0.n`: a data object created since the last flush, never synced ([`Entry::disk`] 0).
+const CREATED: &str = "n";
 
 /// What the store knows of one object.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     /// The current state (the version of the last write, durable or not).
     state: ObjState,
-    /// The version in the file's name.
+    /// The version in the file's name; [`Version::NONE`] for a data object created since the
+    /// last flush (`<oid>.0.n`), of which nothing is durable yet.
     disk: Version,
     /// The file's name carries the "being written" marker.
     marked: bool,
@@ -116,9 +125,12 @@ fn parse_name(name: &str) -> Option<(ObjectId, ObjState)> {
     ))
 }
 
-/// The name of an object's file at `version` (a tombstone, marked as being written, or plain).
+/// The name of an object's file at `version` (a tombstone, marked as being written, or plain;
+/// at version 0, created and never synced).
 fn file_name(oid: ObjectId, version: Version, deleted: bool, marked: bool) -> String {
-    if deleted {
+    if !deleted && version == Version::NONE {
+        format!("{oid}.0.{CREATED}")
+    } else if deleted {
         format!("{oid}.{:x}.{TOMBSTONE}", version.0)
     } else if marked {
         format!("{oid}.{:x}.{WRITTEN}", version.0)
@@ -147,6 +159,12 @@ impl FileStore {
             let name = e.file_name();
             let Some(name) = name.to_str() else { continue };
             if name == ".tmp" || name == layout::FORMAT_FILE {
+                continue;
+            }
+            if name.ends_with(&format!(".0.{CREATED}")) {
+                // Created and never synced before the store stopped: it was never durable,
+                // and nothing older hides under it. Dropped, as a crash may have.
+                let _ = fs::remove_file(e.path());
                 continue;
             }
             let Some((oid, state)) = parse_name(name) else {
@@ -265,8 +283,42 @@ impl FileStore {
                 self.dirty.lock().unwrap().insert(oid);
                 Ok(())
             }
+            None if super::creates_unsynced(oid) => self.create(oid, offset, data, sums, version),
             old => self.install(oid, offset, data, sums, ObjState::live(version), old),
         }
+    }
+
+    /// A new data object where the store holds nothing of it, like a write into the page
+    /// cache: `<oid>.0.n`, not synced, durable at the next flush (which names it after its
+    /// version and fsyncs the directory). Reopened before that, it is dropped. Caller holds
+    /// the object's write lock.
+    fn create(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: &[u8],
+        sums: Option<&[u32]>,
+        version: Version,
+    ) -> Result<(), StoreError> {
+        let e = Entry {
+            state: ObjState::live(version),
+            disk: Version::NONE,
+            marked: true,
+        };
+        let path = self.path(oid, &e);
+        let mut guard = DeleteOnDrop(Some(path.clone()));
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| StoreError::io(oid, "create", e))?;
+        layout::create(&f, oid, offset, data, sums)?;
+        guard.0 = None;
+        self.index.lock().unwrap().insert(oid, e);
+        self.dirty.lock().unwrap().insert(oid);
+        Ok(())
     }
 
     /// The file an entry's bytes (or tombstone) are in now.
@@ -381,8 +433,8 @@ impl ObjectBackend for FileStore {
         self.write_locked(oid, offset, data, sums, version)
     }
 
-    /// Only into an existing object (creating one syncs a new file) whose lock is free: an
-    /// in-place `pwrite` into the page cache.
+    /// Only into an existing object (creating one makes a new file: left to the blocking
+    /// pool) whose lock is free: an in-place `pwrite` into the page cache.
     fn write_now(
         &self,
         oid: ObjectId,
@@ -450,6 +502,18 @@ impl ObjectBackend for FileStore {
         let Some(why) = self.bad.lock().unwrap().get(&oid).copied() else {
             return Ok(Some(e.state));
         };
+        if why.is_none() && e.disk == Version::NONE && !e.state.deleted {
+            // Created since its last flush, which failed: nothing of it was ever durable.
+            match fs::remove_file(self.path(oid, &e)) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(StoreError::io(oid, "remove", err)),
+            }
+            self.index.lock().unwrap().remove(&oid);
+            self.dirty.lock().unwrap().remove(&oid);
+            self.bad.lock().unwrap().remove(&oid);
+            return Ok(None);
+        }
         // After a failed sync the file holds what its last successful sync made durable (its
         // name's version) and maybe some later pages; a corrupt copy keeps its version. Either
         // is kept suspect, marked as such on disk, its sums recomputed from its bytes.

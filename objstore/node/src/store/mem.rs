@@ -2,8 +2,10 @@
 //!
 //! It keeps two states: what readers see now (`live`) and what would survive a crash
 //! (`durable`). A write changes `live` only; `flush` copies every object written since the last
-//! flush to `durable`; creating an object, `put_if_newer` and `forget` are durable at once (the
-//! file backend's install and unlink are followed by a directory fsync). [`MemStore::crashed`] returns a store
+//! flush to `durable`, a new data object included (until then a crash or a kill drops it, as
+//! the file backend drops its unsynced file); creating an inode or an object over a tombstone,
+//! `put_if_newer` and `forget` are durable at once (the file backend's install and unlink are
+//! followed by a directory fsync). [`MemStore::crashed`] returns a store
 //! holding only the durable state, as the files would be after a power cut.
 //!
 //! Faults: [`MemStore::fail`] (or [`MemStore::fail_object`], for one object) makes chosen operations fail with EIO (or ENOSPC) until cleared. A
@@ -181,7 +183,8 @@ impl MemStore {
 
     /// The store a killed process leaves (`kill -9`): the bytes survive in the kernel's page
     /// cache, but a copy written since its last flush comes back at its last flushed version,
-    /// suspect, as the file backend's marked files do.
+    /// suspect, as the file backend's marked files do, and a data object created since then is
+    /// gone (the file backend drops a file never synced).
     pub fn killed(&self) -> MemStore {
         let st = self.state.lock().unwrap();
         let mut live = st.live.clone();
@@ -192,9 +195,17 @@ impl MemStore {
             .filter(|(_, why)| why.is_none())
             .map(|(o, _)| o);
         for oid in st.dirty.iter().chain(lost) {
-            if let (Some(o), Some(d)) = (live.get_mut(oid), st.durable.get(oid)) {
-                o.state.version = d.state.version;
-                o.state.suspect = true;
+            match st.durable.get(oid) {
+                Some(d) => {
+                    if let Some(o) = live.get_mut(oid) {
+                        o.state.version = d.state.version;
+                        o.state.suspect = true;
+                    }
+                }
+                // Created since the last flush: the file backend drops its unsynced file.
+                None => {
+                    live.remove(oid);
+                }
             }
         }
         MemStore {
@@ -373,7 +384,8 @@ impl ObjectBackend for MemStore {
         if st.bad.get(&oid) == Some(&None) {
             return Err(StoreError::Lost(oid));
         }
-        let created = st.live.get(&oid).is_none_or(|o| o.state.deleted);
+        let missing = !st.live.contains_key(&oid);
+        let created = missing || st.live[&oid].state.deleted;
         if created {
             st.live
                 .insert(oid, Obj::new(Vec::new(), ObjState::live(version)));
@@ -384,11 +396,12 @@ impl ObjectBackend for MemStore {
         let o = st.live.get_mut(&oid).expect("just inserted");
         o.write(offset as usize, data, sums);
         o.state.version = version;
-        if created {
-            // The file backend creates an object with the crash-safe recipe: durable at once.
+        if created && !(missing && super::creates_unsynced(oid)) {
+            // Over a tombstone, or an inode: the crash-safe recipe, durable at once.
             let o = o.clone();
             st.durable.insert(oid, o);
         } else {
+            // A new data object is durable at the next flush; until then a crash drops it.
             st.dirty.insert(oid);
         }
         Ok(())
@@ -447,6 +460,12 @@ impl ObjectBackend for MemStore {
         let mut guard = self.state.lock().unwrap();
         let st: &mut State = &mut guard;
         if let Some(why) = st.bad.remove(&oid) {
+            if why.is_none() && !st.durable.contains_key(&oid) {
+                // Created since its last flush, which failed: nothing of it was ever durable.
+                st.live.remove(&oid);
+                st.dirty.remove(&oid);
+                return Ok(None);
+            }
             // The live bytes went back to the durable ones when a flush failed: so does the
             // version; a corrupt copy keeps its bytes and version. Either is kept suspect, its
             // sums recomputed from its bytes.
@@ -495,19 +514,22 @@ impl ObjectBackend for MemStore {
                     continue;
                 };
                 failed.push((*oid, lost.version));
-                match st.durable.get(oid).cloned() {
-                    Some(o) => st.live.insert(
-                        *oid,
-                        Obj {
-                            state: ObjState {
-                                version: lost.version,
-                                ..o.state
-                            },
-                            ..o
+                // Created since the last flush: nothing durable, no bytes, the version lost.
+                let o = st
+                    .durable
+                    .get(oid)
+                    .cloned()
+                    .unwrap_or_else(|| Obj::new(Vec::new(), lost));
+                st.live.insert(
+                    *oid,
+                    Obj {
+                        state: ObjState {
+                            version: lost.version,
+                            ..o.state
                         },
-                    ),
-                    None => st.live.remove(oid),
-                };
+                        ..o
+                    },
+                );
                 st.bad.insert(*oid, None);
             }
             let source = match e {
@@ -544,6 +566,12 @@ mod tests {
         let s = MemStore::default();
         let a = ObjectId::data(Vid(1), ObjIndex(0));
         s.write(a, 0, b"first", None, Version(1)).unwrap();
+        // A new data object is durable at the next flush: before it, a crash drops it.
+        assert!(matches!(
+            s.crashed().read(a, 0, 5),
+            Err(StoreError::NotFound(_))
+        ));
+        s.flush().unwrap();
         s.write(a, 0, b"FIRST", None, Version(2)).unwrap();
         assert_eq!(s.crashed().read(a, 0, 5).unwrap(), b"first");
         s.flush().unwrap();
@@ -599,6 +627,7 @@ mod tests {
         let lost_store = || {
             let s = MemStore::default();
             s.write(a, 0, b"x", None, Version(1)).unwrap();
+            s.flush().unwrap();
             s.write(a, 0, b"z", None, Version(2)).unwrap();
             s.fail(Op::Flush, Fault::Io);
             assert!(s.flush().is_err());
@@ -624,6 +653,48 @@ mod tests {
         let s = lost_store();
         assert_eq!(s.accept_lost(a).unwrap(), Some(suspect));
         assert_eq!(s.read(a, 0, 1).unwrap(), b"x");
+    }
+
+    /// A data object created since the last flush is gone after a kill or a crash; a failed
+    /// flush leaves it lost at its version with nothing durable, and keeping what remains
+    /// drops it. An inode (and an object written over a tombstone) is durable at once.
+    #[test]
+    fn a_new_data_object_is_durable_at_the_next_flush() {
+        let a = ObjectId::data(Vid(1), ObjIndex(0));
+        let ino = ObjectId::inode(Vid(1));
+        let s = MemStore::default();
+        s.write(a, 0, b"x", None, Version(1)).unwrap();
+        s.write(ino, 0, b"i", None, Version(1)).unwrap();
+        assert_eq!(s.killed().meta(a), None);
+        assert_eq!(s.crashed().meta(a), None);
+        assert_eq!(s.crashed().read(ino, 0, 1).unwrap(), b"i");
+        s.flush().unwrap();
+        assert_eq!(s.killed().read(a, 0, 1).unwrap(), b"x");
+
+        let b = ObjectId::data(Vid(1), ObjIndex(1));
+        s.write(b, 0, b"y", None, Version(2)).unwrap();
+        s.fail(Op::Flush, Fault::Io);
+        match s.flush() {
+            Err(StoreError::SyncFailed { oids, .. }) => assert_eq!(oids, vec![(b, Version(2))]),
+            other => panic!("{other:?}"),
+        }
+        s.clear_faults();
+        assert_eq!(s.meta(b).unwrap().version, Version(2));
+        assert!(matches!(s.read(b, 0, 1), Err(StoreError::Lost(_))));
+        assert!(matches!(
+            s.write(b, 0, b"w", None, Version(3)),
+            Err(StoreError::Lost(_))
+        ));
+        assert_eq!(s.killed().meta(b), None);
+        assert_eq!(s.accept_lost(b).unwrap(), None);
+        assert_eq!(s.meta(b), None);
+
+        // Over a tombstone: durable at once, so the tombstone never comes back alone.
+        assert!(s
+            .put_if_newer(b, &[], ObjState::tombstone(Version(4)))
+            .unwrap());
+        s.write(b, 0, b"v", None, Version(5)).unwrap();
+        assert_eq!(s.crashed().read(b, 0, 1).unwrap(), b"v");
     }
 
     #[test]

@@ -17,8 +17,13 @@
 //!   flushed version ([`ObjState::suspect`]); `settle` makes it the reference.
 //! - A write is durable once a later `flush` returned Ok; a crash may lose writes not yet
 //!   flushed (and the version they set: the version that survives is never newer than the bytes
-//!   that survive), never a flushed one, and never leaves an object half-created. Creating an
-//!   object, `put_if_newer` and `forget` are durable when they return.
+//!   that survive), never a flushed one, and never leaves an object half-created. A `write`
+//!   that creates a data object where none was ([`creates_unsynced`]) is like any write: the
+//!   object is durable at the next `flush`, and a crash or a kill before it drops the object
+//!   whole (it never existed durably; nothing older is hidden under it). Creating an inode
+//!   object or an object over a tombstone, `put_if_newer` and `forget` are durable when they
+//!   return. A failed `flush` leaves such a new object lost at the version it had, with
+//!   nothing durable: `accept_lost` drops it.
 //! - A `flush` that could not make some objects durable says which ([`StoreError::SyncFailed`]);
 //!   their data may be gone and a later flush does not make it durable again: from then on they
 //!   are *lost* ([`StoreError::Lost`]): neither read nor written until `put_if_newer` or
@@ -89,6 +94,16 @@ impl StoreError {
             StoreError::Io { oid, op, source }
         }
     }
+}
+
+/// Whether a `write` creating `oid` where the store holds nothing of it (not even a
+/// tombstone) may leave it unsynced until the next flush: data objects only. An inode is
+/// created durable at once: the VDI table names it as soon as its creation returns, and a
+/// crash must not leave a name pointing at nothing. (Over a tombstone, a crash that dropped
+/// the new object would bring back no tombstone either, so older copies elsewhere could
+/// return: that creation stays synced too.)
+pub fn creates_unsynced(oid: ObjectId) -> bool {
+    !oid.is_inode()
 }
 
 fn first_oids(oids: &[(ObjectId, Version)]) -> String {
