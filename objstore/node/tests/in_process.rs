@@ -93,3 +93,48 @@ fn a_write_never_flushed_is_lost_only_on_the_crashed_node() {
     assert_eq!(c.store(1).read(oid, 0, 7).unwrap(), b"durable");
     assert_eq!(c.store(0).read(oid, 0, 7).unwrap(), b"VOLATIL");
 }
+
+/// Many first writes into new objects at once from one handle: their map entries are written
+/// together (group commit, adjacent indexes in one write), and every one lands, in the inode
+/// as a new handle reads it and in the handle that wrote them. A write into the same objects
+/// afterwards and a discard of one (its entry back to a hole) land too.
+#[test]
+fn concurrent_first_writes_record_every_map_entry() {
+    let c = MemCluster::start(3).expect("start 3 in-memory nodes");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = Arc::new(rt.block_on(c.client(ClientOptions::default())).unwrap());
+    rt.block_on(client.format(3, None, MIB)).unwrap();
+    const N: u64 = 48;
+    rt.block_on(vdi::create(&client, "thin", N * MIB)).unwrap();
+    let disk = Arc::new(rt.block_on(Vdi::open(client.clone(), "thin")).unwrap());
+    let vid = disk.header().vid;
+    // Every other object first, then the rest: runs of adjacent indexes and gaps.
+    let order: Vec<u64> = (0..N).step_by(2).chain((1..N).step_by(2)).collect();
+    rt.block_on(async {
+        let writes = order.iter().map(|&i| {
+            let disk = disk.clone();
+            async move {
+                disk.write_at(i * MIB + 512, Bytes::from(vec![i as u8 + 1; 4096]))
+                    .await
+            }
+        });
+        for r in futures::future::join_all(writes).await {
+            r.unwrap();
+        }
+    });
+    let fresh = rt.block_on(Vdi::open(client.clone(), "thin")).unwrap();
+    for i in 0..N {
+        assert_eq!(disk.entry(i), vid, "index {i} in the writing handle");
+        assert_eq!(fresh.entry(i), vid, "index {i} in the inode");
+        let got = rt.block_on(fresh.read_at(i * MIB + 512, 4096)).unwrap();
+        assert!(
+            got.iter().all(|&b| b == i as u8 + 1),
+            "index {i} reads back"
+        );
+    }
+    rt.block_on(disk.discard(5 * MIB, MIB)).unwrap();
+    let fresh = rt.block_on(Vdi::open(client.clone(), "thin")).unwrap();
+    assert_eq!(fresh.entry(5), Vid::NONE);
+    assert_eq!(disk.entry(5), Vid::NONE);
+    assert_eq!(fresh.entry(6), vid);
+}

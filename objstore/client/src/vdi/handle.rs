@@ -38,6 +38,21 @@ pub struct Vdi {
     /// Taken by a write that copies an ancestor's object or allocates one, per index shard:
     /// two writes to one shared index make one copy, the second writes into it.
     allocating: Vec<tokio::sync::Mutex<()>>,
+    /// Map entries to write to the inode (see [`Vdi::record`]).
+    entries: std::sync::Mutex<Unwritten>,
+    /// Held by the call writing a batch of entries.
+    entry_writer: tokio::sync::Mutex<()>,
+}
+
+/// Map entries changed and not yet written to the inode, numbered in the order they came.
+#[derive(Default)]
+struct Unwritten {
+    /// index → (vid, number of the latest change of that index).
+    wanted: std::collections::BTreeMap<u64, (Vid, u64)>,
+    /// The number the next change gets.
+    next: u64,
+    /// Every change numbered below this one is written (or was superseded by one that is).
+    written_below: u64,
 }
 
 const ALLOC_SHARDS: usize = 64;
@@ -59,6 +74,8 @@ impl Vdi {
             allocating: (0..ALLOC_SHARDS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            entries: std::sync::Mutex::default(),
+            entry_writer: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -280,24 +297,82 @@ impl Vdi {
         Ok(())
     }
 
-    /// Records in the inode that `index` is now held by object `vid` (0: a hole).
+    /// Records in the inode that `index` is now held by object `vid` (0: a hole), and then in
+    /// the map here. Returns once the entry is written. Entries recorded at the same time are
+    /// written together (group commit): every change of the inode is ordered behind the one
+    /// before it (one object), so one write each would make concurrent first writes into new
+    /// objects wait on each other; instead the call that gets to write takes every entry
+    /// waiting then, and writes each run of adjacent indexes as one write. A call whose entry
+    /// a failed batch held writes it again itself.
     async fn record(&self, index: u64, vid: Vid) -> Result<(), VdiError> {
         let _changing = self.changes.read().await;
+        let ticket = {
+            let mut q = self.entries.lock().unwrap();
+            let t = q.next;
+            q.next += 1;
+            q.wanted.insert(index, (vid, t));
+            t
+        };
+        let _writer = self.entry_writer.lock().await;
+        let batch = {
+            let mut q = self.entries.lock().unwrap();
+            if q.written_below > ticket {
+                return Ok(());
+            }
+            std::mem::take(&mut q.wanted)
+        };
+        let upto = batch.values().map(|&(_, t)| t + 1).max().unwrap_or(0);
+        match self.write_entries(&batch).await {
+            Ok(()) => {
+                {
+                    let mut map = self.map.write().unwrap();
+                    for (&i, &(v, _)) in &batch {
+                        if map.len() <= i as usize {
+                            map.resize(i as usize + 1, Vid::NONE);
+                        }
+                        map[i as usize] = v;
+                    }
+                }
+                let mut q = self.entries.lock().unwrap();
+                q.written_below = q.written_below.max(upto);
+                Ok(())
+            }
+            Err(e) => {
+                // Back in the queue unless changed again meanwhile: each call waiting on one
+                // of these writes it again.
+                let mut q = self.entries.lock().unwrap();
+                for (i, w) in batch {
+                    q.wanted.entry(i).or_insert(w);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes `batch`'s entries to the inode: one write for each run of adjacent indexes, each
+    /// entry with its check byte (4 bytes).
+    async fn write_entries(
+        &self,
+        batch: &std::collections::BTreeMap<u64, (Vid, u64)>,
+    ) -> Result<(), VdiError> {
         let (inode, checked) = {
             let h = self.header.read().unwrap();
             (ObjectId::inode(h.vid), h.checked)
         };
-        let at = INODE_HEADER_LEN as u64 + 4 * index;
-        // One 4-byte write: the entry and its check byte together.
-        let raw = super::inode::entry(checked, index, vid);
-        self.client
-            .write_obj(inode, at, Bytes::copy_from_slice(&raw.to_be_bytes()))
-            .await?;
-        let mut map = self.map.write().unwrap();
-        if map.len() <= index as usize {
-            map.resize(index as usize + 1, Vid::NONE);
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (&i, &(v, _)) in batch {
+            let raw = super::inode::entry(checked, i, v).to_be_bytes();
+            match runs.last_mut() {
+                Some((first, bytes)) if *first + (bytes.len() / 4) as u64 == i => {
+                    bytes.extend_from_slice(&raw)
+                }
+                _ => runs.push((i, raw.to_vec())),
+            }
         }
-        map[index as usize] = vid;
+        for (first, bytes) in runs {
+            let at = INODE_HEADER_LEN as u64 + 4 * first;
+            self.client.write_obj(inode, at, Bytes::from(bytes)).await?;
+        }
         Ok(())
     }
 
