@@ -4,9 +4,9 @@
 //! The primary, holding the object's lock, gives the change the next version
 //! ([`Version::next`]), applies it and forwards it to every other owner at the same time
 //! (`PeerWrite` for a write, with the version it applies on; `PeerPut` of a tombstone for a
-//! remove, and of the whole object for a `Put`). A replica applies a forwarded write only if its copy is exactly at that base
-//! version; otherwise it answers `Diverged` and the primary sends it the whole object at the new
-//! version (`PeerPut`). So every replica holding a version holds the same bytes, whoever wrote
+//! remove, and of the whole object for a `Put`). A replica applies a forwarded write only if
+//! its copy is exactly at that base version; otherwise it answers `Diverged` and the primary
+//! sends it the whole object at the new version (`PeerPut`). So every replica holding a version holds the same bytes, whoever wrote
 //! and whatever failed before. The client's answer is Ok only when every owner holds the new
 //! version; a change that failed somewhere is reported failed, and the version it used is
 //! remembered so the next change of that object goes above it (the replicas converge on it).
@@ -55,6 +55,16 @@ pub(super) enum Change {
         data: Bytes,
     },
     Remove,
+}
+
+impl Change {
+    /// What a `Put` or a `Remove` installs at version `new` (`put_if_newer`, `PeerPut`).
+    fn installs(&self, new: Version) -> (ObjState, Bytes) {
+        match self {
+            Change::Put { data } => (ObjState::live(new), data.clone()),
+            _ => (ObjState::tombstone(new), Bytes::new()),
+        }
+    }
 }
 
 /// Changes in progress by epoch, and a wakeup for [`Node::drain_before`].
@@ -260,20 +270,10 @@ impl Node {
                     self.write_store(oid, *offset, data.clone(), sums.clone(), new)
                         .await
                 }
-                Change::Put { data } => {
-                    let data = data.clone();
+                Change::Put { .. } | Change::Remove => {
+                    let (state, data) = change.installs(new);
                     super::server::blocking(self, move || {
-                        store
-                            .put_if_newer(oid, &data, ObjState::live(new))
-                            .map(|_| ())
-                    })
-                    .await
-                }
-                Change::Remove => {
-                    super::server::blocking(self, move || {
-                        store
-                            .put_if_newer(oid, &[], ObjState::tombstone(new))
-                            .map(|_| ())
+                        store.put_if_newer(oid, &data, state).map(|_| ())
                     })
                     .await
                 }
@@ -357,10 +357,7 @@ impl Node {
                 .await
             }
             Change::Put { .. } | Change::Remove => {
-                let (state, data) = match change {
-                    Change::Put { data } => (ObjState::live(new), data.clone()),
-                    _ => (ObjState::tombstone(new), Bytes::new()),
-                };
+                let (state, data) = change.installs(new);
                 let mut h = Header::request(Opcode::PeerPut, 0, epoch);
                 h.oid = oid.0;
                 h.offset = state.version.0;

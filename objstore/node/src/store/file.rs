@@ -321,6 +321,20 @@ impl FileStore {
         Ok(())
     }
 
+    /// Removes the file of `e` (already gone is fine) and every trace of `oid` here. Caller
+    /// holds the object's write lock.
+    fn drop_copy(&self, oid: ObjectId, e: &Entry) -> Result<(), StoreError> {
+        match fs::remove_file(self.path(oid, e)) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(err) => return Err(StoreError::io(oid, "remove", err)),
+        }
+        self.index.lock().unwrap().remove(&oid);
+        self.dirty.lock().unwrap().remove(&oid);
+        self.bad.lock().unwrap().remove(&oid);
+        Ok(())
+    }
+
     /// The file an entry's bytes (or tombstone) are in now.
     fn path(&self, oid: ObjectId, e: &Entry) -> PathBuf {
         self.dir
@@ -503,15 +517,9 @@ impl ObjectBackend for FileStore {
             return Ok(Some(e.state));
         };
         if why.is_none() && e.disk == Version::NONE && !e.state.deleted {
-            // Created since its last flush, which failed: nothing of it was ever durable.
-            match fs::remove_file(self.path(oid, &e)) {
-                Ok(()) => {}
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => return Err(StoreError::io(oid, "remove", err)),
-            }
-            self.index.lock().unwrap().remove(&oid);
-            self.dirty.lock().unwrap().remove(&oid);
-            self.bad.lock().unwrap().remove(&oid);
+            // Created since its last flush, which failed: nothing of it was ever durable. (Its
+            // name reappearing after a crash is removed at open, so no directory fsync.)
+            self.drop_copy(oid, &e)?;
             return Ok(None);
         }
         // After a failed sync the file holds what its last successful sync made durable (its
@@ -554,14 +562,7 @@ impl ObjectBackend for FileStore {
         let Some(e) = self.entry(oid) else {
             return Ok(());
         };
-        match fs::remove_file(self.path(oid, &e)) {
-            Ok(()) => {}
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(err) => return Err(StoreError::io(oid, "remove", err)),
-        }
-        self.index.lock().unwrap().remove(&oid);
-        self.dirty.lock().unwrap().remove(&oid);
-        self.bad.lock().unwrap().remove(&oid);
+        self.drop_copy(oid, &e)?;
         fsync_dir(&self.dir).map_err(|e| StoreError::io(oid, "sync dir", e))
     }
 
