@@ -78,6 +78,11 @@ fn etcd_store_of(members: usize) -> Option<Store> {
     if skip_without_etcd("the etcd driver is") {
         return None;
     }
+    // The driver's log goes with a failing test's output (it says which member a call used).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("objstore_node=debug")
+        .with_test_writer()
+        .try_init();
     let etcd = Etcd::start(members);
     let spec = etcd.cluster_spec(&format!("conformance-{:016x}", rand_u64()));
     Some(Store {

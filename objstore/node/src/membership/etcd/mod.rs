@@ -26,7 +26,8 @@
 //! - **Failover**: one gRPC client per member. A call that reached no working member, or got
 //!   no answer within [`ATTEMPT_TIMEOUT`], goes to the next one (a compare-and-swap first
 //!   checks whether its unanswered attempt landed); the keepalive and the watch move on when
-//!   their stream fails.
+//!   their stream fails, and the read of the membership a watch event asks for goes from member
+//!   to member until one answers (a change is never dropped because one member just died).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

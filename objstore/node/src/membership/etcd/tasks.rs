@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use tokio::sync::watch;
 
-use super::{is_lease_not_found, unreachable, Inner, RETRY};
+use super::{is_lease_not_found, unreachable, Inner, ATTEMPT_TIMEOUT, RETRY};
 use crate::membership::DriverError;
 use objstore_proto::view::{NodeInfo, View};
 
@@ -178,6 +178,33 @@ impl Inner {
         ))
     }
 
+    /// [`Inner::reconcile`] for the watch: tried at each member in turn until one answers. A
+    /// change the watch reported must not be dropped because the member in use just died (the
+    /// node would keep an old view until the next change, maybe for good).
+    async fn reconcile_until_answered(&self) {
+        let mut tries = 0usize;
+        loop {
+            let member = self.current.load(Ordering::SeqCst);
+            let why = match tokio::time::timeout(ATTEMPT_TIMEOUT, self.reconcile()).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
+            };
+            tries += 1;
+            if tries == self.clients.len() {
+                tracing::warn!(
+                    "membership (etcd): no member could read the new membership ({why}); trying again every {RETRY:?}"
+                );
+            } else {
+                tracing::debug!("etcd member {member}: reconcile: {why}; trying the next one");
+            }
+            self.rotate(member);
+            if tries >= self.clients.len() {
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+
     pub(super) fn adopt(&self, v: &View) {
         let mut st = self.state.lock().unwrap();
         if v.epoch > st.view.epoch {
@@ -308,9 +335,7 @@ pub(super) async fn watch_membership(inner: Arc<Inner>) {
             }
         };
         // Anything may have changed while no watch ran.
-        if let Err(e) = inner.reconcile().await {
-            tracing::debug!("etcd reconcile: {e}");
-        }
+        inner.reconcile_until_answered().await;
         while let Ok(Some(resp)) = stream.message().await {
             if resp.canceled() {
                 if resp.compact_revision() > 0 {
@@ -330,9 +355,7 @@ pub(super) async fn watch_membership(inner: Arc<Inner>) {
                     .unwrap_or(false)
             });
             if relevant {
-                if let Err(e) = inner.reconcile().await {
-                    tracing::warn!("membership (etcd): {e}");
-                }
+                inner.reconcile_until_answered().await;
             }
         }
         // The stream ended: its member died, lost its leader, or the history was compacted.
