@@ -42,6 +42,8 @@ pub struct Vdi {
     entries: std::sync::Mutex<Unwritten>,
     /// Held by the call writing a batch of entries.
     entry_writer: tokio::sync::Mutex<()>,
+    /// Mapped objects found on no node, each logged once (see [`Vdi::read_mapped`]).
+    missing: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
 }
 
 /// Map entries changed and not yet written to the inode, numbered in the order they came.
@@ -75,6 +77,7 @@ impl Vdi {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             entries: std::sync::Mutex::default(),
+            missing: std::sync::Mutex::default(),
             entry_writer: tokio::sync::Mutex::new(()),
         })
     }
@@ -226,14 +229,14 @@ impl Vdi {
             // One object: hand its bytes on without a copy.
             return match self.object(idx) {
                 None => Ok(Bytes::from(vec![0u8; n as usize])),
-                Some(oid) => read_mapped(&self.client, oid, off, n).await,
+                Some(oid) => self.read_mapped(oid, off, n).await,
             };
         }
         let mut buf = vec![0u8; len as usize];
         let reads = pieces.into_iter().filter_map(|(idx, off, n, at)| {
             let oid = self.object(idx)?;
             Some(async move {
-                let data = read_mapped(&self.client, oid, off, n).await?;
+                let data = self.read_mapped(oid, off, n).await?;
                 Ok::<_, VdiError>((at, data))
             })
         });
@@ -445,20 +448,23 @@ impl Vdi {
     pub async fn flush(&self) -> Result<(), VdiError> {
         Ok(self.client.flush().await?)
     }
-}
 
-/// `n` bytes at `off` of `oid`, an object the VDI's map names. One that no node holds reads as
-/// zeros: a data object is durable only from the flush after its creation, so a crash may drop
-/// an object created since while the map's entry for it, written in place, survives (a discard
-/// removes the object after unmapping it, and the unmap may be lost the same way). Either way
-/// no write to it was ever flushed, and the bytes before it were zeros. Logged, so a loss of
-/// data that was durable does not pass unseen.
-async fn read_mapped(client: &Client, oid: ObjectId, off: u64, n: u64) -> Result<Bytes, VdiError> {
-    match client.read_obj(oid, off, n as u32).await {
-        Err(ClientError::NotFound(_)) => {
-            tracing::warn!("object {oid} is in the VDI's map but on no node: it reads as zeros (created, or removed, and not flushed before a crash)");
-            Ok(Bytes::from(vec![0u8; n as usize]))
+    /// `n` bytes at `off` of `oid`, an object the VDI's map names. One that no node holds
+    /// reads as zeros: a data object is durable only from the flush after its creation, so a
+    /// crash may drop an object created since while the map's entry for it, written in place,
+    /// survives (a discard removes the object after unmapping it, and the unmap may be lost
+    /// the same way). Either way no write to it was ever flushed, and the bytes before it were
+    /// zeros. Logged once per object and handle, so a loss of data that was durable does not
+    /// pass unseen (and a guest reading it over and over does not flood the log).
+    async fn read_mapped(&self, oid: ObjectId, off: u64, n: u64) -> Result<Bytes, VdiError> {
+        match self.client.read_obj(oid, off, n as u32).await {
+            Err(ClientError::NotFound(_)) => {
+                if self.missing.lock().unwrap().insert(oid) {
+                    tracing::warn!("object {oid} is in the VDI's map but on no node: it reads as zeros (created, or removed, and not flushed before a crash)");
+                }
+                Ok(Bytes::from(vec![0u8; n as usize]))
+            }
+            r => Ok(r?),
         }
-        r => Ok(r?),
     }
 }
