@@ -7,6 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::recovery::PEER_TIMEOUT;
+
+/// How many more times [`Node::collect`] asks about copies whose owners did not all hold
+/// them (pauses from 250 ms doubling to 5 s: about half a minute in all).
+const KEPT_ROUNDS: u32 = 8;
 use super::{Epoch, Node};
 use crate::store::ObjState;
 use objstore_proto::api::RecoveryState;
@@ -87,25 +91,51 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let mut removed = 0;
-        let mut kept = 0;
-        for (oid, state) in self.store.list() {
-            if changed() {
-                return;
+        let mut strays: Vec<(ObjectId, ObjState)> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|&(oid, _)| !ep.ring.holds(self.me.id, oid, copies))
+            .collect();
+        // A copy an owner does not hold yet (one still taking a write's whole object, say) is
+        // asked about again, a few times with growing pauses, rather than left here until the
+        // next epoch: a stray copy held for good is space lost, and a fourth copy.
+        let mut pause = Duration::from_millis(250);
+        for round in 0..=KEPT_ROUNDS {
+            if round > 0 {
+                if strays.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
             }
-            if ep.ring.holds(self.me.id, oid, copies) {
-                continue;
+            let mut kept = Vec::new();
+            for (oid, listed) in strays {
+                if changed() {
+                    return;
+                }
+                // As the copy is now (a later round: it may have changed, or gone).
+                let Some(state) = (if round == 0 {
+                    Some(listed)
+                } else {
+                    self.store.meta(oid)
+                }) else {
+                    continue;
+                };
+                // Every owner said it recovered the epoch; still, this copy goes only once
+                // each owner shows it holds this version or a newer one.
+                if !self.owners_hold(ep, oid, state, copies).await {
+                    kept.push((oid, state));
+                    continue;
+                }
+                let store = self.store.clone();
+                if let Ok(Ok(())) = self.blocking(move || store.forget(oid)).await {
+                    removed += 1;
+                }
             }
-            // Every owner said it recovered the epoch; still, this copy goes only once each
-            // owner shows it holds this version or a newer one.
-            if !self.owners_hold(ep, oid, state, copies).await {
-                kept += 1;
-                continue;
-            }
-            let store = self.store.clone();
-            if let Ok(Ok(())) = self.blocking(move || store.forget(oid)).await {
-                removed += 1;
-            }
+            strays = kept;
         }
+        let kept = strays.len();
         if removed > 0 {
             tracing::info!("epoch {e}: dropped {removed} object(s) now held by others");
         }
