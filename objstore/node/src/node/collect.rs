@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::recovery::PEER_TIMEOUT;
-
-/// How many more times [`Node::collect`] asks about copies whose owners did not all hold
-/// them (pauses from 250 ms doubling to 5 s: about half a minute in all).
-const KEPT_ROUNDS: u32 = 8;
+use super::recovery::{PEER_TIMEOUT, RETRY_FIRST, RETRY_MAX};
 use super::{Epoch, Node};
 use crate::store::ObjState;
 use objstore_proto::api::RecoveryState;
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
+
+/// How many more times [`Node::collect`] asks about copies some owner did not hold yet
+/// (pauses as recovery's retries, [`RETRY_FIRST`] doubling to [`RETRY_MAX`]: about half a
+/// minute in all).
+const KEPT_ROUNDS: u32 = 8;
 
 impl Node {
     /// Whether every owner of `oid` in `ep` holds it at `state`'s version or newer (asked of
@@ -91,41 +92,38 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let mut removed = 0;
-        let mut strays: Vec<(ObjectId, ObjState)> = self
+        let mut strays: Vec<ObjectId> = self
             .store
             .list()
             .into_iter()
-            .filter(|&(oid, _)| !ep.ring.holds(self.me.id, oid, copies))
+            .map(|(oid, _)| oid)
+            .filter(|&oid| !ep.ring.holds(self.me.id, oid, copies))
             .collect();
-        // A copy an owner does not hold yet (one still taking a write's whole object, say) is
-        // asked about again, a few times with growing pauses, rather than left here until the
-        // next epoch: a stray copy held for good is space lost, and a fourth copy.
-        let mut pause = Duration::from_millis(250);
+        // A copy some owner does not hold yet (one still taking a write's whole object, say)
+        // is asked about again, with growing pauses, rather than left here until the next
+        // epoch: a stray copy held for good is space lost, and a copy too many.
+        let mut pause = RETRY_FIRST;
         for round in 0..=KEPT_ROUNDS {
             if round > 0 {
                 if strays.is_empty() {
                     break;
                 }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
+                pause = (pause * 2).min(RETRY_MAX);
             }
             let mut kept = Vec::new();
-            for (oid, listed) in strays {
+            for oid in strays {
                 if changed() {
                     return;
                 }
-                // As the copy is now (a later round: it may have changed, or gone).
-                let Some(state) = (if round == 0 {
-                    Some(listed)
-                } else {
-                    self.store.meta(oid)
-                }) else {
+                // The copy as it is now (gone since: nothing to drop).
+                let Some(state) = self.store.meta(oid) else {
                     continue;
                 };
                 // Every owner said it recovered the epoch; still, this copy goes only once
                 // each owner shows it holds this version or a newer one.
                 if !self.owners_hold(ep, oid, state, copies).await {
-                    kept.push((oid, state));
+                    kept.push(oid);
                     continue;
                 }
                 let store = self.store.clone();

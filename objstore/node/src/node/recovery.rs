@@ -47,8 +47,8 @@ pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 const PULL_PARALLEL: usize = 4;
 const PLAN_WAIT: Duration = Duration::from_secs(10);
 /// The first wait before failed pulls are tried again, doubling up to [`RETRY_MAX`].
-const RETRY_FIRST: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+pub(super) const RETRY_FIRST: Duration = Duration::from_millis(500);
+pub(super) const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long a listing is retried while its node has not reached the epoch yet.
 const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
 /// How long one listing may take. Object I/O of a new epoch waits for its plan, which waits for
