@@ -224,3 +224,92 @@ fn deleting_a_snapshot_frees_its_objects_on_a_node_that_was_down() {
         vec![3u8; (8 * MIB) as usize]
     );
 }
+
+/// The copy-on-write targets a 4 KiB write makes hold only that block (partial, a record
+/// past the object's end): deleting the snapshot they read the rest from first makes them
+/// whole, so the VDI reads the same after, and the snapshot's object is freed.
+#[test]
+fn deleting_a_snapshot_keeps_what_partial_copies_read_from_it() {
+    let (c, data) = cluster();
+    c.dog_ok(&["vdi", "snapshot", "disk", "-s", "one"]);
+    let at = 3 * MIB + 8192 + 100;
+    c.write_vdi("disk", at, &[0x5c; 4096]);
+    let mut expect = data.clone();
+    expect[at as usize..at as usize + 4096].fill(0x5c);
+    let own = c.holders("disk", 3).oid.expect("allocated");
+    let old = c.holders("disk@one", 3).oid.expect("allocated");
+    assert_ne!(own, old);
+    let len_on = |oid: &str| {
+        let path = replicas::copy_path(&c, &c.addr(0), oid).expect("a copy on node 0");
+        replicas::copy_data(&path).unwrap().len() as u64
+    };
+    assert!(len_on(&own) > MIB, "the VDI's copy of index 3 is partial");
+    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), expect);
+
+    c.dog_ok(&["vdi", "delete", "disk@one"]);
+    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), expect, "the VDI reads the same");
+    assert!(len_on(&own) <= MIB, "the VDI's copy of index 3 was made whole");
+    assert!(
+        replicas::copy_path(&c, &c.addr(0), &old).is_none(),
+        "the snapshot's object {old} was freed"
+    );
+    replicas::assert_consistent(&c, "disk");
+}
+
+/// A copy-on-write target is created unsynced: a crash of every node before the next flush
+/// drops it while the clone's map may name it. The clone then reads what it was copied from
+/// (the written block was never flushed: its write may be lost), and the next write copies
+/// again from the source (never from zeros).
+#[test]
+fn a_copy_dropped_by_a_crash_before_a_flush_reads_as_its_source_and_is_copied_again() {
+    use objstore_client::vdi::Vdi;
+    let (mut c, data) = cluster();
+    c.dog_ok(&["vdi", "snapshot", "disk", "-s", "base"]);
+    c.dog_ok(&["vdi", "clone", "disk@base", "vm"]);
+    let at = (4 * MIB + 4096) as usize;
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let addrs: Vec<std::net::SocketAddr> = (0..3).map(|i| c.addr(i).parse().unwrap()).collect();
+        rt.block_on(async {
+            let cl = std::sync::Arc::new(
+                objstore_client::Client::connect(&addrs, testkit::auth::client_options())
+                    .await
+                    .unwrap(),
+            );
+            let vdi = Vdi::open(cl, "vm").await.unwrap();
+            vdi.write_at(at as u64, bytes::Bytes::from(vec![0xee; 4096]))
+                .await
+                .unwrap();
+            // No flush.
+        });
+    }
+    for i in 0..3 {
+        c.kill9(i);
+    }
+    for i in 0..3 {
+        c.start_node(i);
+    }
+    c.wait_members(3);
+    c.wait_recovered();
+
+    let block_ok = |got: &[u8], at: usize| {
+        let b = &got[at..at + 4096];
+        b == &data[at..at + 4096] || b.iter().all(|&x| x == 0xee)
+    };
+    let got = c.read_vdi("vm", 0, 8 * MIB);
+    assert!(block_ok(&got, at), "the unflushed block is either written or not");
+    let mut rest = got.clone();
+    rest[at..at + 4096].copy_from_slice(&data[at..at + 4096]);
+    assert!(rest == data, "everything else reads as the snapshot");
+
+    let at2 = (4 * MIB + 65536) as usize;
+    c.write_vdi("vm", at2 as u64, &[0x11; 4096]);
+    let got = c.read_vdi("vm", 0, 8 * MIB);
+    assert!(block_ok(&got, at));
+    assert!(got[at2..at2 + 4096].iter().all(|&x| x == 0x11));
+    let mut rest = got.clone();
+    rest[at..at + 4096].copy_from_slice(&data[at..at + 4096]);
+    rest[at2..at2 + 4096].copy_from_slice(&data[at2..at2 + 4096]);
+    assert!(rest == data, "the object was copied again from the snapshot, not from zeros");
+    assert_eq!(c.read_vdi("disk@base", 0, 8 * MIB), data);
+}

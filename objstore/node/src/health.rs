@@ -310,6 +310,12 @@ impl ObjectBackend for HealthStore {
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
         self.saw(oid, "read", self.inner.read_whole(oid))
     }
+    fn object_len(&self, oid: ObjectId) -> Option<u64> {
+        self.inner.object_len(oid)
+    }
+    fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
+        self.saw(oid, "sync", self.inner.sync_bytes(oid))
+    }
     fn write(
         &self,
         oid: ObjectId,

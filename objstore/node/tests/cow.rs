@@ -1,7 +1,8 @@
 //! Copy-on-write done by the nodes (`CowWrite`, issue 26), with real `sheep` processes: the
-//! first write to an object shared with an ancestor makes the VDI's own object as the source's
-//! bytes with the write applied, on every owner, without the object passing through the
-//! client; the source never changes; a target that exists takes the write as a plain write; a
+//! first write to an object shared with an ancestor makes the VDI's own object, on every owner,
+//! without the object passing through the client: a partial target holding the blocks written
+//! and reading the others from the source (copied whole only from a source partial itself);
+//! the source never changes; a target that exists takes the write as a plain write; a
 //! missing source is an error and creates nothing; and COWs acknowledged while a primary is
 //! killed read back right from every surviving replica.
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use objstore_client::{Client, ClientError};
+use objstore_proto::cowrec::CowRecord;
 use objstore_proto::frame::ResultCode;
 use objstore_proto::{ObjIndex, ObjectId, Vid};
 use testkit::cluster::{Bins, Cluster};
@@ -97,12 +99,18 @@ impl Rig {
             .to_vec()
     }
 
-    /// Every owner of `oid` in the client's view holds it at one version with the bytes
-    /// `want` (read from each node's object file; trailing zeros do not count).
-    fn assert_replicas(&self, oid: ObjectId, want: &[u8]) {
+    /// Every owner of `oid` in the client's view holds it at one version, the same bytes on
+    /// each, reading as `want`: a whole copy holds `want` itself (trailing zeros do not
+    /// count); a partial target (its record past the object size) holds `want`'s bytes in
+    /// every block it marks present and zeros elsewhere. Returns the record, if partial.
+    fn assert_replicas(&self, oid: ObjectId, want: &[u8]) -> Option<CowRecord> {
         self.rt.block_on(self.cl.flush()).unwrap();
+        assert!(self.read(oid) == want, "{oid} reads other bytes");
         let trim = |b: &[u8]| b[..b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1)].to_vec();
+        let os = self.object_size;
         let mut versions = BTreeSet::new();
+        let mut raws = BTreeSet::new();
+        let mut record = None;
         let owners = self.owners(oid);
         for addr in &owners {
             let st = self
@@ -115,16 +123,33 @@ impl Rig {
             let path = copy_path(&self.c, &addr.to_string(), &oid.to_string())
                 .unwrap_or_else(|| panic!("{addr} has no file for {oid}"));
             let got = copy_data(&path).unwrap();
-            assert!(
-                trim(&got) == trim(want),
-                "{addr}'s copy of {oid} differs from what was expected"
-            );
+            if got.len() > os {
+                let rec = CowRecord::decode(&got[os..], os as u64)
+                    .unwrap_or_else(|| panic!("{addr}'s copy of {oid} is longer than an object and holds no record"));
+                for b in 0..os / KIB4 {
+                    let block = &got[b * KIB4..(b + 1) * KIB4];
+                    if rec.present(b as u64) {
+                        assert!(block == &want[b * KIB4..(b + 1) * KIB4], "{addr}'s copy of {oid}: present block {b} differs");
+                    } else {
+                        assert!(block.iter().all(|&x| x == 0), "{addr}'s copy of {oid}: absent block {b} holds bytes");
+                    }
+                }
+                record = Some(rec);
+            } else {
+                assert!(
+                    trim(&got) == trim(want),
+                    "{addr}'s copy of {oid} differs from what was expected"
+                );
+            }
+            raws.insert(trim(&got));
         }
         assert_eq!(
             versions.len(),
             1,
             "owners {owners:?} of {oid}: {versions:?}"
         );
+        assert_eq!(raws.len(), 1, "owners {owners:?} of {oid} hold different bytes at one version");
+        record
     }
 
     fn assert_absent(&self, oid: ObjectId) {
@@ -145,8 +170,14 @@ fn cow_of(r: &Rig, i: u32, seed: u8, offset: usize) {
     let want = applied(&source, offset, &data);
     assert!(r.read(dst(i)) == want, "target {} reads wrong", dst(i));
     assert!(r.read(src(i)) == source, "source {} changed", src(i));
-    r.assert_replicas(dst(i), &want);
-    r.assert_replicas(src(i), &source);
+    let rec = r
+        .assert_replicas(dst(i), &want)
+        .unwrap_or_else(|| panic!("{} was copied whole", dst(i)));
+    assert_eq!(rec.source, src(i));
+    let block = (offset / KIB4) as u64;
+    assert_eq!(rec.count(), 1, "{} holds more than the block written", dst(i));
+    assert!(rec.present(block));
+    assert!(r.assert_replicas(src(i), &source).is_none());
 }
 
 /// Three nodes, three copies: every node owns the source (the primary copies its own copy).

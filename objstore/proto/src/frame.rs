@@ -63,6 +63,7 @@ opcodes! {
     Flush = 0x04, Client;
     StatObj = 0x05, Client;
     CowWrite = 0x06, Client;
+    FlattenObj = 0x07, Client;
     ClusterInfo = 0x10, Client;
     Format = 0x11, Client;
     KvGet = 0x12, Client;
@@ -85,6 +86,7 @@ opcodes! {
     PeerStatus = 0x83, Peer;
     PeerWrite = 0x84, Peer;
     PeerPut = 0x85, Peer;
+    PeerCow = 0x86, Peer;
 }
 
 impl Opcode {

@@ -16,6 +16,7 @@
 pub mod api;
 pub mod auth;
 pub mod check;
+pub mod cowrec;
 pub mod duration;
 pub mod extent;
 pub mod frame;

@@ -4,6 +4,8 @@
 //! WriteObj, RemoveObj:  [expected version: u64 BE][data ...]
 //! CowWrite:             [expected version: u64 BE][source object id: u64 BE][data ...]
 //! PeerWrite:            [base version: u64 BE][new version: u64 BE][aux × block sum: u32 BE][data ...]
+//! PeerCow:              [as PeerWrite's prefix][source object id: u64 BE, 0: none][data ...]
+//! FlattenObj:           [expected version: u64 BE][source object id: u64 BE]
 //! ```
 //!
 //! The encoders are what clients and primaries send; the decoders are what a node reads, and
@@ -89,6 +91,31 @@ pub fn split_peer_write(payload: &Bytes, sums: u32) -> Option<(Version, Version,
     Some((Version(base), Version(new), table, payload.slice(end..)))
 }
 
+/// The prefix of a `PeerCow` payload: a `PeerWrite` prefix, then the source of a partial
+/// target the change creates ([`ObjectId`] 0: it fills blocks of an existing one).
+pub fn peer_cow_prefix(
+    base: Version,
+    new: Version,
+    sums: &[u32],
+    source: Option<ObjectId>,
+) -> Bytes {
+    let mut b = BytesMut::from(&peer_write_prefix(base, new, sums)[..]);
+    b.put_u64(source.map_or(0, |s| s.0));
+    b.freeze()
+}
+
+/// The parts of a `PeerCow` payload (see [`peer_cow_prefix`]).
+#[allow(clippy::type_complexity)]
+pub fn split_peer_cow(
+    payload: &Bytes,
+    sums: u32,
+) -> Option<(Version, Version, Vec<u32>, Option<ObjectId>, Bytes)> {
+    let (base, new, table, rest) = split_peer_write(payload, sums)?;
+    let source = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+    let source = (source != 0).then_some(ObjectId(source));
+    Some((base, new, table, source, rest.slice(8..)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +149,16 @@ mod tests {
         // More sums than the payload holds, or a count whose size overflows: refused.
         assert_eq!(split_peer_write(&p, 3), None);
         assert_eq!(split_peer_write(&p, u32::MAX), None);
+
+        let src = ObjectId::data(Vid(3), ObjIndex(4));
+        let mut p = peer_cow_prefix(Version(5), Version(6), &[7], Some(src)).to_vec();
+        p.push(9);
+        let (b, n, sums, s, rest) = split_peer_cow(&Bytes::from(p), 1).unwrap();
+        assert_eq!((b, n, &sums[..], s, &rest[..]), (Version(5), Version(6), &[7u32][..], Some(src), &[9u8][..]));
+        let p = peer_cow_prefix(Version(5), Version(6), &[], None);
+        let (_, _, _, s, rest) = split_peer_cow(&p, 0).unwrap();
+        assert_eq!((s, rest.len()), (None, 0));
+        assert_eq!(split_peer_cow(&p.slice(..20), 0), None);
     }
 
     #[test]

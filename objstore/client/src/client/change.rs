@@ -100,8 +100,9 @@ impl Client {
 
     /// Writes `data` at `offset` of object `oid`, which is copied first from object `source`
     /// when it does not exist (or was removed): a copy-on-write, done by the nodes (the
-    /// target's primary reads the source from its owners, applies the write and stores the
-    /// whole object on every owner of `oid`). When `oid` exists this is [`Client::write_obj`]
+    /// target's primary stores the blocks written and a record naming the source on every
+    /// owner of `oid`; the other blocks read from the source; a source that is such a copy
+    /// itself, or a target removed before, is copied whole). When `oid` exists this is [`Client::write_obj`]
     /// (the source is not read again). `source` must be a data object of the same index in
     /// another VDI (else `ClientError::Refused`, `InvalidRequest`); a source that does not
     /// exist is `ClientError::NotFound(source)`, and the target is not created. Ordered with
@@ -137,6 +138,14 @@ impl Client {
             async move { self.to_primary(&v, h, source, data).await }
         })
         .await
+    }
+
+    /// Makes `target` whole if it is a partial copy-on-write target of `source` (it holds
+    /// only the blocks written since its copy and reads the others from `source`): done
+    /// before `source` is freed. Anything else is left as it is.
+    pub async fn flatten_obj(&self, target: ObjectId, source: ObjectId) -> Result<(), ClientError> {
+        self.write_via_primary(Opcode::FlattenObj, target, Some(source), 0, Bytes::new())
+            .await
     }
 
     /// Removes object `oid` from every replica (each keeps a tombstone at a new version).

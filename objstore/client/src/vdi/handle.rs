@@ -44,6 +44,9 @@ pub struct Vdi {
     entry_writer: tokio::sync::Mutex<()>,
     /// Mapped objects found on no node, each logged once (see [`Vdi::read_mapped`]).
     missing: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
+    /// Ancestors' inodes read for [`Vdi::fallback`] (never written again): vid → (its
+    /// parent, its map).
+    ancestors: tokio::sync::Mutex<std::collections::HashMap<Vid, (Vid, Arc<Vec<Vid>>)>>,
 }
 
 /// Map entries changed and not yet written to the inode, numbered in the order they came.
@@ -79,6 +82,7 @@ impl Vdi {
             entries: std::sync::Mutex::default(),
             missing: std::sync::Mutex::default(),
             entry_writer: tokio::sync::Mutex::new(()),
+            ancestors: tokio::sync::Mutex::default(),
         })
     }
 
@@ -266,38 +270,103 @@ impl Vdi {
 
     /// Writes `piece` at `off` of index `idx`'s object.
     async fn write_piece(&self, idx: u64, off: u64, piece: Bytes) -> Result<(), VdiError> {
-        let vid = self.header.read().unwrap().vid;
+        let (vid, parent) = {
+            let h = self.header.read().unwrap();
+            (h.vid, h.parent)
+        };
         let own = ObjectId::data(vid, ObjIndex(idx as u32));
-        if self.entry(idx) == vid {
+        if self.entry(idx) == vid && parent == 0 {
             return Ok(self.client.write_obj(own, off, piece).await?);
         }
         let _allocating = self.allocating[idx as usize % ALLOC_SHARDS].lock().await;
         match self.entry(idx) {
-            v if v == vid => self.client.write_obj(own, off, piece).await?,
+            v if v == vid => {
+                // The VDI's own object may be gone although its map entry is written: a
+                // partial copy-on-write target is created unsynced, and a crash of every
+                // owner before the next flush drops it. It is then as if never copied, so a
+                // write copies it again from the object the ancestors read there.
+                match self.fallback(vid, idx).await? {
+                    None => self.client.write_obj(own, off, piece).await?,
+                    Some(source) => self.copy_on_write(own, source, off, piece).await?,
+                }
+            }
             Vid::NONE => {
                 self.client.write_obj(own, off, piece).await?;
                 self.record(idx, vid).await?;
             }
             ancestor => {
                 let source = ObjectId::data(ancestor, ObjIndex(idx as u32));
-                match self
-                    .client
-                    .cow_write_obj(own, source, off, piece.clone())
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(ClientError::NotFound(o)) if o == source => {
-                        // A source no node holds reads as zeros (see `read_mapped`): so does
-                        // the copy, bar this write.
-                        tracing::warn!("copy-on-write of {own}: its source {source} is on no node; it read as zeros, so the copy starts from zeros");
-                        self.client.write_obj(own, off, piece).await?;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+                self.copy_on_write(own, source, off, piece).await?;
                 self.record(idx, vid).await?;
             }
         }
         Ok(())
+    }
+
+    /// A `CowWrite` of `piece` into `own` from `source`; a source on no node (an ancestor's
+    /// copy dropped the same way, see [`Vdi::write_piece`]) is replaced by the object its
+    /// own ancestors read there, and where none does, the copy starts from zeros.
+    async fn copy_on_write(
+        &self,
+        own: ObjectId,
+        mut source: ObjectId,
+        off: u64,
+        piece: Bytes,
+    ) -> Result<(), VdiError> {
+        loop {
+            match self
+                .client
+                .cow_write_obj(own, source, off, piece.clone())
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(ClientError::NotFound(o)) if o == source => {
+                    match self.fallback(source.vid(), own.index().0 as u64).await? {
+                        Some(older) => source = older,
+                        None => {
+                            tracing::warn!("copy-on-write of {own}: its source {source} is on no node and nothing older is; it read as zeros, so the copy starts from zeros");
+                            return Ok(self.client.write_obj(own, off, piece).await?);
+                        }
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The object VDI `holder`'s parent reads at index `idx` (its map names the ancestor
+    /// holding it), None for a hole or no parent: what `holder`'s object of that index holds
+    /// where `holder` never wrote it.
+    async fn fallback(&self, holder: Vid, idx: u64) -> Result<Option<ObjectId>, VdiError> {
+        let (own, own_parent) = {
+            let h = self.header.read().unwrap();
+            (h.vid, Vid(h.parent))
+        };
+        let parent = if holder == own {
+            own_parent
+        } else {
+            self.ancestor(holder).await?.0
+        };
+        if parent.is_none() {
+            return Ok(None);
+        }
+        let (_, map) = self.ancestor(parent).await?;
+        Ok(match map.get(idx as usize) {
+            Some(&v) if !v.is_none() => Some(ObjectId::data(v, ObjIndex(idx as u32))),
+            _ => None,
+        })
+    }
+
+    /// An ancestor's parent and map, read once per handle.
+    async fn ancestor(&self, vid: Vid) -> Result<(Vid, Arc<Vec<Vid>>), VdiError> {
+        let mut cache = self.ancestors.lock().await;
+        if let Some(a) = cache.get(&vid) {
+            return Ok(a.clone());
+        }
+        let (h, map) = super::inode::read_inode_unchecked(&self.client, vid).await?;
+        let a = (Vid(h.parent), Arc::new(map));
+        cache.insert(vid, a.clone());
+        Ok(a)
     }
 
     /// Records in the inode that `index` is now held by object `vid` (0: a hole), and then in
@@ -450,21 +519,33 @@ impl Vdi {
     }
 
     /// `n` bytes at `off` of `oid`, an object the VDI's map names. One that no node holds
-    /// reads as zeros: a data object is durable only from the flush after its creation, so a
-    /// crash may drop an object created since while the map's entry for it, written in place,
-    /// survives (a discard removes the object after unmapping it, and the unmap may be lost
-    /// the same way). Either way no write to it was ever flushed, and the bytes before it were
-    /// zeros. Logged once per object and handle, so a loss of data that was durable does not
-    /// pass unseen (and a guest reading it over and over does not flood the log).
+    /// reads as what the VDI that holds it would read without it (see [`Vdi::fallback`]):
+    /// the object it was copied from, or zeros. A data object is durable only from the flush
+    /// after its creation (a partial copy-on-write target too), so a crash may drop an object
+    /// created since while the map's entry for it, written in place, survives (a discard
+    /// removes the object after unmapping it, and the unmap may be lost the same way). Either
+    /// way no write to it was ever flushed. Logged once per object and handle, so a loss of
+    /// data that was durable does not pass unseen (and a guest reading it over and over does
+    /// not flood the log).
     async fn read_mapped(&self, oid: ObjectId, off: u64, n: u64) -> Result<Bytes, VdiError> {
-        match self.client.read_obj(oid, off, n as u32).await {
-            Err(ClientError::NotFound(_)) => {
-                if self.missing.lock().unwrap().insert(oid) {
-                    tracing::warn!("object {oid} is in the VDI's map but on no node: it reads as zeros (created, or removed, and not flushed before a crash)");
+        let mut oid = oid;
+        loop {
+            match self.client.read_obj(oid, off, n as u32).await {
+                Err(ClientError::NotFound(_)) => {
+                    let older = self.fallback(oid.vid(), oid.index().0 as u64).await?;
+                    if self.missing.lock().unwrap().insert(oid) {
+                        match older {
+                            Some(o) => tracing::warn!("object {oid} is in the VDI's map but on no node: it reads as {o}, which it was copied from (created and not flushed before a crash)"),
+                            None => tracing::warn!("object {oid} is in the VDI's map but on no node: it reads as zeros (created, or removed, and not flushed before a crash)"),
+                        }
+                    }
+                    match older {
+                        Some(o) => oid = o,
+                        None => return Ok(Bytes::from(vec![0u8; n as usize])),
+                    }
                 }
-                Ok(Bytes::from(vec![0u8; n as usize]))
+                r => return Ok(r?),
             }
-            r => Ok(r?),
         }
     }
 }

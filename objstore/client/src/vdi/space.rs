@@ -212,6 +212,19 @@ pub async fn gc(client: &Arc<Client>) -> Result<GcReport, VdiError> {
         }
     }
 
+    // Every inode's own objects, by inode: a partial copy-on-write target among them reads
+    // blocks from an object of the same index that this gc may free, and is made whole first.
+    let mut holders: Vec<(Vid, Vec<Vid>)> = live
+        .iter()
+        .map(|l| (l.header.vid, l.map.clone()))
+        .collect();
+    for (vid, _) in &hidden {
+        if let Ok((_, map)) = read_inode_unchecked(client, *vid).await {
+            holders.push((*vid, map));
+        }
+    }
+    let holders = &holders;
+
     for (vid, _) in hidden {
         if live_vids.contains(&vid) {
             // Hidden while a snapshot was being taken, and reachable again: not deleted.
@@ -234,9 +247,14 @@ pub async fn gc(client: &Arc<Client>) -> Result<GcReport, VdiError> {
             .collect();
         let results: Vec<Result<u64, ClientError>> = futures::stream::iter(free)
             .map(|i| async move {
-                client
-                    .remove_obj(ObjectId::data(vid, ObjIndex(i as u32)))
-                    .await?;
+                let freed = ObjectId::data(vid, ObjIndex(i as u32));
+                for (d, map) in holders {
+                    if *d != vid && map.get(i as usize) == Some(d) {
+                        let target = ObjectId::data(*d, ObjIndex(i as u32));
+                        client.flatten_obj(target, freed).await?;
+                    }
+                }
+                client.remove_obj(freed).await?;
                 // Not read again by the next gc.
                 let at = INODE_HEADER_LEN as u64 + 4 * i;
                 let hole = entry(header.checked, i, Vid::NONE).to_be_bytes();

@@ -216,8 +216,9 @@ pub(super) async fn open(
 pub(super) fn cost(node: &Node, frame: &Frame) -> usize {
     let answer = match frame.header.opcode {
         Opcode::ReadObj => frame.header.length as usize,
-        // The copy it builds: the source object with the write applied.
-        Opcode::CowWrite => node.config().map(|c| c.object_size as usize).unwrap_or(0),
+        // The copy it builds: the source object with the write applied (when it copies
+        // whole). FlattenObj: the target read whole.
+        Opcode::CowWrite | Opcode::FlattenObj => node.config().map(|c| c.object_size as usize).unwrap_or(0),
         Opcode::PeerRead => node
             .config()
             .map(|c| c.object_size as usize)

@@ -18,6 +18,7 @@ mod fence;
 pub mod gate;
 mod history;
 mod integrity;
+mod partial;
 mod recovery;
 mod reference;
 mod repair;

@@ -28,7 +28,7 @@ use super::{Epoch, Node};
 use crate::store::{sums, ObjState, Version};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
-use objstore_proto::payload::peer_write_prefix;
+use objstore_proto::payload::{peer_cow_prefix, peer_write_prefix};
 use objstore_proto::view::ClusterConfig;
 
 pub(super) const LOCK_SHARDS: usize = 1024;
@@ -55,6 +55,16 @@ pub(super) enum Change {
         data: Bytes,
     },
     Remove,
+    /// Whole blocks of a partial copy-on-write target ([`objstore_proto::cowrec`]) written
+    /// and marked present: with `source`, the change creates the target (a missing object)
+    /// with that source; without, it fills blocks of an existing one (`PeerCow` to the
+    /// replicas; see [`Node::apply_cow_store`]).
+    Cow {
+        offset: u64,
+        data: Bytes,
+        source: Option<ObjectId>,
+        object_size: u64,
+    },
 }
 
 impl Change {
@@ -238,7 +248,9 @@ impl Node {
     ) -> Result<Version, Failure> {
         // The primary sums a write of whole blocks once, for its own copy and every replica's.
         let sums = match &change {
-            Change::Write { offset, data } if sums::whole_blocks(*offset, data.len()) => {
+            Change::Write { offset, data } | Change::Cow { offset, data, .. }
+                if sums::whole_blocks(*offset, data.len()) =>
+            {
                 Some(self.block_sums(data.clone()).await?)
             }
             _ => None,
@@ -275,6 +287,23 @@ impl Node {
                     super::server::blocking(self, move || {
                         store.put_if_newer(oid, &data, state).map(|_| ())
                     })
+                    .await
+                }
+                Change::Cow {
+                    offset,
+                    data,
+                    source,
+                    object_size,
+                } => {
+                    self.apply_cow_store(
+                        oid,
+                        *offset,
+                        data.clone(),
+                        sums.clone(),
+                        *source,
+                        new,
+                        *object_size,
+                    )
                     .await
                 }
             }
@@ -351,6 +380,26 @@ impl Node {
                 conn.call_with_prefix(
                     h,
                     peer_write_prefix(base, new, sums),
+                    data.clone(),
+                    FORWARD_TIMEOUT,
+                )
+                .await
+            }
+            Change::Cow {
+                offset,
+                data,
+                source,
+                ..
+            } => {
+                let mut h = Header::request(Opcode::PeerCow, 0, epoch);
+                h.oid = oid.0;
+                h.offset = *offset;
+                h.length = data.len() as u32;
+                let sums = sums.unwrap_or_default();
+                h.aux = sums.len() as u32;
+                conn.call_with_prefix(
+                    h,
+                    peer_cow_prefix(base, new, sums, *source),
                     data.clone(),
                     FORWARD_TIMEOUT,
                 )
@@ -443,6 +492,35 @@ impl Node {
             ));
         }
         self.write_store(oid, offset, data, sums, new).await
+    }
+
+    /// A replica's side of `PeerCow`: apply only on exactly the base version (see
+    /// [`Node::apply_forwarded`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn apply_forwarded_cow(
+        &self,
+        oid: ObjectId,
+        offset: u64,
+        data: Bytes,
+        sums: Option<Arc<[u32]>>,
+        source: Option<ObjectId>,
+        (base, new): (Version, Version),
+        object_size: u64,
+    ) -> Result<(), Failure> {
+        let _ordered = self.replica_lock(oid).lock().await;
+        let local = self.store.meta(oid).unwrap_or_default();
+        if local.version != base || local.suspect {
+            return Err(Failure::new(
+                ResultCode::Diverged,
+                format!(
+                    "object {oid} is at {:?}{} here, the copy-on-write applies on {base:?}",
+                    local.version,
+                    if local.suspect { " (suspect)" } else { "" }
+                ),
+            ));
+        }
+        self.apply_cow_store(oid, offset, data, sums, source, new, object_size)
+            .await
     }
 
     /// A write into the local store (with the primary's block sums when it has them): a small

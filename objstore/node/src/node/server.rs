@@ -23,12 +23,12 @@ use objstore_proto::api::{
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
-use objstore_proto::payload::{split_expected, split_peer_write};
+use objstore_proto::payload::{split_cow, split_expected, split_peer_cow, split_peer_write};
 use objstore_proto::version::encode_list;
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 /// Reads up to this size run on the request's task instead of the blocking pool.
-const INLINE_READ: usize = 64 << 10;
+pub(super) const INLINE_READ: usize = 64 << 10;
 
 mod format;
 use format::format;
@@ -340,16 +340,32 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
     let oid = ObjectId(h.oid);
     match h.opcode {
         Opcode::ReadObj => {
-            let (_, cfg) = io_epoch(node, h).await?;
-            check_range(oid, h.offset, h.length, &cfg)?;
+            let (ep, cfg) = io_epoch(node, h).await?;
+            let record = h.aux & objstore_proto::api::READ_COW_RECORD != 0;
+            if !record {
+                check_range(oid, h.offset, h.length, &cfg)?;
+            }
             node.ensure_recovered(oid)
                 .await
                 .map_err(|why| not_recovered(oid, why))?;
-            let store = node.store.clone();
+            if record {
+                if node.store.meta(oid).is_none_or(|s| s.deleted) {
+                    return Err(StoreError::NotFound(oid).into());
+                }
+                let rec = node.record_of(oid, cfg.object_size as u64)?;
+                return Ok(Reply::bytes(Bytes::from(
+                    rec.map(|r| r.encode()).unwrap_or_default(),
+                )));
+            }
             let (off, len) = (h.offset, h.length as usize);
+            if !oid.is_inode() {
+                // Small reads are page-cache hits far more often than not: read_data reads
+                // them on this task (a hop to the blocking pool would cost more).
+                let data = node.read_data(&ep, &cfg, oid, off, len).await?;
+                return Ok(Reply::bytes(data));
+            }
+            let store = node.store.clone();
             let data = if len <= INLINE_READ {
-                // Small reads are page-cache hits far more often than not: a hop to the
-                // blocking pool would cost more than the read.
                 store.read(oid, off, len)?
             } else {
                 blocking(node, move || store.read(oid, off, len)).await?
@@ -376,15 +392,29 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             node.ensure_recovered(oid)
                 .await
                 .map_err(|why| not_recovered(oid, why))?;
-            let change = Change::Write {
-                offset: h.offset,
-                data: payload,
-            };
+            let change = node
+                .write_change(&ep, &cfg, oid, expected, h.offset, payload)
+                .await?;
             let v = node.change(&ep, oid, &others, expected, change).await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))
         }
         Opcode::CowWrite => {
             let v = super::cow::cow_write(node, h, payload).await?;
+            Ok(Reply::state(Bytes::new(), ObjState::live(v)))
+        }
+        Opcode::FlattenObj => {
+            let _change = node.enter(h.epoch);
+            let (ep, cfg) = io_epoch(node, h).await?;
+            let Some((_, source, _)) = split_cow(&payload) else {
+                return Err(Failure::invalid(
+                    "FlattenObj payload shorter than its version and source object",
+                ));
+            };
+            let others = node.primary_of(&ep, &cfg, oid)?;
+            node.ensure_recovered(oid)
+                .await
+                .map_err(|why| not_recovered(oid, why))?;
+            let v = node.flatten(&ep, &cfg, &others, oid, source).await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))
         }
         Opcode::RemoveObj => {
@@ -473,12 +503,50 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .await?;
             Ok(Reply::empty())
         }
+        Opcode::PeerCow => {
+            let _change = node.enter(h.epoch);
+            let (_, cfg) = io_epoch(node, h).await?;
+            let Some((base, new, sums, source, data)) = split_peer_cow(&payload, h.aux) else {
+                return Err(Failure::invalid(format!(
+                    "PeerCow payload shorter than its versions, {} block sum(s) and source",
+                    h.aux
+                )));
+            };
+            if data.len() != h.length as usize {
+                return Err(Failure::invalid(format!(
+                    "write length {} but {} bytes of data",
+                    h.length,
+                    data.len()
+                )));
+            }
+            let sums = super::replicate::given_sums(h.offset, &data, sums)?;
+            check_range(oid, h.offset, h.length, &cfg)?;
+            if oid.is_inode() {
+                return Err(Failure::invalid(format!(
+                    "PeerCow of inode {oid}: only data objects are copied on write"
+                )));
+            }
+            node.ensure_recovered(oid)
+                .await
+                .map_err(|why| not_recovered(oid, why))?;
+            let os = cfg.object_size as u64;
+            node.apply_forwarded_cow(oid, h.offset, data, sums, source, (base, new), os)
+                .await?;
+            Ok(Reply::empty())
+        }
         Opcode::PeerPut => {
             let _change = node.enter(h.epoch);
             let (_, cfg) = io_epoch(node, h).await?;
             let state = ObjState::from_wire(h.offset, h.aux);
             if !state.deleted {
-                check_range(oid, 0, payload.len() as u32, &cfg)?;
+                // A partial copy-on-write target carries its record past the object size.
+                let record = objstore_proto::cowrec::record_len(cfg.object_size as u64);
+                let len = if oid.is_inode() {
+                    payload.len()
+                } else {
+                    payload.len().saturating_sub(record)
+                };
+                check_range(oid, 0, len as u32, &cfg)?;
             }
             match node.apply_put(oid, payload, state).await {
                 Ok(()) => Ok(Reply::empty()),

@@ -44,7 +44,7 @@ use std::sync::{Mutex, RwLock};
 
 use objstore_proto::oid::ObjectId;
 
-use super::{ObjState, ObjectBackend, StoreError, Version};
+use super::{sums, ObjState, ObjectBackend, StoreError, Version};
 
 const LOCK_SHARDS: usize = 256;
 const TOMBSTONE: &str = "del";
@@ -62,6 +62,8 @@ struct Entry {
     disk: Version,
     /// The file's name carries the "being written" marker.
     marked: bool,
+    /// The object's length in bytes, once known (None: not looked up since the store opened).
+    len: Option<u64>,
 }
 
 /// Objects as files in a directory (see the module documentation).
@@ -177,6 +179,7 @@ impl FileStore {
                 state,
                 disk: state.version,
                 marked: state.suspect,
+                len: None,
             };
             match index.get(&oid) {
                 Some(m) if (m.state.version, m.state.deleted) >= (state.version, state.deleted) => {
@@ -279,6 +282,8 @@ impl FileStore {
                 self.note_corrupt(layout::write(&f, oid, offset, data, sums, !e.state.suspect))?;
                 if let Some(e) = self.index.lock().unwrap().get_mut(&oid) {
                     e.state.version = version;
+                    let end = offset + data.len() as u64;
+                    e.len = e.len.map(|l| l.max(end));
                 }
                 self.dirty.lock().unwrap().insert(oid);
                 Ok(())
@@ -304,6 +309,7 @@ impl FileStore {
             state: ObjState::live(version),
             disk: Version::NONE,
             marked: true,
+            len: Some(offset + data.len() as u64),
         };
         let path = self.path(oid, &e);
         let mut guard = DeleteOnDrop(Some(path.clone()));
@@ -387,6 +393,11 @@ impl FileStore {
                 state,
                 disk: state.version,
                 marked: false,
+                len: Some(if state.deleted {
+                    0
+                } else {
+                    offset + data.len() as u64
+                }),
             },
         );
         self.dirty.lock().unwrap().remove(&oid);
@@ -421,6 +432,41 @@ impl ObjectBackend for FileStore {
             .ok_or(StoreError::NotFound(oid))?;
         let f = File::open(self.path(oid, &e)).map_err(|e| StoreError::io(oid, "open", e))?;
         self.note_corrupt(layout::read(&f, oid, offset, len, !e.state.suspect))
+    }
+
+    fn object_len(&self, oid: ObjectId) -> Option<u64> {
+        let e = self.entry(oid).filter(|e| !e.state.deleted)?;
+        if let Some(len) = e.len {
+            return Some(len);
+        }
+        let _g = self.lock(oid).read().unwrap();
+        let e = self.entry(oid).filter(|e| !e.state.deleted)?;
+        let len = fs::metadata(self.path(oid, &e))
+            .ok()?
+            .len()
+            .saturating_sub(sums::HEADER_LEN);
+        if let Some(x) = self.index.lock().unwrap().get_mut(&oid) {
+            x.len = Some(len);
+        }
+        Some(len)
+    }
+
+    fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let _g = self.lock(oid).read().unwrap();
+        let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+            return Ok(());
+        };
+        if let Err(source) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
+            // As a failed flush: the dirty pages may be gone, and the copy with them.
+            tracing::error!("fdatasync of object {oid} failed: {source}");
+            self.bad.lock().unwrap().insert(oid, None);
+            self.dirty.lock().unwrap().remove(&oid);
+            return Err(StoreError::SyncFailed {
+                oids: vec![(oid, e.state.version)],
+                source,
+            });
+        }
+        Ok(())
     }
 
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {

@@ -324,6 +324,43 @@ impl MemStore {
     }
 }
 
+/// What a failed sync of `oid` leaves: back to its durable bytes, and lost until the node
+/// restores it. The copy keeps the version lost, as the file backend's index does: no later
+/// write may take that version again for other bytes. Returns it, None for no such object.
+fn lose(st: &mut State, oid: ObjectId) -> Option<(ObjectId, Version)> {
+    let lost = st.live.get(&oid).map(|o| o.state)?;
+    // Created since the last flush: nothing durable, no bytes, the version lost.
+    let o = st
+        .durable
+        .get(&oid)
+        .cloned()
+        .unwrap_or_else(|| Obj::new(Vec::new(), lost));
+    st.live.insert(
+        oid,
+        Obj {
+            state: ObjState {
+                version: lost.version,
+                ..o.state
+            },
+            ..o
+        },
+    );
+    st.bad.insert(oid, None);
+    Some((oid, lost.version))
+}
+
+/// The error of a sync that failed with `e` and lost `failed`.
+fn sync_failed(failed: Vec<(ObjectId, Version)>, e: StoreError) -> StoreError {
+    let source = match e {
+        StoreError::Io { source, .. } => source,
+        _ => io::Error::from_raw_os_error(libc::ENOSPC),
+    };
+    StoreError::SyncFailed {
+        oids: failed,
+        source,
+    }
+}
+
 impl ObjectBackend for MemStore {
     fn meta(&self, oid: ObjectId) -> Option<ObjState> {
         let st = self.state.lock().unwrap();
@@ -357,6 +394,35 @@ impl ObjectBackend for MemStore {
         let end = (start + len).min(o.data.len());
         out[..end - start].copy_from_slice(&o.data[start..end]);
         Ok(out)
+    }
+
+    fn object_len(&self, oid: ObjectId) -> Option<u64> {
+        let st = self.state.lock().unwrap();
+        st.live
+            .get(&oid)
+            .filter(|o| !o.state.deleted)
+            .map(|o| o.data.len() as u64)
+    }
+
+    fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let mut guard = self.state.lock().unwrap();
+        let st: &mut State = &mut guard;
+        if let Err(e) = MemStore::check(st, Op::Flush, oid) {
+            st.dirty.remove(&oid);
+            let failed = lose(st, oid).into_iter().collect();
+            return Err(sync_failed(failed, e));
+        }
+        // The bytes become durable under the last flushed version, suspect (the file backend's
+        // marked name); a data object created since the last flush stays droppable.
+        if let (Some(live), Some(d)) = (st.live.get(&oid), st.durable.get_mut(&oid)) {
+            if !live.state.deleted && !d.state.deleted {
+                let version = d.state.version;
+                *d = live.clone();
+                d.state.version = version;
+                d.state.suspect = true;
+            }
+        }
+        Ok(())
     }
 
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
@@ -508,38 +574,8 @@ impl ObjectBackend for MemStore {
             // What the failed sync held is gone: back to the durable bytes, and lost until the
             // node restores it. The copy keeps the version lost, as the file backend's index
             // does: no later write may take that version again for other bytes.
-            let mut failed = Vec::with_capacity(dirty.len());
-            for oid in &dirty {
-                let Some(lost) = st.live.get(oid).map(|o| o.state) else {
-                    continue;
-                };
-                failed.push((*oid, lost.version));
-                // Created since the last flush: nothing durable, no bytes, the version lost.
-                let o = st
-                    .durable
-                    .get(oid)
-                    .cloned()
-                    .unwrap_or_else(|| Obj::new(Vec::new(), lost));
-                st.live.insert(
-                    *oid,
-                    Obj {
-                        state: ObjState {
-                            version: lost.version,
-                            ..o.state
-                        },
-                        ..o
-                    },
-                );
-                st.bad.insert(*oid, None);
-            }
-            let source = match e {
-                StoreError::Io { source, .. } => source,
-                _ => io::Error::from_raw_os_error(libc::ENOSPC),
-            };
-            return Err(StoreError::SyncFailed {
-                oids: failed,
-                source,
-            });
+            let failed = dirty.iter().filter_map(|&oid| lose(&mut st, oid)).collect();
+            return Err(sync_failed(failed, e));
         }
         for oid in dirty {
             if let Some(o) = st.live.get(&oid).cloned() {

@@ -138,6 +138,16 @@ pub trait ObjectBackend: Send + Sync + 'static {
     /// Reads `len` bytes at `offset`; bytes past the object's end read as zeros. A missing or
     /// deleted object is [`StoreError::NotFound`].
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError>;
+    /// The object's length in bytes (None: missing, or a tombstone). Cheap: the node asks it
+    /// on every read and write of a data object, to find partial copy-on-write targets
+    /// ([`objstore_proto::cowrec`]), which are longer than the object size.
+    fn object_len(&self, oid: ObjectId) -> Option<u64>;
+    /// Makes the bytes written to `oid` so far durable without declaring its version durable:
+    /// after a crash the copy may come back suspect at its last flushed version, holding
+    /// these bytes (a data object created since the last flush is still dropped whole). The
+    /// node syncs a partial target's new blocks before it sets their bits, so that a bit
+    /// never reaches the disk before its block.
+    fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError>;
     /// Reads a whole object and its state (for recovery); a tombstone has no bytes.
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError>;
     /// Reads a whole copy back and hashes it (`CheckObj`, the scrub). An error is a bad copy:

@@ -231,6 +231,7 @@ fn opcode_table() {
         (0x04, Opcode::Flush, Client),
         (0x05, Opcode::StatObj, Client),
         (0x06, Opcode::CowWrite, Client),
+        (0x07, Opcode::FlattenObj, Client),
         (0x10, Opcode::ClusterInfo, Client),
         (0x11, Opcode::Format, Client),
         (0x12, Opcode::KvGet, Client),
@@ -251,6 +252,7 @@ fn opcode_table() {
         (0x83, Opcode::PeerStatus, Peer),
         (0x84, Opcode::PeerWrite, Peer),
         (0x85, Opcode::PeerPut, Peer),
+        (0x86, Opcode::PeerCow, Peer),
     ];
     assert_eq!(all_opcodes().len(), want.len());
     for (v, op, proto) in want {
