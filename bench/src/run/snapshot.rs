@@ -74,8 +74,13 @@ fn fio(file: &Path, size: u64, extra: &[String]) -> Result<FioResult> {
     FioResult::parse(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// One 4 KiB write at the start of every object of `file`.
+/// One 4 KiB write at the start of every object of `file`, after a `sync` (untimed): no job
+/// runs beside the write-back of what came before (the parent's whole write, a job's new
+/// objects). Without it the first writes, which dirty new pages, were throttled by the
+/// kernel's write-back of the parent's 3 × 2 GiB while the writes into objects already
+/// written rewrote pages that were dirty already.
 fn first_writes(file: &Path, size: u64, object_size: u64) -> Result<f64> {
+    super::rig::sync_all()?;
     let n = size / object_size;
     Ok(fio(
         file,

@@ -189,9 +189,25 @@ pub struct Client {
     /// The version each object had after this client's last change of it (see
     /// [`Client::write_obj`]); a few bytes per object this client changed.
     versions: Mutex<HashMap<ObjectId, Version>>,
+    /// What a flush writes first ([`Client::before_flush`]).
+    before_flush: Mutex<Vec<std::sync::Weak<dyn BeforeFlush>>>,
+}
+
+/// Changes a client holds back and writes before each flush: a VDI handle's map entries
+/// (`vdi::entries`).
+pub(crate) trait BeforeFlush: Send + Sync {
+    fn write_pending(&self) -> futures::future::BoxFuture<'_, Result<(), ClientError>>;
 }
 
 impl Client {
+    /// Registers `w`: every later [`Client::flush`] has it write what it holds first (until
+    /// it is dropped).
+    pub(crate) fn before_flush(&self, w: std::sync::Weak<dyn BeforeFlush>) {
+        let mut list = self.before_flush.lock().unwrap();
+        list.retain(|x| x.strong_count() > 0);
+        list.push(w);
+    }
+
     /// Connects to the cluster through any of `addrs`.
     pub async fn connect(addrs: &[SocketAddr], opts: ClientOptions) -> Result<Client, ClientError> {
         let tcp = Tcp::with_key(opts.key.clone());
@@ -217,6 +233,7 @@ impl Client {
             order: (0..ORDER_SHARDS).map(|_| Default::default()).collect(),
             suspects: Mutex::default(),
             versions: Mutex::default(),
+            before_flush: Mutex::default(),
         };
         client.refresh().await?;
         Ok(client)
@@ -434,8 +451,19 @@ impl Client {
         .await
     }
 
-    /// Makes every write acknowledged before this call durable on every node.
+    /// Makes every write acknowledged before this call durable on every node: first writes
+    /// what this client holds back (a VDI handle's map entries), then flushes every node.
     pub async fn flush(&self) -> Result<(), ClientError> {
+        let pending: Vec<Arc<dyn BeforeFlush>> = self
+            .before_flush
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        for p in pending {
+            p.write_pending().await?;
+        }
         self.retry(|v| async move {
             let h = Header::request(Opcode::Flush, 0, v.epoch());
             let results = futures::future::join_all(

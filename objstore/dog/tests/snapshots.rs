@@ -247,8 +247,15 @@ fn deleting_a_snapshot_keeps_what_partial_copies_read_from_it() {
     assert_eq!(c.read_vdi("disk", 0, 8 * MIB), expect);
 
     c.dog_ok(&["vdi", "delete", "disk@one"]);
-    assert_eq!(c.read_vdi("disk", 0, 8 * MIB), expect, "the VDI reads the same");
-    assert!(len_on(&own) <= MIB, "the VDI's copy of index 3 was made whole");
+    assert_eq!(
+        c.read_vdi("disk", 0, 8 * MIB),
+        expect,
+        "the VDI reads the same"
+    );
+    assert!(
+        len_on(&own) <= MIB,
+        "the VDI's copy of index 3 was made whole"
+    );
     assert!(
         replicas::copy_path(&c, &c.addr(0), &old).is_none(),
         "the snapshot's object {old} was freed"
@@ -297,7 +304,10 @@ fn a_copy_dropped_by_a_crash_before_a_flush_reads_as_its_source_and_is_copied_ag
         b == &data[at..at + 4096] || b.iter().all(|&x| x == 0xee)
     };
     let got = c.read_vdi("vm", 0, 8 * MIB);
-    assert!(block_ok(&got, at), "the unflushed block is either written or not");
+    assert!(
+        block_ok(&got, at),
+        "the unflushed block is either written or not"
+    );
     let mut rest = got.clone();
     rest[at..at + 4096].copy_from_slice(&data[at..at + 4096]);
     assert!(rest == data, "everything else reads as the snapshot");
@@ -310,6 +320,9 @@ fn a_copy_dropped_by_a_crash_before_a_flush_reads_as_its_source_and_is_copied_ag
     let mut rest = got.clone();
     rest[at..at + 4096].copy_from_slice(&data[at..at + 4096]);
     rest[at2..at2 + 4096].copy_from_slice(&data[at2..at2 + 4096]);
-    assert!(rest == data, "the object was copied again from the snapshot, not from zeros");
+    assert!(
+        rest == data,
+        "the object was copied again from the snapshot, not from zeros"
+    );
     assert_eq!(c.read_vdi("disk@base", 0, 8 * MIB), data);
 }

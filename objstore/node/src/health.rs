@@ -330,6 +330,19 @@ impl ObjectBackend for HealthStore {
             self.inner.write(oid, offset, data, sums, version),
         )
     }
+    fn write_parts(
+        &self,
+        oid: ObjectId,
+        parts: &[(u64, &[u8], Option<&[u32]>)],
+        sync_last: bool,
+        version: Version,
+    ) -> Result<(), StoreError> {
+        self.saw(
+            oid,
+            "write",
+            self.inner.write_parts(oid, parts, sync_last, version),
+        )
+    }
     fn write_now(
         &self,
         oid: ObjectId,

@@ -124,14 +124,21 @@ impl Rig {
                 .unwrap_or_else(|| panic!("{addr} has no file for {oid}"));
             let got = copy_data(&path).unwrap();
             if got.len() > os {
-                let rec = CowRecord::decode(&got[os..], os as u64)
-                    .unwrap_or_else(|| panic!("{addr}'s copy of {oid} is longer than an object and holds no record"));
+                let rec = CowRecord::decode(&got[os..], os as u64).unwrap_or_else(|| {
+                    panic!("{addr}'s copy of {oid} is longer than an object and holds no record")
+                });
                 for b in 0..os / KIB4 {
                     let block = &got[b * KIB4..(b + 1) * KIB4];
                     if rec.present(b as u64) {
-                        assert!(block == &want[b * KIB4..(b + 1) * KIB4], "{addr}'s copy of {oid}: present block {b} differs");
+                        assert!(
+                            block == &want[b * KIB4..(b + 1) * KIB4],
+                            "{addr}'s copy of {oid}: present block {b} differs"
+                        );
                     } else {
-                        assert!(block.iter().all(|&x| x == 0), "{addr}'s copy of {oid}: absent block {b} holds bytes");
+                        assert!(
+                            block.iter().all(|&x| x == 0),
+                            "{addr}'s copy of {oid}: absent block {b} holds bytes"
+                        );
                     }
                 }
                 record = Some(rec);
@@ -148,7 +155,11 @@ impl Rig {
             1,
             "owners {owners:?} of {oid}: {versions:?}"
         );
-        assert_eq!(raws.len(), 1, "owners {owners:?} of {oid} hold different bytes at one version");
+        assert_eq!(
+            raws.len(),
+            1,
+            "owners {owners:?} of {oid} hold different bytes at one version"
+        );
         record
     }
 
@@ -175,7 +186,12 @@ fn cow_of(r: &Rig, i: u32, seed: u8, offset: usize) {
         .unwrap_or_else(|| panic!("{} was copied whole", dst(i)));
     assert_eq!(rec.source, src(i));
     let block = (offset / KIB4) as u64;
-    assert_eq!(rec.count(), 1, "{} holds more than the block written", dst(i));
+    assert_eq!(
+        rec.count(),
+        1,
+        "{} holds more than the block written",
+        dst(i)
+    );
     assert!(rec.present(block));
     assert!(r.assert_replicas(src(i), &source).is_none());
 }

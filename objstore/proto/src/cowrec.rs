@@ -28,6 +28,10 @@ pub fn blocks(object_size: u64) -> u64 {
     object_size.div_ceil(BLOCK)
 }
 
+/// The bytes a partial target holds past the object size: the record padded to one whole
+/// block, so that writing it never reads a block back to sum it.
+pub const RECORD_SPACE: u64 = BLOCK;
+
 /// The length of the record of an object of `object_size` bytes.
 pub fn record_len(object_size: u64) -> usize {
     HEAD + blocks(object_size).div_ceil(8) as usize
@@ -77,6 +81,13 @@ impl CowRecord {
             bits,
             blocks,
         })
+    }
+
+    /// The record padded with zeros to [`RECORD_SPACE`] bytes (what the object holds).
+    pub fn encode_block(&self) -> Vec<u8> {
+        let mut out = self.encode();
+        out.resize(RECORD_SPACE as usize, 0);
+        out
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -143,6 +154,10 @@ mod tests {
         r.set(5, 9);
         let raw = r.encode();
         assert_eq!(raw.len(), record_len(os));
+        assert!(record_len(64 << 20) <= RECORD_SPACE as usize);
+        let block = r.encode_block();
+        assert_eq!(block.len(), RECORD_SPACE as usize);
+        assert_eq!(CowRecord::decode(&block, os).as_ref(), Some(&r));
         assert_eq!(&raw[..8], b"SHEEPCOW");
         let back = CowRecord::decode(&raw, os).unwrap();
         assert_eq!(back, r);

@@ -154,7 +154,10 @@ mod tests {
         let mut p = peer_cow_prefix(Version(5), Version(6), &[7], Some(src)).to_vec();
         p.push(9);
         let (b, n, sums, s, rest) = split_peer_cow(&Bytes::from(p), 1).unwrap();
-        assert_eq!((b, n, &sums[..], s, &rest[..]), (Version(5), Version(6), &[7u32][..], Some(src), &[9u8][..]));
+        assert_eq!(
+            (b, n, &sums[..], s, &rest[..]),
+            (Version(5), Version(6), &[7u32][..], Some(src), &[9u8][..])
+        );
         let p = peer_cow_prefix(Version(5), Version(6), &[], None);
         let (_, _, _, s, rest) = split_peer_cow(&p, 0).unwrap();
         assert_eq!((s, rest.len()), (None, 0));

@@ -6,9 +6,10 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 
 use objstore_proto::extent::extents;
-use objstore_proto::oid::{ObjIndex, ObjectId, Vid, INODE_HEADER_LEN};
+use objstore_proto::oid::{ObjIndex, ObjectId, Vid};
 use objstore_proto::size::format_size;
 
+use super::entries::EntryLog;
 use super::inode::{read_inode, InodeHeader};
 use super::table::{lookup, VdiInfo};
 use super::{check_size, VdiError};
@@ -38,26 +39,13 @@ pub struct Vdi {
     /// Taken by a write that copies an ancestor's object or allocates one, per index shard:
     /// two writes to one shared index make one copy, the second writes into it.
     allocating: Vec<tokio::sync::Mutex<()>>,
-    /// Map entries to write to the inode (see [`Vdi::record`]).
-    entries: std::sync::Mutex<Unwritten>,
-    /// Held by the call writing a batch of entries.
-    entry_writer: tokio::sync::Mutex<()>,
+    /// Map entries on their way to the inode (see [`super::entries`]).
+    entries: Arc<EntryLog>,
     /// Mapped objects found on no node, each logged once (see [`Vdi::read_mapped`]).
     missing: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
     /// Ancestors' inodes read for [`Vdi::fallback`] (never written again): vid → (its
     /// parent, its map).
     ancestors: tokio::sync::Mutex<std::collections::HashMap<Vid, (Vid, Arc<Vec<Vid>>)>>,
-}
-
-/// Map entries changed and not yet written to the inode, numbered in the order they came.
-#[derive(Default)]
-struct Unwritten {
-    /// index → (vid, number of the latest change of that index).
-    wanted: std::collections::BTreeMap<u64, (Vid, u64)>,
-    /// The number the next change gets.
-    next: u64,
-    /// Every change numbered below this one is written (or was superseded by one that is).
-    written_below: u64,
 }
 
 const ALLOC_SHARDS: usize = 64;
@@ -68,6 +56,7 @@ impl Vdi {
         let vid = lookup(&client, name).await?;
         let (header, map) = read_inode(&client, name, vid).await?;
         let snapshot = name.contains('@').then(|| name.to_string());
+        let entries = EntryLog::new(client.clone(), ObjectId::inode(header.vid), header.checked);
         Ok(Vdi {
             client,
             header: RwLock::new(header),
@@ -79,9 +68,8 @@ impl Vdi {
             allocating: (0..ALLOC_SHARDS)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
-            entries: std::sync::Mutex::default(),
+            entries,
             missing: std::sync::Mutex::default(),
-            entry_writer: tokio::sync::Mutex::new(()),
             ancestors: tokio::sync::Mutex::default(),
         })
     }
@@ -147,6 +135,8 @@ impl Vdi {
         let name = self.full_name();
         let vid = self.header.read().unwrap().vid;
         let _no_changes = self.changes.write().await;
+        // Entries still on their way are written first: the inode read then has them.
+        self.entries.drain().await?;
         if lookup(&self.client, &name).await? != vid {
             return Err(VdiError::NotFound(name));
         }
@@ -275,20 +265,26 @@ impl Vdi {
             (h.vid, h.parent)
         };
         let own = ObjectId::data(vid, ObjIndex(idx as u32));
-        if self.entry(idx) == vid && parent == 0 {
-            return Ok(self.client.write_obj(own, off, piece).await?);
+        if self.entry(idx) == vid {
+            if parent == 0 {
+                return Ok(self.client.write_obj(own, off, piece).await?);
+            }
+            // The VDI's own object may be gone although its map entry is written: a partial
+            // copy-on-write target is created unsynced, and a crash of every owner before
+            // the next flush drops it. It is then as if never copied, so a write copies it
+            // again from the object the ancestors read there (a copy-on-write onto an object
+            // that exists is a plain write). Two such writes at once make one copy: the
+            // second is a plain write into it.
+            return match self.fallback(vid, idx).await? {
+                None => Ok(self.client.write_obj(own, off, piece).await?),
+                Some(source) => self.copy_on_write(own, source, off, piece).await,
+            };
         }
         let _allocating = self.allocating[idx as usize % ALLOC_SHARDS].lock().await;
         match self.entry(idx) {
             v if v == vid => {
-                // The VDI's own object may be gone although its map entry is written: a
-                // partial copy-on-write target is created unsynced, and a crash of every
-                // owner before the next flush drops it. It is then as if never copied, so a
-                // write copies it again from the object the ancestors read there.
-                match self.fallback(vid, idx).await? {
-                    None => self.client.write_obj(own, off, piece).await?,
-                    Some(source) => self.copy_on_write(own, source, off, piece).await?,
-                }
+                drop(_allocating);
+                return Box::pin(self.write_piece(idx, off, piece)).await;
             }
             Vid::NONE => {
                 self.client.write_obj(own, off, piece).await?;
@@ -369,83 +365,35 @@ impl Vdi {
         Ok(a)
     }
 
-    /// Records in the inode that `index` is now held by object `vid` (0: a hole), and then in
-    /// the map here. Returns once the entry is written. Entries recorded at the same time are
-    /// written together (group commit): every change of the inode is ordered behind the one
-    /// before it (one object), so one write each would make concurrent first writes into new
-    /// objects wait on each other; instead the call that gets to write takes every entry
-    /// waiting then, and writes each run of adjacent indexes as one write. A call whose entry
-    /// a failed batch held writes it again itself.
+    /// Records that `index` is now held by object `vid` (0: a hole): in the map here at once,
+    /// and in the inode by a task that writes it with the entries recorded at the same time,
+    /// or by the next flush at the latest (see [`super::entries`]).
     async fn record(&self, index: u64, vid: Vid) -> Result<(), VdiError> {
-        let _changing = self.changes.read().await;
-        let ticket = {
-            let mut q = self.entries.lock().unwrap();
-            let t = q.next;
-            q.next += 1;
-            q.wanted.insert(index, (vid, t));
-            t
-        };
-        let _writer = self.entry_writer.lock().await;
-        let batch = {
-            let mut q = self.entries.lock().unwrap();
-            if q.written_below > ticket {
-                return Ok(());
-            }
-            std::mem::take(&mut q.wanted)
-        };
-        let upto = batch.values().map(|&(_, t)| t + 1).max().unwrap_or(0);
-        match self.write_entries(&batch).await {
-            Ok(()) => {
-                {
-                    let mut map = self.map.write().unwrap();
-                    for (&i, &(v, _)) in &batch {
-                        if map.len() <= i as usize {
-                            map.resize(i as usize + 1, Vid::NONE);
-                        }
-                        map[i as usize] = v;
-                    }
-                }
-                let mut q = self.entries.lock().unwrap();
-                q.written_below = q.written_below.max(upto);
-                Ok(())
-            }
-            Err(e) => {
-                // Back in the queue unless changed again meanwhile: each call waiting on one
-                // of these writes it again.
-                let mut q = self.entries.lock().unwrap();
-                for (i, w) in batch {
-                    q.wanted.entry(i).or_insert(w);
-                }
-                Err(e)
-            }
+        {
+            let _changing = self.changes.read().await;
+            self.set_entry(index, vid);
+            self.entries.push(index, vid);
         }
+        self.entries.schedule();
+        Ok(())
     }
 
-    /// Writes `batch`'s entries to the inode: one write for each run of adjacent indexes, each
-    /// entry with its check byte (4 bytes).
-    async fn write_entries(
-        &self,
-        batch: &std::collections::BTreeMap<u64, (Vid, u64)>,
-    ) -> Result<(), VdiError> {
-        let (inode, checked) = {
-            let h = self.header.read().unwrap();
-            (ObjectId::inode(h.vid), h.checked)
+    /// [`Vdi::record`], returning once the entry is written to the inode.
+    async fn record_now(&self, index: u64, vid: Vid) -> Result<(), VdiError> {
+        let ticket = {
+            let _changing = self.changes.read().await;
+            self.set_entry(index, vid);
+            self.entries.push(index, vid)
         };
-        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (&i, &(v, _)) in batch {
-            let raw = super::inode::entry(checked, i, v).to_be_bytes();
-            match runs.last_mut() {
-                Some((first, bytes)) if *first + (bytes.len() / 4) as u64 == i => {
-                    bytes.extend_from_slice(&raw)
-                }
-                _ => runs.push((i, raw.to_vec())),
-            }
+        Ok(self.entries.write_upto(ticket).await?)
+    }
+
+    fn set_entry(&self, index: u64, vid: Vid) {
+        let mut map = self.map.write().unwrap();
+        if map.len() <= index as usize {
+            map.resize(index as usize + 1, Vid::NONE);
         }
-        for (first, bytes) in runs {
-            let at = INODE_HEADER_LEN as u64 + 4 * first;
-            self.client.write_obj(inode, at, Bytes::from(bytes)).await?;
-        }
-        Ok(())
+        map[index as usize] = vid;
     }
 
     /// Grows the VDI to `new_size` bytes; shrinking is refused, the same size is a no-op.
@@ -496,7 +444,7 @@ impl Vdi {
                 if off == 0 && n >= object_end {
                     // Unmap first: a crash in between leaves an orphan object, never a map entry
                     // pointing at nothing. An ancestor's object stays: others read it.
-                    self.record(idx, Vid::NONE).await?;
+                    self.record_now(idx, Vid::NONE).await?;
                     if oid.vid() == vid {
                         self.client.remove_obj(oid).await?;
                     }

@@ -14,6 +14,7 @@
 //! data object on every replica, then records it in the map.
 
 pub mod check;
+mod entries;
 mod handle;
 pub mod inode;
 pub mod snapshot;

@@ -214,10 +214,8 @@ pub async fn gc(client: &Arc<Client>) -> Result<GcReport, VdiError> {
 
     // Every inode's own objects, by inode: a partial copy-on-write target among them reads
     // blocks from an object of the same index that this gc may free, and is made whole first.
-    let mut holders: Vec<(Vid, Vec<Vid>)> = live
-        .iter()
-        .map(|l| (l.header.vid, l.map.clone()))
-        .collect();
+    let mut holders: Vec<(Vid, Vec<Vid>)> =
+        live.iter().map(|l| (l.header.vid, l.map.clone())).collect();
     for (vid, _) in &hidden {
         if let Ok((_, map)) = read_inode_unchecked(client, *vid).await {
             holders.push((*vid, map));

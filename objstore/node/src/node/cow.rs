@@ -80,11 +80,21 @@ pub(super) async fn cow_write(
         }
         // Nothing here: a partial target, holding only the blocks written, unless the source
         // is partial itself (one hop at most: then the copy is whole).
-        None if node.source_record(&ep, &cfg, source, target).await?.is_none() => {
+        None if node
+            .source_record(&ep, &cfg, source, target)
+            .await?
+            .is_none() =>
+        {
             node.cow_start(&ep, &cfg, source, target, h.offset, data)
                 .await?
         }
         _ => {
+            let _memory = node.whole_copies.acquire().await.map_err(|_| {
+                Failure::new(
+                    objstore_proto::frame::ResultCode::ShuttingDown,
+                    "node stopping",
+                )
+            })?;
             let whole = node
                 .copy_applied(&ep, &cfg, source, target, h.offset, &data)
                 .await?;
@@ -95,6 +105,11 @@ pub(super) async fn cow_write(
     };
     node.change(&ep, target, &others, expected, change).await
 }
+
+/// Copies into whole objects built at once on a node (each holds an object's worth of memory,
+/// twice: the source read and the copy). Most copies are partial and hold a few blocks; the
+/// gate charges a `CowWrite` for those ([`super::gate::cost`]).
+pub(super) const WHOLE_COPIES: usize = 8;
 
 impl Node {
     /// The bytes the new `target` gets: `source`'s with `data` written at `offset`, without
@@ -109,9 +124,7 @@ impl Node {
         data: &[u8],
     ) -> Result<Bytes, Failure> {
         let os = cfg.object_size as usize;
-        let src = self
-            .source_range(ep, cfg, source, target, 0, os, 1)
-            .await?;
+        let src = self.source_range(ep, cfg, source, target, 0, os, 1).await?;
         let write_end = offset as usize + data.len();
         let used = src.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
         let mut whole = BytesMut::with_capacity(used.max(write_end));

@@ -216,9 +216,11 @@ pub(super) async fn open(
 pub(super) fn cost(node: &Node, frame: &Frame) -> usize {
     let answer = match frame.header.opcode {
         Opcode::ReadObj => frame.header.length as usize,
-        // The copy it builds: the source object with the write applied (when it copies
-        // whole). FlattenObj: the target read whole.
-        Opcode::CowWrite | Opcode::FlattenObj => node.config().map(|c| c.object_size as usize).unwrap_or(0),
+        // A partial copy: the edge blocks of the write merged with the source's (a whole
+        // copy takes one of the node's `WHOLE_COPIES` instead).
+        Opcode::CowWrite => 2 * objstore_proto::cowrec::BLOCK as usize,
+        // The target read whole.
+        Opcode::FlattenObj => node.config().map(|c| c.object_size as usize).unwrap_or(0),
         Opcode::PeerRead => node
             .config()
             .map(|c| c.object_size as usize)

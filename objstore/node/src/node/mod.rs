@@ -147,6 +147,9 @@ pub struct Node {
     scrub: scrub::Scrub,
     /// Orders changes of one object as its primary (sharded), held while the replicas apply.
     obj_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Taken by a copy-on-write that builds a whole object (see [`cow::WHOLE_COPIES`]): the
+    /// gate charges a `CowWrite` only what a partial copy holds.
+    whole_copies: tokio::sync::Semaphore,
     /// Orders what a replica applies to one object (sharded): held only around local store
     /// calls, never while waiting for another node, so primaries waiting for replicas can
     /// never wait for each other.
@@ -368,6 +371,7 @@ impl Node {
             obj_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),
+            whole_copies: tokio::sync::Semaphore::new(cow::WHOLE_COPIES),
             replica_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),

@@ -56,9 +56,7 @@ impl Node {
             Some(len) if len > object_size => {}
             _ => return Ok(None),
         }
-        let raw = self
-            .store
-            .read(oid, object_size, record_len(object_size))?;
+        let raw = self.store.read(oid, object_size, record_len(object_size))?;
         Ok(CowRecord::decode(&raw, object_size))
     }
 
@@ -424,13 +422,20 @@ impl Node {
                     })?
                 }
             };
-            store.write(oid, offset, &data, sums.as_deref(), new)?;
-            if source.is_none() {
-                // The blocks reach the disk before their bits.
-                store.sync_bytes(oid)?;
-            }
             rec.set(first, end);
-            store.write(oid, object_size, &rec.encode(), None, new)
+            let record = rec.encode_block();
+            let record_sums = crate::store::sums::sums_of(&record);
+            // One change: no read sees the blocks without the record. Filling an existing
+            // target, the blocks reach the disk before their bits (`sync_last`).
+            store.write_parts(
+                oid,
+                &[
+                    (offset, &data[..], sums.as_deref()),
+                    (object_size, &record[..], Some(&record_sums[..])),
+                ],
+                source.is_none(),
+                new,
+            )
         })
         .await
     }

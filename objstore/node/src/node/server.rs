@@ -526,9 +526,16 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     "PeerCow of inode {oid}: only data objects are copied on write"
                 )));
             }
-            node.ensure_recovered(oid)
-                .await
-                .map_err(|why| not_recovered(oid, why))?;
+            if node.recovery.is_pending(oid) {
+                // Not waited for as `PeerWrite` does: the pull may need the primary, whose
+                // connection this change holds. The primary sends the object whole instead
+                // (`PeerPut` needs no recovery first). Copies made while a node dies would
+                // otherwise wait on each other's pulls until the peer timeouts.
+                return Err(Failure::new(
+                    ResultCode::Diverged,
+                    format!("object {oid} is pending recovery here"),
+                ));
+            }
             let os = cfg.object_size as u64;
             node.apply_forwarded_cow(oid, h.offset, data, sums, source, (base, new), os)
                 .await?;
@@ -540,7 +547,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             let state = ObjState::from_wire(h.offset, h.aux);
             if !state.deleted {
                 // A partial copy-on-write target carries its record past the object size.
-                let record = objstore_proto::cowrec::record_len(cfg.object_size as u64);
+                let record = objstore_proto::cowrec::RECORD_SPACE as usize;
                 let len = if oid.is_inode() {
                     payload.len()
                 } else {

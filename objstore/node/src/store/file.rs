@@ -246,6 +246,24 @@ impl FileStore {
         layout::reseal(&f, oid)
     }
 
+    /// [`ObjectBackend::sync_bytes`] with the object's lock held.
+    fn sync_bytes_locked(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+            return Ok(());
+        };
+        if let Err(source) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
+            // As a failed flush: the dirty pages may be gone, and the copy with them.
+            tracing::error!("fdatasync of object {oid} failed: {source}");
+            self.bad.lock().unwrap().insert(oid, None);
+            self.dirty.lock().unwrap().remove(&oid);
+            return Err(StoreError::SyncFailed {
+                oids: vec![(oid, e.state.version)],
+                source,
+            });
+        }
+        Ok(())
+    }
+
     /// [`ObjectBackend::write`] with the object's write lock held.
     fn write_locked(
         &self,
@@ -453,20 +471,7 @@ impl ObjectBackend for FileStore {
 
     fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
         let _g = self.lock(oid).read().unwrap();
-        let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
-            return Ok(());
-        };
-        if let Err(source) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
-            // As a failed flush: the dirty pages may be gone, and the copy with them.
-            tracing::error!("fdatasync of object {oid} failed: {source}");
-            self.bad.lock().unwrap().insert(oid, None);
-            self.dirty.lock().unwrap().remove(&oid);
-            return Err(StoreError::SyncFailed {
-                oids: vec![(oid, e.state.version)],
-                source,
-            });
-        }
-        Ok(())
+        self.sync_bytes_locked(oid)
     }
 
     fn read_whole(&self, oid: ObjectId) -> Result<(Vec<u8>, ObjState), StoreError> {
@@ -491,6 +496,24 @@ impl ObjectBackend for FileStore {
     ) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
         self.write_locked(oid, offset, data, sums, version)
+    }
+
+    fn write_parts(
+        &self,
+        oid: ObjectId,
+        parts: &[(u64, &[u8], Option<&[u32]>)],
+        sync_last: bool,
+        version: Version,
+    ) -> Result<(), StoreError> {
+        let _g = self.lock(oid).write().unwrap();
+        let n = parts.len();
+        for (i, &(offset, data, sums)) in parts.iter().enumerate() {
+            if sync_last && i + 1 == n && n > 1 {
+                self.sync_bytes_locked(oid)?;
+            }
+            self.write_locked(oid, offset, data, sums, version)?;
+        }
+        Ok(())
     }
 
     /// Only into an existing object (creating one makes a new file: left to the blocking

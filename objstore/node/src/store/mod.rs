@@ -175,6 +175,21 @@ pub trait ObjectBackend: Send + Sync + 'static {
         sums: Option<&[u32]>,
         version: Version,
     ) -> Result<(), StoreError>;
+    /// [`ObjectBackend::write`] of each part in turn (offset, data, sums), all at `version`,
+    /// as one change: no read sees some parts and not others. The parts of a partial
+    /// copy-on-write target's change: its blocks, then its record. With `sync_last`, the
+    /// bytes of the parts before the last are made durable ([`ObjectBackend::sync_bytes`])
+    /// before the last is written, so a crash never keeps the last without the others. Else,
+    /// like separate writes, a crash may keep some parts and not others, except where the
+    /// object is created here (then they land together or not at all, as any creation).
+    #[allow(clippy::type_complexity)]
+    fn write_parts(
+        &self,
+        oid: ObjectId,
+        parts: &[(u64, &[u8], Option<&[u32]>)],
+        sync_last: bool,
+        version: Version,
+    ) -> Result<(), StoreError>;
     /// [`ObjectBackend::write`] if it can be done at once, without waiting for another thread
     /// (an object lock held by a flush, say): None when it cannot, and nothing was done. The
     /// node calls it for small writes on its async tasks, sparing them a hop to the blocking
