@@ -384,3 +384,70 @@ fn cows_acknowledged_while_a_primary_is_killed_read_back_from_every_replica() {
         r.assert_replicas(src(*i), &sources[*i as usize]);
     }
 }
+
+/// Writes into a partial target: one that touches only blocks it holds is a plain write; one
+/// that touches blocks it lacks (whole, or in part) fills them, the source's bytes around the
+/// write, and marks them. A copy-on-write that covers blocks in part merges them too.
+#[test]
+fn writes_into_a_partial_target_fill_the_blocks_it_lacks() {
+    let r = Rig::start(3, 3, "1M");
+    let source = pattern(r.object_size, 21);
+    r.write(src(9), &source);
+    // A COW covering blocks 3 and 4 in part.
+    let first = vec![0x11; KIB4];
+    let at = 3 * KIB4 + 1000;
+    r.cow(dst(9), src(9), at, &first);
+    let mut want = applied(&source, at, &first);
+    let rec = r.assert_replicas(dst(9), &want).expect("partial");
+    assert_eq!(rec.count(), 2);
+    assert!(rec.present(3) && rec.present(4));
+
+    let write = |offset: usize, data: &[u8], want: &mut Vec<u8>| {
+        r.rt.block_on(r.cl.write_obj(dst(9), offset as u64, Bytes::copy_from_slice(data)))
+            .unwrap();
+        *want = applied(want, offset, data);
+    };
+    // Inside blocks it holds: plain.
+    write(3 * KIB4 + 10, &[0x22; 100], &mut want);
+    // A whole block it lacks, then a piece of two blocks it lacks.
+    write(10 * KIB4, &[0x33; KIB4], &mut want);
+    write(20 * KIB4 + 4000, &[0x44; 200], &mut want);
+    let rec = r.assert_replicas(dst(9), &want).expect("still partial");
+    let present: Vec<u64> = (0..(r.object_size / KIB4) as u64)
+        .filter(|&b| rec.present(b))
+        .collect();
+    assert_eq!(present, vec![3, 4, 10, 20, 21]);
+    assert!(r.read(src(9)) == source, "the source never changes");
+}
+
+/// A copy from a source that is a partial target itself is whole (one hop at most); a
+/// flatten makes a partial target whole, after which its source may go; a flatten naming
+/// another source leaves the target as it is.
+#[test]
+fn a_copy_of_a_partial_copy_is_whole_and_flatten_makes_one_whole() {
+    let r = Rig::start(3, 2, "1M");
+    let grand = ObjectId::data(Vid(0x53), ObjIndex(4));
+    let source = pattern(r.object_size, 31);
+    r.write(src(4), &source);
+    r.cow(dst(4), src(4), 5 * KIB4, &[0x55; KIB4]);
+    let mid = applied(&source, 5 * KIB4, &[0x55; KIB4]);
+    assert!(r.assert_replicas(dst(4), &mid).is_some());
+
+    r.cow(grand, dst(4), 7 * KIB4, &[0x66; KIB4]);
+    let last = applied(&mid, 7 * KIB4, &[0x66; KIB4]);
+    assert!(
+        r.assert_replicas(grand, &last).is_none(),
+        "a copy of a partial copy is whole"
+    );
+
+    // Another source named: nothing changes.
+    r.rt.block_on(r.cl.flatten_obj(dst(4), src(5))).unwrap();
+    assert!(r.assert_replicas(dst(4), &mid).is_some());
+    r.rt.block_on(r.cl.flatten_obj(dst(4), src(4))).unwrap();
+    assert!(r.assert_replicas(dst(4), &mid).is_none(), "flattened");
+    r.rt.block_on(r.cl.remove_obj(src(4))).unwrap();
+    assert!(r.read(dst(4)) == mid, "reads the same without its source");
+    // A missing target: nothing to do.
+    r.rt.block_on(r.cl.flatten_obj(dst(6), src(6))).unwrap();
+    r.assert_absent(dst(6));
+}

@@ -45,8 +45,11 @@ pub struct Vdi {
     missing: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
     /// Ancestors' inodes read for [`Vdi::fallback`] (never written again): vid → (its
     /// parent, its map).
-    ancestors: tokio::sync::Mutex<std::collections::HashMap<Vid, (Vid, Arc<Vec<Vid>>)>>,
+    ancestors: tokio::sync::Mutex<std::collections::HashMap<Vid, Ancestor>>,
 }
+
+/// An ancestor inode as [`Vdi::fallback`] needs it: its parent and its map.
+type Ancestor = (Vid, Arc<Vec<Vid>>);
 
 const ALLOC_SHARDS: usize = 64;
 
@@ -354,7 +357,7 @@ impl Vdi {
     }
 
     /// An ancestor's parent and map, read once per handle.
-    async fn ancestor(&self, vid: Vid) -> Result<(Vid, Arc<Vec<Vid>>), VdiError> {
+    async fn ancestor(&self, vid: Vid) -> Result<Ancestor, VdiError> {
         let mut cache = self.ancestors.lock().await;
         if let Some(a) = cache.get(&vid) {
             return Ok(a.clone());

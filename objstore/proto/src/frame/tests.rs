@@ -368,7 +368,7 @@ async fn refuses_bad_magic() {
 
 #[tokio::test]
 async fn refuses_unknown_opcode() {
-    for op in [0x00, 0x07, 0x3f, 0x40, 0x80, 0x86, 0xff] {
+    for op in [0x00, 0x08, 0x3f, 0x40, 0x80, 0x87, 0xff] {
         let mut b = GOLDEN_REQUEST;
         b[3] = op;
         assert_eq!(
