@@ -42,6 +42,18 @@ enum Want {
     Record,
 }
 
+/// Whether `data` at `offset` covers whole blocks only.
+fn is_whole_blocks(offset: u64, data: &[u8]) -> bool {
+    offset % BLOCK == 0 && data.len() as u64 % BLOCK == 0
+}
+
+/// `blocks` (starting at byte `lo` of the object) with `data` written at `offset`.
+fn overlay(mut blocks: BytesMut, lo: u64, offset: u64, data: &[u8]) -> Bytes {
+    let at = (offset - lo) as usize;
+    blocks[at..at + data.len()].copy_from_slice(data);
+    blocks.freeze()
+}
+
 impl Node {
     /// The record of `oid` here, if this copy is a partial target.
     pub(super) fn record_of(
@@ -326,21 +338,20 @@ impl Node {
         if here != expected {
             return Err(super::replicate::conflict(oid, here, expected));
         }
-        let (lo, hi) = (first * BLOCK, end * BLOCK);
-        let whole = if lo == offset && hi == offset + data.len() as u64 {
+        let lo = first * BLOCK;
+        let data = if is_whole_blocks(offset, &data) {
             data
         } else {
             // `change` checks the version again under the object's lock: a change between
             // this read and that check makes it a conflict, never a merge of stale bytes.
-            let merged = self.read_data(ep, cfg, oid, lo, (hi - lo) as usize).await?;
-            let mut buf = BytesMut::from(&merged[..]);
-            let at = (offset - lo) as usize;
-            buf[at..at + data.len()].copy_from_slice(&data);
-            buf.freeze()
+            let merged = self
+                .read_data(ep, cfg, oid, lo, ((end - first) * BLOCK) as usize)
+                .await?;
+            overlay(BytesMut::from(&merged[..]), lo, offset, &data)
         };
         Ok(Change::Cow {
             offset: lo,
-            data: whole,
+            data,
             source: None,
             object_size: os,
         })
@@ -360,11 +371,11 @@ impl Node {
     ) -> Result<Change, Failure> {
         let os = cfg.object_size as u64;
         let (first, end) = touched(offset, data.len() as u64);
-        let (lo, hi) = (first * BLOCK, end * BLOCK);
-        let whole = if lo == offset && hi == offset + data.len() as u64 {
+        let lo = first * BLOCK;
+        let data = if is_whole_blocks(offset, &data) {
             data
         } else {
-            let mut buf = BytesMut::zeroed((hi - lo) as usize);
+            let mut buf = BytesMut::zeroed(((end - first) * BLOCK) as usize);
             for b in [first, end - 1] {
                 let (blo, bhi) = (b * BLOCK, (b + 1) * BLOCK);
                 if blo >= offset && bhi <= offset + data.len() as u64 {
@@ -375,13 +386,11 @@ impl Node {
                     .await?;
                 buf[(blo - lo) as usize..(bhi - lo) as usize].copy_from_slice(&src);
             }
-            let at = (offset - lo) as usize;
-            buf[at..at + data.len()].copy_from_slice(&data);
-            buf.freeze()
+            overlay(buf, lo, offset, &data)
         };
         Ok(Change::Cow {
             offset: lo,
-            data: whole,
+            data,
             source: Some(source),
             object_size: os,
         })

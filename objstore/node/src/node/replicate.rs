@@ -370,40 +370,21 @@ impl Node {
             Err(e) => return Forwarded::Failed(Failure::new(ResultCode::Busy, e.to_string())),
         };
         let res = match change {
-            Change::Write { offset, data } => {
-                let mut h = Header::request(Opcode::PeerWrite, 0, epoch);
+            Change::Write { offset, data } | Change::Cow { offset, data, .. } => {
+                let sums = sums.unwrap_or_default();
+                let (op, prefix) = match change {
+                    Change::Cow { source, .. } => {
+                        (Opcode::PeerCow, peer_cow_prefix(base, new, sums, *source))
+                    }
+                    _ => (Opcode::PeerWrite, peer_write_prefix(base, new, sums)),
+                };
+                let mut h = Header::request(op, 0, epoch);
                 h.oid = oid.0;
                 h.offset = *offset;
                 h.length = data.len() as u32;
-                let sums = sums.unwrap_or_default();
                 h.aux = sums.len() as u32;
-                conn.call_with_prefix(
-                    h,
-                    peer_write_prefix(base, new, sums),
-                    data.clone(),
-                    FORWARD_TIMEOUT,
-                )
-                .await
-            }
-            Change::Cow {
-                offset,
-                data,
-                source,
-                ..
-            } => {
-                let mut h = Header::request(Opcode::PeerCow, 0, epoch);
-                h.oid = oid.0;
-                h.offset = *offset;
-                h.length = data.len() as u32;
-                let sums = sums.unwrap_or_default();
-                h.aux = sums.len() as u32;
-                conn.call_with_prefix(
-                    h,
-                    peer_cow_prefix(base, new, sums, *source),
-                    data.clone(),
-                    FORWARD_TIMEOUT,
-                )
-                .await
+                conn.call_with_prefix(h, prefix, data.clone(), FORWARD_TIMEOUT)
+                    .await
             }
             Change::Put { .. } | Change::Remove => {
                 let (state, data) = change.installs(new);
@@ -480,18 +461,25 @@ impl Node {
         new: Version,
     ) -> Result<(), Failure> {
         let _ordered = self.replica_lock(oid).lock().await;
+        self.check_base(oid, base, "write")?;
+        self.write_store(oid, offset, data, sums, new).await
+    }
+
+    /// A forwarded change applies only on a copy exactly at `base` and not suspect; else
+    /// `Diverged` (the primary sends the whole object). Caller holds the replica lock.
+    fn check_base(&self, oid: ObjectId, base: Version, what: &str) -> Result<(), Failure> {
         let local = self.store.meta(oid).unwrap_or_default();
         if local.version != base || local.suspect {
             return Err(Failure::new(
                 ResultCode::Diverged,
                 format!(
-                    "object {oid} is at {:?}{} here, the write applies on {base:?}",
+                    "object {oid} is at {:?}{} here, the {what} applies on {base:?}",
                     local.version,
                     if local.suspect { " (suspect)" } else { "" }
                 ),
             ));
         }
-        self.write_store(oid, offset, data, sums, new).await
+        Ok(())
     }
 
     /// A replica's side of `PeerCow`: apply only on exactly the base version (see
@@ -508,17 +496,7 @@ impl Node {
         object_size: u64,
     ) -> Result<(), Failure> {
         let _ordered = self.replica_lock(oid).lock().await;
-        let local = self.store.meta(oid).unwrap_or_default();
-        if local.version != base || local.suspect {
-            return Err(Failure::new(
-                ResultCode::Diverged,
-                format!(
-                    "object {oid} is at {:?}{} here, the copy-on-write applies on {base:?}",
-                    local.version,
-                    if local.suspect { " (suspect)" } else { "" }
-                ),
-            ));
-        }
+        self.check_base(oid, base, "copy-on-write")?;
         self.apply_cow_store(oid, offset, data, sums, source, new, object_size)
             .await
     }

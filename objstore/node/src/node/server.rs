@@ -487,15 +487,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     h.aux
                 )));
             };
-            if data.len() != h.length as usize {
-                return Err(Failure::invalid(format!(
-                    "write length {} but {} bytes of data",
-                    h.length,
-                    data.len()
-                )));
-            }
-            let sums = super::replicate::given_sums(h.offset, &data, sums)?;
-            check_range(oid, h.offset, h.length, &cfg)?;
+            let sums = forwarded(h, &cfg, &data, sums)?;
             node.ensure_recovered(oid)
                 .await
                 .map_err(|why| not_recovered(oid, why))?;
@@ -512,15 +504,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     h.aux
                 )));
             };
-            if data.len() != h.length as usize {
-                return Err(Failure::invalid(format!(
-                    "write length {} but {} bytes of data",
-                    h.length,
-                    data.len()
-                )));
-            }
-            let sums = super::replicate::given_sums(h.offset, &data, sums)?;
-            check_range(oid, h.offset, h.length, &cfg)?;
+            let sums = forwarded(h, &cfg, &data, sums)?;
             if oid.is_inode() {
                 return Err(Failure::invalid(format!(
                     "PeerCow of inode {oid}: only data objects are copied on write"
@@ -710,6 +694,26 @@ pub(super) async fn io_epoch(
         ));
     }
     Ok((ep, cfg))
+}
+
+/// The checks of a forwarded write's data (`PeerWrite`, `PeerCow`): its length, its block
+/// sums, its range; the sums to store.
+fn forwarded(
+    h: &Header,
+    cfg: &ClusterConfig,
+    data: &[u8],
+    sums: Vec<u32>,
+) -> Result<Option<Arc<[u32]>>, Failure> {
+    if data.len() != h.length as usize {
+        return Err(Failure::invalid(format!(
+            "write length {} but {} bytes of data",
+            h.length,
+            data.len()
+        )));
+    }
+    let sums = super::replicate::given_sums(h.offset, data, sums)?;
+    check_range(ObjectId(h.oid), h.offset, h.length, cfg)?;
+    Ok(sums)
 }
 
 pub(super) fn check_range(

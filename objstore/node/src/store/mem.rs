@@ -473,25 +473,6 @@ impl ObjectBackend for MemStore {
         Ok(())
     }
 
-    /// Each part with [`ObjectBackend::write`]: the memory backend's callers that need no
-    /// read in between run it inline on one thread (the simulator).
-    fn write_parts(
-        &self,
-        oid: ObjectId,
-        parts: &[(u64, &[u8], Option<&[u32]>)],
-        sync_last: bool,
-        version: Version,
-    ) -> Result<(), StoreError> {
-        let n = parts.len();
-        for (i, &(offset, data, sums)) in parts.iter().enumerate() {
-            if sync_last && i + 1 == n && n > 1 {
-                self.sync_bytes(oid)?;
-            }
-            self.write(oid, offset, data, sums, version)?;
-        }
-        Ok(())
-    }
-
     fn put_if_newer(
         &self,
         oid: ObjectId,

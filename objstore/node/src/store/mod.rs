@@ -189,7 +189,19 @@ pub trait ObjectBackend: Send + Sync + 'static {
         parts: &[(u64, &[u8], Option<&[u32]>)],
         sync_last: bool,
         version: Version,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        // Separate calls: atomic to readers only where nothing runs between them (the memory
+        // backend under the simulator, inline on one thread); the file backend holds the
+        // object's lock across them.
+        let n = parts.len();
+        for (i, &(offset, data, sums)) in parts.iter().enumerate() {
+            if sync_last && i + 1 == n && n > 1 {
+                self.sync_bytes(oid)?;
+            }
+            self.write(oid, offset, data, sums, version)?;
+        }
+        Ok(())
+    }
     /// [`ObjectBackend::write`] if it can be done at once, without waiting for another thread
     /// (an object lock held by a flush, say): None when it cannot, and nothing was done. The
     /// node calls it for small writes on its async tasks, sparing them a hop to the blocking
