@@ -313,6 +313,9 @@ impl ObjectBackend for HealthStore {
     fn object_len(&self, oid: ObjectId) -> Option<u64> {
         self.inner.object_len(oid)
     }
+    fn is_durable(&self, oid: ObjectId) -> bool {
+        self.inner.is_durable(oid)
+    }
     fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
         self.saw(oid, "sync", self.inner.sync_bytes(oid))
     }

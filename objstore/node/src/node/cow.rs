@@ -79,12 +79,8 @@ pub(super) async fn cow_write(
                 .await?
         }
         // Nothing here: a partial target, holding only the blocks written, unless the source
-        // is partial itself (one hop at most: then the copy is whole).
-        None if node
-            .source_record(&ep, &cfg, source, target)
-            .await?
-            .is_none() =>
-        {
+        // is partial itself (one hop at most) or not durable yet: then the copy is whole.
+        None if node.source_takes_partial(&ep, &cfg, source, target).await? => {
             node.cow_start(&ep, &cfg, source, target, h.offset, data)
                 .await?
         }

@@ -35,6 +35,9 @@ use objstore_proto::view::ClusterConfig;
 /// only after a copy raced with a flatten).
 const MAX_HOPS: u32 = 4;
 
+/// Flag of a `READ_COW_RECORD` answer: the copy that answered is durable.
+const RECORD_DURABLE: u8 = 1;
+
 /// What [`Node::ask_source`] asks an owner of a source.
 #[derive(Clone, Copy)]
 enum Want {
@@ -159,18 +162,39 @@ impl Node {
             .await
     }
 
-    /// `source`'s record, if it is a partial target itself (asked of its owners).
-    pub(super) async fn source_record(
+    /// Whether a partial target may read from `source` (asked of its owners): the source is
+    /// whole (not a partial target itself: one hop) and durable on the owner that answered
+    /// (a source a crash could drop must not be outlived by a flushed target reading it).
+    pub(super) async fn source_takes_partial(
         self: &Arc<Self>,
         ep: &Epoch,
         cfg: &ClusterConfig,
         source: ObjectId,
         target: ObjectId,
-    ) -> Result<Option<CowRecord>, Failure> {
+    ) -> Result<bool, Failure> {
         let raw = self
             .ask_source(ep, cfg, source, target, Want::Record, 0)
             .await?;
-        Ok(CowRecord::decode(&raw, cfg.object_size as u64))
+        let durable = raw.first().is_some_and(|f| f & RECORD_DURABLE != 0);
+        let partial = raw
+            .get(1..)
+            .and_then(|r| CowRecord::decode(r, cfg.object_size as u64))
+            .is_some();
+        Ok(durable && !partial)
+    }
+
+    /// The answer to a `READ_COW_RECORD` read of `oid`: a flags byte ([`RECORD_DURABLE`]),
+    /// then its record (nothing for a whole object). A missing object is `NotFound`.
+    pub(super) fn record_answer(&self, oid: ObjectId, object_size: u64) -> Result<Bytes, Failure> {
+        if self.store.meta(oid).is_none_or(|s| s.deleted) {
+            return Err(crate::store::StoreError::NotFound(oid).into());
+        }
+        let durable = self.store.is_durable(oid);
+        let mut out = vec![if durable { RECORD_DURABLE } else { 0 }];
+        if let Some(r) = self.record_of(oid, object_size)? {
+            out.extend_from_slice(&r.encode());
+        }
+        Ok(Bytes::from(out))
     }
 
     /// Asks `source`'s owners, this node first when it is one, for what `want` names: the
@@ -247,15 +271,7 @@ impl Node {
                     .await
             }
             Want::Record => {
-                if self.store.meta(source).is_none_or(|s| s.deleted) {
-                    return Err(crate::store::StoreError::NotFound(source).into());
-                }
-                let os = cfg.object_size as u64;
-                Ok(Bytes::from(
-                    self.record_of(source, os)?
-                        .map(|r| r.encode())
-                        .unwrap_or_default(),
-                ))
+                self.record_answer(source, cfg.object_size as u64)
             }
         }
     }

@@ -349,13 +349,9 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .await
                 .map_err(|why| not_recovered(oid, why))?;
             if record {
-                if node.store.meta(oid).is_none_or(|s| s.deleted) {
-                    return Err(StoreError::NotFound(oid).into());
-                }
-                let rec = node.record_of(oid, cfg.object_size as u64)?;
-                return Ok(Reply::bytes(Bytes::from(
-                    rec.map(|r| r.encode()).unwrap_or_default(),
-                )));
+                return Ok(Reply::bytes(
+                    node.record_answer(oid, cfg.object_size as u64)?,
+                ));
             }
             let (off, len) = (h.offset, h.length as usize);
             if !oid.is_inode() {

@@ -469,6 +469,11 @@ impl ObjectBackend for FileStore {
         Some(len)
     }
 
+    fn is_durable(&self, oid: ObjectId) -> bool {
+        self.entry(oid)
+            .is_some_and(|e| !e.state.deleted && !e.marked && e.disk == e.state.version)
+    }
+
     fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
         let _g = self.lock(oid).read().unwrap();
         self.sync_bytes_locked(oid)

@@ -404,6 +404,13 @@ impl ObjectBackend for MemStore {
             .map(|o| o.data.len() as u64)
     }
 
+    fn is_durable(&self, oid: ObjectId) -> bool {
+        let st = self.state.lock().unwrap();
+        !st.dirty.contains(&oid)
+            && st.live.get(&oid).is_some_and(|o| !o.state.deleted && !o.state.suspect)
+            && st.live.get(&oid) == st.durable.get(&oid)
+    }
+
     fn sync_bytes(&self, oid: ObjectId) -> Result<(), StoreError> {
         let mut guard = self.state.lock().unwrap();
         let st: &mut State = &mut guard;

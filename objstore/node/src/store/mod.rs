@@ -142,6 +142,10 @@ pub trait ObjectBackend: Send + Sync + 'static {
     /// on every read and write of a data object, to find partial copy-on-write targets
     /// ([`objstore_proto::cowrec`]), which are longer than the object size.
     fn object_len(&self, oid: ObjectId) -> Option<u64>;
+    /// Whether the copy of `oid` here survives a crash as it is now: live, and no write since
+    /// its last flush (a partial copy-on-write target is made only from such a source: it
+    /// must never outlive the bytes it reads).
+    fn is_durable(&self, oid: ObjectId) -> bool;
     /// Makes the bytes written to `oid` so far durable without declaring its version durable:
     /// after a crash the copy may come back suspect at its last flushed version, holding
     /// these bytes (a data object created since the last flush is still dropped whole). The
