@@ -95,8 +95,8 @@ fn a_write_never_flushed_is_lost_only_on_the_crashed_node() {
 }
 
 /// Many first writes into new objects at once from one handle: their map entries are written
-/// together (group commit, adjacent indexes in one write), and every one lands, in the inode
-/// as a new handle reads it and in the handle that wrote them. A write into the same objects
+/// together (group commit, adjacent indexes in one write), and every one lands, in the handle
+/// that wrote them at once and, after a flush, in the inode as a new handle reads it. A write into the same objects
 /// afterwards and a discard of one (its entry back to a hole) land too.
 #[test]
 fn concurrent_first_writes_record_every_map_entry() {
@@ -122,6 +122,8 @@ fn concurrent_first_writes_record_every_map_entry() {
             r.unwrap();
         }
     });
+    // The entries reach the inode by a task, and at the latest with the next flush.
+    rt.block_on(disk.flush()).unwrap();
     let fresh = rt.block_on(Vdi::open(client.clone(), "thin")).unwrap();
     for i in 0..N {
         assert_eq!(disk.entry(i), vid, "index {i} in the writing handle");

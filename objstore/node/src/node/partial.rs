@@ -270,9 +270,7 @@ impl Node {
                 self.read_data_hops(ep, cfg, source, offset, len, hops)
                     .await
             }
-            Want::Record => {
-                self.record_answer(source, cfg.object_size as u64)
-            }
+            Want::Record => self.record_answer(source, cfg.object_size as u64),
         }
     }
 
@@ -427,7 +425,7 @@ impl Node {
         object_size: u64,
     ) -> Result<(), Failure> {
         let store = self.store.clone();
-        blocking(self, move || {
+        let res = blocking(self, move || {
             let (first, end) = touched(offset, data.len() as u64);
             let mut rec = match source {
                 // A new object: data and record land in one file, created unsynced and
@@ -452,7 +450,7 @@ impl Node {
             let record_sums = crate::store::sums::sums_of(&record);
             // One change: no read sees the blocks without the record. Filling an existing
             // target, the blocks reach the disk before their bits (`sync_last`).
-            store.write_parts(
+            let res = store.write_parts(
                 oid,
                 &[
                     (offset, &data[..], sums.as_deref()),
@@ -460,9 +458,27 @@ impl Node {
                 ],
                 source.is_none(),
                 new,
-            )
+            );
+            if let Err(crate::store::StoreError::SyncFailed { oids, .. }) = &res {
+                return Ok(Err(oids.clone()));
+            }
+            res.map(Ok)
         })
-        .await
+        .await?;
+        match res {
+            Ok(()) => Ok(()),
+            Err(lost) => {
+                // As a failed flush: the copy is lost here until restored from another owner
+                // (its I/O waits; the next flush restores it or fails).
+                for &(oid, want) in &lost {
+                    self.recovery.lose(oid, want);
+                }
+                Err(Failure::new(
+                    ResultCode::Io,
+                    format!("could not make object {oid}'s new blocks durable here; restoring it from a replica"),
+                ))
+            }
+        }
     }
 
     /// `FlattenObj`: makes `target` whole if it is a partial target of `source` (before

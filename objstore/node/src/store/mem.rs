@@ -407,7 +407,10 @@ impl ObjectBackend for MemStore {
     fn is_durable(&self, oid: ObjectId) -> bool {
         let st = self.state.lock().unwrap();
         !st.dirty.contains(&oid)
-            && st.live.get(&oid).is_some_and(|o| !o.state.deleted && !o.state.suspect)
+            && st
+                .live
+                .get(&oid)
+                .is_some_and(|o| !o.state.deleted && !o.state.suspect)
             && st.live.get(&oid) == st.durable.get(&oid)
     }
 
