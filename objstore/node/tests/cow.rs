@@ -75,10 +75,13 @@ impl Rig {
         self.cl.view().replicas(oid).unwrap()
     }
 
+    /// Writes `data` at the start of `oid` and flushes it: a snapshot's objects are durable
+    /// before anything copies them (a copy from a source not durable yet is whole).
     fn write(&self, oid: ObjectId, data: &[u8]) {
         self.rt
             .block_on(self.cl.write_obj(oid, 0, Bytes::copy_from_slice(data)))
             .unwrap();
+        self.rt.block_on(self.cl.flush()).unwrap();
     }
 
     fn cow(&self, oid: ObjectId, source: ObjectId, offset: usize, data: &[u8]) {
@@ -420,8 +423,8 @@ fn writes_into_a_partial_target_fill_the_blocks_it_lacks() {
     assert!(r.read(src(9)) == source, "the source never changes");
 }
 
-/// A copy from a source that is a partial target itself is whole (one hop at most); a
-/// flatten makes a partial target whole, after which its source may go; a flatten naming
+/// A copy from a source that is a partial target itself, or not durable yet, is whole (one
+/// hop at most, never outliving its source); a flatten makes a partial target whole, after which its source may go; a flatten naming
 /// another source leaves the target as it is.
 #[test]
 fn a_copy_of_a_partial_copy_is_whole_and_flatten_makes_one_whole() {
@@ -450,4 +453,15 @@ fn a_copy_of_a_partial_copy_is_whole_and_flatten_makes_one_whole() {
     // A missing target: nothing to do.
     r.rt.block_on(r.cl.flatten_obj(dst(6), src(6))).unwrap();
     r.assert_absent(dst(6));
+
+    // A source written and not flushed (a crash could drop it): the copy is whole.
+    let unflushed = pattern(r.object_size, 33);
+    r.rt.block_on(r.cl.write_obj(src(7), 0, Bytes::copy_from_slice(&unflushed)))
+        .unwrap();
+    r.cow(dst(7), src(7), 0, &[0x77; KIB4]);
+    let want = applied(&unflushed, 0, &[0x77; KIB4]);
+    assert!(
+        r.assert_replicas(dst(7), &want).is_none(),
+        "a copy of a source not durable yet is whole"
+    );
 }

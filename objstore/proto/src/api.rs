@@ -214,9 +214,9 @@ pub struct RecoveryStatus {
 /// `CheckObj` request flag (`aux` bit 0): report the copy's state only, without reading it.
 pub const CHECK_STATE_ONLY: u32 = 1;
 
-/// `ReadObj` request flag (`aux` bit 0), between nodes: the answer is the object's
-/// copy-on-write record ([`crate::cowrec`]) as stored, or an empty payload for a whole object
-/// (`offset` and `length` are ignored).
+/// `ReadObj` request flag (`aux` bit 0), between nodes: the answer is one flags byte (bit 0:
+/// the copy is durable here) and then the object's copy-on-write record ([`crate::cowrec`])
+/// as stored, nothing for a whole object (`offset` and `length` are ignored).
 pub const READ_COW_RECORD: u32 = 1;
 
 /// `CheckObj` response body: what one node holds of one object and whether its bytes read back

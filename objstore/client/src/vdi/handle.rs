@@ -45,7 +45,10 @@ pub struct Vdi {
     missing: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
     /// Ancestors' inodes read for [`Vdi::fallback`] (never written again): vid → (its
     /// parent, its map).
-    ancestors: tokio::sync::Mutex<std::collections::HashMap<Vid, Ancestor>>,
+    ancestors: RwLock<std::collections::HashMap<Vid, Ancestor>>,
+    /// Held while an ancestor's inode is read into [`Vdi::ancestors`] (one read, not one per
+    /// waiting write).
+    reading_ancestor: tokio::sync::Mutex<()>,
 }
 
 /// An ancestor inode as [`Vdi::fallback`] needs it: its parent and its map.
@@ -73,7 +76,8 @@ impl Vdi {
                 .collect(),
             entries,
             missing: std::sync::Mutex::default(),
-            ancestors: tokio::sync::Mutex::default(),
+            ancestors: RwLock::default(),
+            reading_ancestor: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -357,14 +361,18 @@ impl Vdi {
     }
 
     /// An ancestor's parent and map, read once per handle.
+    /// On every write into a clone's own object: a lookup without waiting once it was read.
     async fn ancestor(&self, vid: Vid) -> Result<Ancestor, VdiError> {
-        let mut cache = self.ancestors.lock().await;
-        if let Some(a) = cache.get(&vid) {
+        if let Some(a) = self.ancestors.read().unwrap().get(&vid) {
+            return Ok(a.clone());
+        }
+        let _reading = self.reading_ancestor.lock().await;
+        if let Some(a) = self.ancestors.read().unwrap().get(&vid) {
             return Ok(a.clone());
         }
         let (h, map) = super::inode::read_inode_unchecked(&self.client, vid).await?;
         let a = (Vid(h.parent), Arc::new(map));
-        cache.insert(vid, a.clone());
+        self.ancestors.write().unwrap().insert(vid, a.clone());
         Ok(a)
     }
 

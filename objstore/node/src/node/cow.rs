@@ -9,8 +9,8 @@
 //!        │                      lacks merged with the source's and marked present)
 //!        │ missing: no trace here
 //!        ▼
-//!  source partial itself? (its record, from this node's copy or an owner's: ReadObj with
-//!        │                  READ_COW_RECORD)  ── no ─► a partial target: the blocks written
+//!  source partial itself, or not durable? (from this node's copy or an owner's: ReadObj
+//!        │               with READ_COW_RECORD)  ── no ─► a partial target: the blocks written
 //!        │                                     (edge blocks merged with the source's) and a
 //!        │ yes, or the target is a tombstone    record naming the source (Change::Cow, PeerCow)
 //!        ▼

@@ -12,6 +12,8 @@
 //! - *A bit never outruns its data after a crash*: a new target is created unsynced whole
 //!   (data and record in one file, dropped whole by a crash before the next flush); blocks
 //!   filled in an existing target are synced before their bits are written.
+//! - *A source outlives its partial copies after a crash*: a copy is partial only from a
+//!   source the answering owner holds durably; else it is whole.
 //! - *One hop*: a copy from a source that is itself partial copies it whole.
 //!
 //! A target whose source is freed (`dog vdi gc`) is first made whole (`FlattenObj`).
@@ -24,7 +26,7 @@ use bytes::{Bytes, BytesMut};
 use super::replicate::{Change, FORWARD_TIMEOUT};
 use super::server::{blocking, not_recovered, Failure, INLINE_READ};
 use super::{Epoch, Node};
-use crate::store::Version;
+use crate::store::{sums, Version};
 use objstore_proto::api::READ_COW_RECORD;
 use objstore_proto::cowrec::{record_len, touched, CowRecord, BLOCK};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
@@ -43,11 +45,6 @@ const RECORD_DURABLE: u8 = 1;
 enum Want {
     Range(u64, usize),
     Record,
-}
-
-/// Whether `data` at `offset` covers whole blocks only.
-fn is_whole_blocks(offset: u64, data: &[u8]) -> bool {
-    offset % BLOCK == 0 && data.len() as u64 % BLOCK == 0
 }
 
 /// `blocks` (starting at byte `lo` of the object) with `data` written at `offset`.
@@ -353,7 +350,7 @@ impl Node {
             return Err(super::replicate::conflict(oid, here, expected));
         }
         let lo = first * BLOCK;
-        let data = if is_whole_blocks(offset, &data) {
+        let data = if sums::whole_blocks(offset, data.len()) {
             data
         } else {
             // `change` checks the version again under the object's lock: a change between
@@ -386,7 +383,7 @@ impl Node {
         let os = cfg.object_size as u64;
         let (first, end) = touched(offset, data.len() as u64);
         let lo = first * BLOCK;
-        let data = if is_whole_blocks(offset, &data) {
+        let data = if data.is_empty() || sums::whole_blocks(offset, data.len()) {
             data
         } else {
             let mut buf = BytesMut::zeroed(((end - first) * BLOCK) as usize);
@@ -447,7 +444,7 @@ impl Node {
             };
             rec.set(first, end);
             let record = rec.encode_block();
-            let record_sums = crate::store::sums::sums_of(&record);
+            let record_sums = sums::sums_of(&record);
             // One change: no read sees the blocks without the record. Filling an existing
             // target, the blocks reach the disk before their bits (`sync_last`).
             let res = store.write_parts(
