@@ -15,6 +15,7 @@ use objstore_client::transport::MemNetwork;
 use objstore_node::membership::MemMembership;
 use objstore_node::store::{MemStore, ObjectBackend};
 use objstore_node::{Node, NodeError, NodeOptions, NodeParts, RecoveryState, Running};
+use objstore_proto::cowrec::{self, CowRecord};
 use objstore_proto::oid::ObjectId;
 
 /// One node of the simulated cluster.
@@ -144,8 +145,16 @@ impl SimCluster {
     }
 
     /// Each owner's copy of `oid` in the newest epoch (None: not held), as (node index, bytes
-    /// without trailing zeros: an object's length says nothing). Call when settled.
-    pub fn owner_copies(&self, oid: ObjectId, copies: usize) -> Vec<(usize, Option<Vec<u8>>)> {
+    /// without trailing zeros: an object's length says nothing). A partial copy-on-write
+    /// target's absent blocks (its record past `object_size` says which) are zeroed: no read
+    /// ever returns their bytes, and a fill that failed after writing its blocks but before
+    /// marking them leaves them there. Call when settled.
+    pub fn owner_copies(
+        &self,
+        oid: ObjectId,
+        copies: usize,
+        object_size: u64,
+    ) -> Vec<(usize, Option<Vec<u8>>)> {
         let Some(node) = self.nodes.iter().find_map(|n| n.node()) else {
             return Vec::new();
         };
@@ -156,6 +165,18 @@ impl SimCluster {
             .filter_map(|info| self.nodes.iter().position(|n| n.id == info.id))
             .map(|i| {
                 let copy = self.nodes[i].store.read_whole(oid).ok().map(|(mut d, _)| {
+                    let record = d.get(object_size as usize..).unwrap_or(&[]);
+                    if let Some(rec) = CowRecord::decode(record, object_size) {
+                        for b in 0..cowrec::blocks(object_size) {
+                            if !rec.present(b) {
+                                let lo = (b * cowrec::BLOCK) as usize;
+                                let hi = (lo + cowrec::BLOCK as usize).min(d.len());
+                                if let Some(s) = d.get_mut(lo..hi) {
+                                    s.fill(0);
+                                }
+                            }
+                        }
+                    }
                     let len = d.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
                     d.truncate(len);
                     d

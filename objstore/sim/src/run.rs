@@ -264,7 +264,8 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     // The owners' copies, byte for byte.
     if settled {
         for obj in workload::all_objects(cfg.objects) {
-            let copies = cluster.owner_copies(workload::oid(obj), cfg.copies as usize);
+            let copies =
+                cluster.owner_copies(workload::oid(obj), cfg.copies as usize, OBJECT_SIZE as u64);
             if let Some(d) = divergence(obj, &copies) {
                 violations.push(Violation {
                     kind: Kind::Divergent,

@@ -412,7 +412,7 @@ impl Node {
     /// record with their bits set.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn apply_cow_store(
-        &self,
+        self: &Arc<Self>,
         oid: ObjectId,
         offset: u64,
         data: Bytes,
@@ -465,11 +465,18 @@ impl Node {
         match res {
             Ok(()) => Ok(()),
             Err(lost) => {
-                // As a failed flush: the copy is lost here until restored from another owner
-                // (its I/O waits; the next flush restores it or fails).
+                // As a failed flush: the copy is lost here (its I/O waits) and restored from
+                // another owner at once, in the background (outside the caller's object
+                // lock); no flush need follow for that.
                 for &(oid, want) in &lost {
                     self.recovery.lose(oid, want);
                 }
+                let node = self.clone();
+                tokio::spawn(async move {
+                    if node.restore_lost(&lost).await.is_ok() {
+                        tracing::info!("object {oid}: the copy a failed fill lost was restored");
+                    }
+                });
                 Err(Failure::new(
                     ResultCode::Io,
                     format!("could not make object {oid}'s new blocks durable here; restoring it from a replica"),

@@ -486,7 +486,7 @@ impl Node {
     /// [`Node::apply_forwarded`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn apply_forwarded_cow(
-        &self,
+        self: &Arc<Self>,
         oid: ObjectId,
         offset: u64,
         data: Bytes,
