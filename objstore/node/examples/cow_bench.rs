@@ -13,8 +13,9 @@
 //! - `write new whole`: N `write_obj` of a whole object into N distinct new objects (what a
 //!   COW stores on every owner: its floor when the copy itself costs nothing).
 //!
-//! Defaults: N = 128, 3 nodes, 3 copies. A measurement, not a test: it asserts nothing but
-//! that every operation succeeded.
+//! Defaults: N = 128, 3 nodes, 3 copies. `COW_BENCH_BIN_DIR` runs the `sheep` and `dog` in
+//! that directory (another build, side by side) instead of building them. A measurement, not
+//! a test: it asserts nothing but that every operation succeeded.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -65,7 +66,11 @@ fn main() {
     let n = arg(1, 128) as u32;
     let nodes = arg(2, 3);
     let copies = arg(3, 3);
-    let c = Cluster::start(&Bins::fresh(), nodes);
+    let bins = match std::env::var_os("COW_BENCH_BIN_DIR") {
+        Some(d) => Bins::in_dir(std::path::Path::new(&d)).expect("binaries in COW_BENCH_BIN_DIR"),
+        None => Bins::fresh(),
+    };
+    let c = Cluster::start(&bins, nodes);
     c.dog_ok(&["cluster", "format", "--copies", &copies.to_string()]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

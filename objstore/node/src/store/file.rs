@@ -306,28 +306,36 @@ impl FileStore {
                 self.dirty.lock().unwrap().insert(oid);
                 Ok(())
             }
-            None if super::creates_unsynced(oid) => self.create(oid, offset, data, sums, version),
+            None if super::creates_unsynced(oid) => {
+                self.create(oid, &[(offset, data, sums)], version)
+            }
             old => self.install(oid, offset, data, sums, ObjState::live(version), old),
         }
     }
 
     /// A new data object where the store holds nothing of it, like a write into the page
     /// cache: `<oid>.0.n`, not synced, durable at the next flush (which names it after its
-    /// version and fsyncs the directory). Reopened before that, it is dropped. Caller holds
-    /// the object's write lock.
+    /// version and fsyncs the directory). Reopened before that, it is dropped. Holds `parts`
+    /// (offset, data, sums), written through one open file. Caller holds the object's write
+    /// lock.
+    #[allow(clippy::type_complexity)]
     fn create(
         &self,
         oid: ObjectId,
-        offset: u64,
-        data: &[u8],
-        sums: Option<&[u32]>,
+        parts: &[(u64, &[u8], Option<&[u32]>)],
         version: Version,
     ) -> Result<(), StoreError> {
         let e = Entry {
             state: ObjState::live(version),
             disk: Version::NONE,
             marked: true,
-            len: Some(offset + data.len() as u64),
+            len: Some(
+                parts
+                    .iter()
+                    .map(|p| p.0 + p.1.len() as u64)
+                    .max()
+                    .unwrap_or(0),
+            ),
         };
         let path = self.path(oid, &e);
         let mut guard = DeleteOnDrop(Some(path.clone()));
@@ -338,7 +346,7 @@ impl FileStore {
             .truncate(true)
             .open(&path)
             .map_err(|e| StoreError::io(oid, "create", e))?;
-        layout::create(&f, oid, offset, data, sums)?;
+        layout::create_parts(&f, oid, parts)?;
         guard.0 = None;
         self.index.lock().unwrap().insert(oid, e);
         self.dirty.lock().unwrap().insert(oid);
@@ -511,6 +519,9 @@ impl ObjectBackend for FileStore {
         version: Version,
     ) -> Result<(), StoreError> {
         let _g = self.lock(oid).write().unwrap();
+        if self.entry(oid).is_none() && super::creates_unsynced(oid) {
+            return self.create(oid, parts, version);
+        }
         let n = parts.len();
         for (i, &(offset, data, sums)) in parts.iter().enumerate() {
             if sync_last && i + 1 == n && n > 1 {

@@ -204,10 +204,27 @@ pub(super) fn create(
     data: &[u8],
     given: Option<&[u32]>,
 ) -> Result<(), StoreError> {
+    create_parts(f, oid, &[(offset, data, given)])
+}
+
+/// [`create`] with several parts (offset, data, sums), written in turn.
+#[allow(clippy::type_complexity)]
+pub(super) fn create_parts(
+    f: &File,
+    oid: ObjectId,
+    parts: &[(u64, &[u8], Option<&[u32]>)],
+) -> Result<(), StoreError> {
     f.write_all_at(&sums::header(), 0)
-        .and_then(|()| f.set_len(HEADER_LEN))
         .map_err(|e| StoreError::io(oid, "write", e))?;
-    write(f, oid, offset, data, given, false)
+    if parts.iter().all(|p| p.1.is_empty()) {
+        // Nothing past the header extends the file to it.
+        f.set_len(HEADER_LEN)
+            .map_err(|e| StoreError::io(oid, "write", e))?;
+    }
+    for &(offset, data, given) in parts {
+        write(f, oid, offset, data, given, false)?;
+    }
+    Ok(())
 }
 
 /// Recomputes every sum from the bytes (a suspect copy made the reference, or kept after a
