@@ -27,8 +27,9 @@ pub enum VdiCmd {
         #[arg(value_parser = size_arg)]
         size: u64,
     },
-    /// List every VDI and its snapshots (s) and clones (c). Used: bytes it alone holds (what
-    /// deleting it frees); Shared: bytes it reads that others hold too.
+    /// List every VDI and its snapshots (s) and clones (c). Used: bytes of the objects it alone
+    /// holds (what deleting it frees); Shared: of those it reads that others hold too. Counted
+    /// in whole objects, as Sheepdog does.
     List,
     /// Show one VDI or snapshot (NAME@TAG).
     Info { name: String },
