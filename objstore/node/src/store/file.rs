@@ -522,14 +522,12 @@ impl ObjectBackend for FileStore {
         if self.entry(oid).is_none() && super::creates_unsynced(oid) {
             return self.create(oid, parts, version);
         }
-        let n = parts.len();
-        for (i, &(offset, data, sums)) in parts.iter().enumerate() {
-            if sync_last && i + 1 == n && n > 1 {
-                self.sync_bytes_locked(oid)?;
-            }
-            self.write_locked(oid, offset, data, sums, version)?;
-        }
-        Ok(())
+        super::parts_in_turn(
+            parts,
+            sync_last,
+            || self.sync_bytes_locked(oid),
+            |offset, data, sums| self.write_locked(oid, offset, data, sums, version),
+        )
     }
 
     /// Only into an existing object (creating one makes a new file: left to the blocking

@@ -96,6 +96,25 @@ impl StoreError {
     }
 }
 
+/// The parts of [`ObjectBackend::write_parts`] written in turn with `write`, `sync` run
+/// before the last when `sync_last` (and there is more than one).
+#[allow(clippy::type_complexity)]
+pub(crate) fn parts_in_turn(
+    parts: &[(u64, &[u8], Option<&[u32]>)],
+    sync_last: bool,
+    mut sync: impl FnMut() -> Result<(), StoreError>,
+    mut write: impl FnMut(u64, &[u8], Option<&[u32]>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let n = parts.len();
+    for (i, &(offset, data, sums)) in parts.iter().enumerate() {
+        if sync_last && i + 1 == n && n > 1 {
+            sync()?;
+        }
+        write(offset, data, sums)?;
+    }
+    Ok(())
+}
+
 /// Whether a `write` creating `oid` where the store holds nothing of it (not even a
 /// tombstone) may leave it unsynced until the next flush: data objects only. An inode is
 /// created durable at once: the VDI table names it as soon as its creation returns, and a
@@ -197,14 +216,12 @@ pub trait ObjectBackend: Send + Sync + 'static {
         // Separate calls: atomic to readers only where nothing runs between them (the memory
         // backend under the simulator, inline on one thread); the file backend holds the
         // object's lock across them.
-        let n = parts.len();
-        for (i, &(offset, data, sums)) in parts.iter().enumerate() {
-            if sync_last && i + 1 == n && n > 1 {
-                self.sync_bytes(oid)?;
-            }
-            self.write(oid, offset, data, sums, version)?;
-        }
-        Ok(())
+        parts_in_turn(
+            parts,
+            sync_last,
+            || self.sync_bytes(oid),
+            |offset, data, sums| self.write(oid, offset, data, sums, version),
+        )
     }
     /// [`ObjectBackend::write`] if it can be done at once, without waiting for another thread
     /// (an object lock held by a flush, say): None when it cannot, and nothing was done. The
