@@ -479,7 +479,7 @@ impl Node {
                 });
                 Err(Failure::new(
                     ResultCode::Io,
-                    format!("could not make object {oid}'s new blocks durable here; restoring it from a replica"),
+                    format!("could not apply the change of object {oid} here (its blocks not durable, or only some parts written); restoring it from a replica"),
                 ))
             }
         }

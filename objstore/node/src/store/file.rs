@@ -522,12 +522,32 @@ impl ObjectBackend for FileStore {
         if self.entry(oid).is_none() && super::creates_unsynced(oid) {
             return self.create(oid, parts, version);
         }
-        super::parts_in_turn(
+        let mut written = false;
+        let res = super::parts_in_turn(
             parts,
             sync_last,
             || self.sync_bytes_locked(oid),
-            |offset, data, sums| self.write_locked(oid, offset, data, sums, version),
-        )
+            |offset, data, sums| {
+                self.write_locked(oid, offset, data, sums, version)?;
+                written = true;
+                Ok(())
+            },
+        );
+        match res {
+            Err(e) if written && !matches!(e, StoreError::SyncFailed { .. }) => {
+                // Some parts in and not the others: the copy is neither the version it had
+                // nor the new one. Lost, as after a failed sync: restored from another owner.
+                tracing::error!("object {oid}: a change failed halfway here: {e}");
+                let at = self.entry(oid).map_or(version, |e| e.state.version);
+                self.bad.lock().unwrap().insert(oid, None);
+                self.dirty.lock().unwrap().remove(&oid);
+                Err(StoreError::SyncFailed {
+                    oids: vec![(oid, at)],
+                    source: std::io::Error::other(e.to_string()),
+                })
+            }
+            res => res,
+        }
     }
 
     /// Only into an existing object (creating one makes a new file: left to the blocking

@@ -204,7 +204,9 @@ pub trait ObjectBackend: Send + Sync + 'static {
     /// bytes of the parts before the last are made durable ([`ObjectBackend::sync_bytes`])
     /// before the last is written, so a crash never keeps the last without the others. Else,
     /// like separate writes, a crash may keep some parts and not others, except where the
-    /// object is created here (then they land together or not at all, as any creation).
+    /// object is created here (then they land together or not at all, as any creation). An
+    /// error after some parts are in leaves the copy lost in the file backend, reported as
+    /// [`StoreError::SyncFailed`].
     #[allow(clippy::type_complexity)]
     fn write_parts(
         &self,

@@ -275,3 +275,29 @@ fn a_new_data_object_is_durable_at_the_next_flush() {
     assert_eq!(s.meta(b), None);
     assert_eq!(names(), vec![format!("{a}.3"), format!("{ino}.1")]);
 }
+
+/// A change of several parts that fails after its first part is in (here the second part lies
+/// past the largest object) leaves the copy lost, as a failed sync does: never at a version
+/// whose bytes are neither the old ones nor the new.
+#[test]
+fn parts_failing_halfway_lose_the_copy() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(2));
+    s.write(oid, 0, b"old", None, v(1)).unwrap();
+    let past = crate::store::sums::MAX_BLOCKS * crate::store::sums::BLOCK as u64;
+    let res = s.write_parts(oid, &[(0, b"new", None), (past, b"x", None)], false, v(2));
+    match res {
+        Err(StoreError::SyncFailed { oids, .. }) => assert_eq!(oids, vec![(oid, v(2))]),
+        other => panic!("expected the copy lost, got {other:?}"),
+    }
+    assert!(matches!(s.read(oid, 0, 3), Err(StoreError::Lost(_))));
+    // A first part that fails changes nothing and loses nothing.
+    let other = ObjectId::data(Vid(1), ObjIndex(3));
+    s.write(other, 0, b"old", None, v(1)).unwrap();
+    assert!(matches!(
+        s.write_parts(other, &[(past, b"x", None)], false, v(2)),
+        Err(StoreError::Io { .. })
+    ));
+    assert_eq!(s.read(other, 0, 3).unwrap(), b"old");
+}
