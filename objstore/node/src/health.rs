@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 
-use crate::store::{ObjState, ObjectBackend, StoreError, Version};
+use crate::store::{ObjState, ObjectBackend, Part, StoreError, Version};
 use objstore_proto::api::{DiskHealth, HealthState, IoErrorCounts};
 use objstore_proto::oid::ObjectId;
 
@@ -336,7 +336,7 @@ impl ObjectBackend for HealthStore {
     fn write_parts(
         &self,
         oid: ObjectId,
-        parts: &[(u64, &[u8], Option<&[u32]>)],
+        parts: &[Part<'_>],
         sync_last: bool,
         version: Version,
     ) -> Result<(), StoreError> {

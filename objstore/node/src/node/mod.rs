@@ -14,6 +14,7 @@
 mod check;
 mod collect;
 mod cow;
+mod failure;
 mod fence;
 pub mod gate;
 mod history;

@@ -44,13 +44,9 @@ use std::sync::{Mutex, RwLock};
 
 use objstore_proto::oid::ObjectId;
 
-use super::{sums, ObjState, ObjectBackend, StoreError, Version};
+use super::{sums, ObjState, ObjectBackend, Part, StoreError, Version};
 
 const LOCK_SHARDS: usize = 256;
-const TOMBSTONE: &str = "del";
-const WRITTEN: &str = "w";
-/// `<oid>.0.n`: a data object created since the last flush, never synced ([`Entry::disk`] 0).
-const CREATED: &str = "n";
 
 /// What the store knows of one object.
 #[derive(Debug, Clone, Copy)]
@@ -87,62 +83,6 @@ fn bad_copy(oid: ObjectId, why: Option<u64>) -> StoreError {
         Some(block) => StoreError::Corrupt { oid, block },
         None => StoreError::Lost(oid),
     }
-}
-
-/// Removes a temporary file unless disarmed (the write that made it succeeded).
-struct DeleteOnDrop(Option<PathBuf>);
-
-impl Drop for DeleteOnDrop {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = fs::remove_file(p);
-        }
-    }
-}
-
-/// `<oid>.<version>[.del|.w]`; a `.w` file was being written when the store stopped (its state
-/// is suspect). Versions written by older releases (decimal epoch stamps) read as hex, which
-/// keeps their order and sorts them below every version made now.
-fn parse_name(name: &str) -> Option<(ObjectId, ObjState)> {
-    let mut parts = name.split('.');
-    let oid = parts.next()?;
-    let version = parts.next()?;
-    let (deleted, suspect) = match parts.next() {
-        None => (false, false),
-        Some(TOMBSTONE) => (true, false),
-        Some(WRITTEN) => (false, true),
-        Some(_) => return None,
-    };
-    if oid.len() != 16 || parts.next().is_some() {
-        return None;
-    }
-    Some((
-        ObjectId(u64::from_str_radix(oid, 16).ok()?),
-        ObjState {
-            version: Version(u64::from_str_radix(version, 16).ok()?),
-            deleted,
-            suspect,
-            lost: false,
-        },
-    ))
-}
-
-/// The name of an object's file at `version` (a tombstone, marked as being written, or plain;
-/// at version 0, created and never synced).
-fn file_name(oid: ObjectId, version: Version, deleted: bool, marked: bool) -> String {
-    if !deleted && version == Version::NONE {
-        format!("{oid}.0.{CREATED}")
-    } else if deleted {
-        format!("{oid}.{:x}.{TOMBSTONE}", version.0)
-    } else if marked {
-        format!("{oid}.{:x}.{WRITTEN}", version.0)
-    } else {
-        format!("{oid}.{:x}", version.0)
-    }
-}
-
-fn fsync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 impl FileStore {
@@ -318,11 +258,10 @@ impl FileStore {
     /// version and fsyncs the directory). Reopened before that, it is dropped. Holds `parts`
     /// (offset, data, sums), written through one open file. Caller holds the object's write
     /// lock.
-    #[allow(clippy::type_complexity)]
     fn create(
         &self,
         oid: ObjectId,
-        parts: &[(u64, &[u8], Option<&[u32]>)],
+        parts: &[Part<'_>],
         version: Version,
     ) -> Result<(), StoreError> {
         let e = Entry {
@@ -514,7 +453,7 @@ impl ObjectBackend for FileStore {
     fn write_parts(
         &self,
         oid: ObjectId,
-        parts: &[(u64, &[u8], Option<&[u32]>)],
+        parts: &[Part<'_>],
         sync_last: bool,
         version: Version,
     ) -> Result<(), StoreError> {
@@ -747,6 +686,9 @@ impl ObjectBackend for FileStore {
 }
 
 mod layout;
+mod names;
+use layout::DeleteOnDrop;
+use names::{file_name, fsync_dir, parse_name, CREATED};
 
 #[cfg(test)]
 mod checks;

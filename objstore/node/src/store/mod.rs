@@ -96,11 +96,14 @@ impl StoreError {
     }
 }
 
+/// One part of a change written as several ([`ObjectBackend::write_parts`]): offset, data,
+/// and the data's block sums when given.
+pub type Part<'a> = (u64, &'a [u8], Option<&'a [u32]>);
+
 /// The parts of [`ObjectBackend::write_parts`] written in turn with `write`, `sync` run
 /// before the last when `sync_last` (and there is more than one).
-#[allow(clippy::type_complexity)]
 pub(crate) fn parts_in_turn(
-    parts: &[(u64, &[u8], Option<&[u32]>)],
+    parts: &[Part<'_>],
     sync_last: bool,
     mut sync: impl FnMut() -> Result<(), StoreError>,
     mut write: impl FnMut(u64, &[u8], Option<&[u32]>) -> Result<(), StoreError>,
@@ -207,11 +210,10 @@ pub trait ObjectBackend: Send + Sync + 'static {
     /// object is created here (then they land together or not at all, as any creation). An
     /// error after some parts are in leaves the copy lost in the file backend, reported as
     /// [`StoreError::SyncFailed`].
-    #[allow(clippy::type_complexity)]
     fn write_parts(
         &self,
         oid: ObjectId,
-        parts: &[(u64, &[u8], Option<&[u32]>)],
+        parts: &[Part<'_>],
         sync_last: bool,
         version: Version,
     ) -> Result<(), StoreError> {

@@ -8,18 +8,30 @@ use std::fs::{self, File};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use objstore_proto::oid::ObjectId;
 
 use super::{fsync_dir, parse_name, StoreError};
 use crate::store::sums::{self, BLOCK, HEADER_LEN, MAX_BLOCKS, TABLE_AT};
+use crate::store::Part;
 
 /// The file in the store directory naming its format.
 pub(super) const FORMAT_FILE: &str = ".format";
 
 /// The sum of the header itself is not kept: a bad header reads as this block.
 pub const HEADER_BLOCK: u64 = u64::MAX;
+
+/// Removes a temporary file unless disarmed (the write that made it succeeded).
+pub(super) struct DeleteOnDrop(pub(super) Option<PathBuf>);
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
 
 /// Reads into `buf` from `at` until it is full or the file ends; returns the bytes read.
 fn read_full(f: &File, buf: &mut [u8], at: u64) -> io::Result<usize> {
@@ -208,12 +220,7 @@ pub(super) fn create(
 }
 
 /// [`create`] with several parts (offset, data, sums), written in turn.
-#[allow(clippy::type_complexity)]
-pub(super) fn create_parts(
-    f: &File,
-    oid: ObjectId,
-    parts: &[(u64, &[u8], Option<&[u32]>)],
-) -> Result<(), StoreError> {
+pub(super) fn create_parts(f: &File, oid: ObjectId, parts: &[Part<'_>]) -> Result<(), StoreError> {
     f.write_all_at(&sums::header(), 0)
         .map_err(|e| StoreError::io(oid, "write", e))?;
     if parts.iter().all(|p| p.1.is_empty()) {
