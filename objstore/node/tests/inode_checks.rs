@@ -26,6 +26,9 @@ fn setup() -> (MemCluster, tokio::runtime::Runtime, Arc<Client>, Vid, Vid) {
         let v = rt.block_on(Vdi::open(cl.clone(), name)).unwrap();
         rt.block_on(v.write_at(0, Bytes::from(vec![name.as_bytes()[0]; 4096])))
             .unwrap();
+        // Map entries are written by a task, and by a flush at the latest: the tests below
+        // read and overwrite them in the inode.
+        rt.block_on(v.flush()).unwrap();
     }
     (c, rt, cl, a, b)
 }
@@ -104,6 +107,7 @@ fn an_inode_from_before_the_checks_still_opens_and_is_checked_as_far_as_it_can()
     // New objects of an old VDI are recorded the old way (no check byte).
     rt.block_on(va.write_at(MIB, Bytes::from_static(b"z")))
         .unwrap();
+    rt.block_on(va.flush()).unwrap();
     let raw = rt
         .block_on(cl.read_obj(ObjectId::inode(a), entry_at(1), 4))
         .unwrap();
