@@ -77,6 +77,22 @@ fn a_new_object_is_durable_from_the_next_flush_and_reads_as_zeros_before() {
             "node {i}: the flushed object is {f:?}"
         );
     }
+    // The map entry is written by a task after the write returns (a flush would also make
+    // the object durable, which this test must not): wait until the inode holds it.
+    let entry_at = objstore_proto::oid::INODE_HEADER_LEN as u64 + 4;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while rt
+        .block_on(cl.read_obj(ObjectId::inode(vid), entry_at, 4))
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the map entry of index 1 never reached the inode"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     drop((disk, cl));
 
     // Killed before any flush: the new object is gone everywhere; its map entry is not.
