@@ -11,7 +11,10 @@
 //! STATE_DIR/leases/<id:016x>.json   {ttl_ms, deadline_ms}: one lease, rewritten at every renewal
 //! ```
 //! A node is alive while its process exists (checked with `kill(pid, 0)`, so SIGKILL is seen at
-//! the next tick of any node) and its heartbeat is younger than [`super::DEAD_AFTER`].
+//! the next tick of any node) and its heartbeat is younger than [`super::DEAD_AFTER`]. A node
+//! that was itself held up between two ticks (a stalled host or file system stops every node
+//! on it alike) adds how late its tick is to that age limit before it judges others by their
+//! heartbeats: their silence may be the same stall it just came out of.
 //!
 //! Leases: every node of the store runs on this host, so one clock (unix milliseconds) decides
 //! for all. A lease is alive while its file exists and its deadline is in the future. A key
@@ -30,11 +33,11 @@ use std::io::Write;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Driver, DriverError, DEAD_AFTER};
+use super::{Driver, DriverError, DEAD_AFTER, TICK};
 use objstore_proto::view::{NodeInfo, View};
 
 #[derive(Serialize, Deserialize)]
@@ -47,6 +50,8 @@ struct NodeRecord {
 pub struct LocalDriver {
     dir: PathBuf,
     me: Mutex<Option<NodeInfo>>,
+    /// When this driver's previous refresh started: how late the current one is.
+    last_refresh: Mutex<Option<Instant>>,
 }
 
 fn now_ms() -> u64 {
@@ -126,6 +131,7 @@ impl LocalDriver {
         let d = LocalDriver {
             dir: dir.to_path_buf(),
             me: Mutex::new(None),
+            last_refresh: Mutex::new(None),
         };
         for sub in ["nodes", "epochs", "kv", "leases"] {
             fs::create_dir_all(dir.join(sub)).map_err(|e| d.io("create directory", e))?;
@@ -206,8 +212,10 @@ impl LocalDriver {
         Ok(())
     }
 
-    /// Live nodes, sorted by id; records of dead nodes are removed.
-    fn live_nodes(&self) -> Result<Vec<NodeInfo>, DriverError> {
+    /// Live nodes, sorted by id; records of dead nodes are removed. A heartbeat counts as
+    /// fresh for [`DEAD_AFTER`] plus `late` (how much later than one tick this refresh came).
+    fn live_nodes(&self, late: Duration) -> Result<Vec<NodeInfo>, DriverError> {
+        let max_age = (DEAD_AFTER + late).as_millis() as u64;
         let mut live = Vec::new();
         let dir = self.dir.join("nodes");
         for e in fs::read_dir(&dir).map_err(|e| self.io("list nodes", e))? {
@@ -219,8 +227,7 @@ impl LocalDriver {
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok());
             let alive = rec.as_ref().is_some_and(|r| {
-                pid_alive(r.pid)
-                    && now_ms().saturating_sub(r.heartbeat_ms) < DEAD_AFTER.as_millis() as u64
+                pid_alive(r.pid) && now_ms().saturating_sub(r.heartbeat_ms) < max_age
             });
             match rec {
                 Some(r) if alive => live.push(r.info),
@@ -269,9 +276,14 @@ impl LocalDriver {
 
     /// Heartbeat, then a new epoch if the live set changed. Caller holds the lock.
     fn refresh(&self) -> Result<View, DriverError> {
+        let started = Instant::now();
+        let previous = self.last_refresh.lock().unwrap().replace(started);
+        let late = previous.map_or(Duration::ZERO, |p| {
+            started.saturating_duration_since(p).saturating_sub(TICK)
+        });
         self.heartbeat()?;
         self.expire_leases()?;
-        let live = self.live_nodes()?;
+        let live = self.live_nodes(late + started.elapsed())?;
         let latest = self.latest_epoch()?;
         let view = self.read_view(latest)?.unwrap_or_default();
         if view.nodes == live {

@@ -46,6 +46,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1200);
 /// Pause before opening a watch or keepalive stream again after it failed.
 const RETRY: Duration = Duration::from_millis(500);
+/// Pause of a call after every member refused it unsent (no leader, connection refused).
+const UNSENT_PAUSE: Duration = Duration::from_millis(100);
 
 mod spec;
 mod tasks;
@@ -184,10 +186,12 @@ impl EtcdDriver {
     }
 
     /// Runs `f` on the driver's runtime and waits for it, at most [`CALL_TIMEOUT`].
-    /// A call that reached no working member is sent again to the next one ([`is_unsent`]);
-    /// one without an answer within [`ATTEMPT_TIMEOUT`] too, with `maybe_applied` set (a
-    /// member that died or lost its leader mid-call may or may not have applied it: a
-    /// compare-and-swap checks before sending again).
+    /// A call that reached no working member is sent again to the next one ([`is_unsent`]),
+    /// pausing [`UNSENT_PAUSE`] after each round of all members (an election after a member's
+    /// death answers "no leader" everywhere until it ends), for as long as the call's time
+    /// allows; one without an answer within [`ATTEMPT_TIMEOUT`] too, at most twice a member,
+    /// with `maybe_applied` set (a member that died or lost its leader mid-call may or may not
+    /// have applied it: a compare-and-swap checks before sending again).
     fn call<T: Send + 'static>(
         &self,
         f: impl Fn(Arc<Inner>, bool) -> Fut<T> + Send + 'static,
@@ -197,17 +201,27 @@ impl EtcdDriver {
         let at = Arc::new(AtomicUsize::new(0));
         let at2 = at.clone();
         let attempts = async move {
+            let started = tokio::time::Instant::now();
             let mut tries = 0;
+            let mut silent = 0;
             let mut maybe_applied = false;
             loop {
                 let from = i2.current.load(Ordering::SeqCst);
                 at2.store(from, Ordering::SeqCst);
-                let more = tries + 1 < 2 * i2.clients.len();
+                let round_done = (tries + 1) % i2.clients.len() == 0;
+                let pause = if round_done {
+                    UNSENT_PAUSE
+                } else {
+                    Duration::ZERO
+                };
+                let time_left = || started.elapsed() + pause + UNSENT_PAUSE < CALL_TIMEOUT;
                 match tokio::time::timeout(ATTEMPT_TIMEOUT, f(i2.clone(), maybe_applied)).await {
-                    Ok(Err(e)) if is_unsent(&e) && more => {
+                    Ok(Err(e)) if is_unsent(&e) && time_left() => {
                         tracing::debug!("etcd member {from}: {e}; trying the next one");
+                        tokio::time::sleep(pause).await;
                     }
-                    Err(_) if more => {
+                    Err(_) if silent + 1 < 2 * i2.clients.len() => {
+                        silent += 1;
                         tracing::debug!("etcd member {from}: no answer; trying the next one");
                         maybe_applied = true;
                     }

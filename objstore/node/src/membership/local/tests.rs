@@ -44,6 +44,32 @@ fn dead_pid_is_dropped() {
     assert_eq!(v.nodes, vec![node(1, 7000)]);
 }
 
+/// A stall of the whole host (no node ticks for longer than DEAD_AFTER) kills no one: the
+/// first node back allows for its own lateness. A node still silent afterwards is dropped.
+#[test]
+fn a_stall_of_everyone_kills_no_one() {
+    let d = tempfile::tempdir().unwrap();
+    let a = LocalDriver::open(d.path()).unwrap();
+    let b = LocalDriver::open(d.path()).unwrap();
+    a.join(&node(1, 7000)).unwrap();
+    let v2 = b.join(&node(2, 7001)).unwrap();
+    a.tick().unwrap();
+    std::thread::sleep(DEAD_AFTER + TICK); // every node held up
+    assert_eq!(a.tick().unwrap(), v2, "a's own stall made b look dead");
+    assert_eq!(b.tick().unwrap(), v2);
+    // b stops for good while a ticks on time: b goes within DEAD_AFTER and a tick or two.
+    let stopped = std::time::Instant::now();
+    let v = loop {
+        let v = a.tick().unwrap();
+        if v.node(2).is_none() {
+            break v;
+        }
+        assert!(stopped.elapsed() < DEAD_AFTER + TICK * 3, "b never dropped");
+        std::thread::sleep(TICK);
+    };
+    assert_eq!((v.epoch, v.nodes), (v2.epoch + 1, vec![node(1, 7000)]));
+}
+
 #[test]
 fn kv_cas_and_list() {
     let d = tempfile::tempdir().unwrap();
