@@ -235,6 +235,19 @@ impl Recovery {
         self.replan.notify_one();
     }
 
+    /// Drops a failed pull of `oid` that wants no newer a version than `have` (the copy here,
+    /// installed meanwhile by another pull): it would keep the object's I/O waiting for
+    /// nothing until the next plan. A pull still running, or wanting more, stays.
+    pub(super) fn drop_failed_pull(&self, oid: ObjectId, have: Option<Version>) {
+        let mut pending = self.pending.lock().unwrap();
+        let stale = pending.get(&oid).is_some_and(|p| {
+            p.result.get().is_some_and(Result::is_err) && have.is_some_and(|h| p.want.version <= h)
+        });
+        if stale {
+            pending.remove(&oid);
+        }
+    }
+
     /// Replaces `hold` (if still there) by a pull from `sources`.
     pub(super) fn release(&self, oid: ObjectId, hold: &Arc<Pull>, sources: Vec<SocketAddr>) {
         let mut pending = self.pending.lock().unwrap();

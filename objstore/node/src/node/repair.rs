@@ -217,9 +217,15 @@ impl Node {
                 .map(|(a, _)| *a)
                 .collect();
             self.recovery.release(oid, &hold, sources);
-            // Restored only when a copy at least as new as the one lost is installed.
-            let restored =
-                self.ensure_recovered(oid).await.is_ok() && self.recovery.lost(oid).is_none();
+            // Restored only when a copy at least as new as the one lost is installed: by this
+            // pull, or by another restorer of the same copy (a check restoring it, whose hold
+            // this one replaced) while this pull found no source. Either clears `lost`.
+            let pulled = self.ensure_recovered(oid).await.is_ok();
+            let restored = self.recovery.lost(oid).is_none();
+            if restored && !pulled {
+                let have = self.store.meta(oid).map(|s| s.version);
+                self.recovery.drop_failed_pull(oid, have);
+            }
             if restored {
                 tracing::info!(
                     "object {oid} restored from another replica (its copy here was lost)"
