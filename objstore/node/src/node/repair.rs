@@ -181,6 +181,10 @@ impl Node {
     }
 }
 
+/// Tries of [`Node::restore_lost`] for one copy before a flush fails, and the pause between.
+const RESTORE_TRIES: u32 = 3;
+const RESTORE_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+
 impl Node {
     /// Restores copies whose data a failed flush may have lost: each is held (its I/O waits
     /// meanwhile; the local copy stays, unreadable, so nothing treats the object as new) and
@@ -189,9 +193,6 @@ impl Node {
     /// here, the flush must fail, and the object stays held until such a copy is found; the
     /// recovery round plans it again (and keeps what remains once no node holds that data).
     pub(super) async fn restore_lost(&self, lost: &[(ObjectId, Version)]) -> Result<(), ObjectId> {
-        let ep = self.epoch();
-        let epoch = ep.view.epoch;
-        let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
         let mut first_err = None;
         // First of all, for every copy before the first wait: from now on nothing uses it as
         // it is (the store already refuses it; this makes its I/O wait, `Busy`).
@@ -199,40 +200,26 @@ impl Node {
             self.recovery.lose(oid, want);
         }
         for &(oid, want) in lost {
-            let want = self.recovery.lost(oid).unwrap_or(want);
-            let hold = self.recovery.hold(oid, ObjState::live(want));
-            let mut held = Vec::new();
-            for n in ep.ring.replicas(oid, copies) {
-                if n.id == self.me.id {
-                    continue;
+            // A few tries: an owner may not answer in the moment (an epoch changing, a heal),
+            // and another restorer of the same copy may finish meanwhile.
+            let mut restored = false;
+            for attempt in 0..RESTORE_TRIES {
+                if attempt > 0 {
+                    tokio::time::sleep(RESTORE_PAUSE).await;
                 }
-                if let Ok(Some(st)) = self.stat_peer(n.addr, epoch, oid).await {
-                    held.push((n.addr, st));
+                if self.restore_one(oid, want).await {
+                    restored = true;
+                    break;
                 }
-            }
-            held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
-            let sources: Vec<SocketAddr> = held
-                .iter()
-                .filter(|(_, st)| st.version >= want)
-                .map(|(a, _)| *a)
-                .collect();
-            self.recovery.release(oid, &hold, sources);
-            // Restored only when a copy at least as new as the one lost is installed: by this
-            // pull, or by another restorer of the same copy (a check restoring it, whose hold
-            // this one replaced) while this pull found no source. Either clears `lost`.
-            let pulled = self.ensure_recovered(oid).await.is_ok();
-            let restored = self.recovery.lost(oid).is_none();
-            if restored && !pulled {
-                let have = self.store.meta(oid).map(|s| s.version);
-                self.recovery.drop_failed_pull(oid, have);
             }
             if restored {
                 tracing::info!(
                     "object {oid} restored from another replica (its copy here was lost)"
                 );
             } else {
+                let want = self.recovery.lost(oid).unwrap_or(want);
                 tracing::error!(
-                    "object {oid}: its data at {want:?} was lost with a failed fdatasync and no other owner up gives it; it stays unreadable here and is planned again"
+                    "object {oid}: its data at {want:?} is lost here (a failed fdatasync or a bad copy) and no other owner up gives it; it stays unreadable here and is planned again"
                 );
                 self.recovery.plan_again();
                 first_err.get_or_insert(oid);
@@ -242,6 +229,45 @@ impl Node {
             Some(oid) => Err(oid),
             None => Ok(()),
         }
+    }
+
+    /// One try of [`Node::restore_lost`] for `oid`: holds it, asks the owners of the current
+    /// epoch which holds the version lost (`want`, or a later one lost since) and pulls it.
+    /// True once no copy here counts as lost: restored by this pull, or by another restorer
+    /// of the same copy (a check restoring it, whose hold this one replaced) meanwhile.
+    async fn restore_one(&self, oid: ObjectId, want: Version) -> bool {
+        let Some(want) = self.recovery.lost(oid).map(|w| w.max(want)) else {
+            return true;
+        };
+        let ep = self.epoch();
+        let epoch = ep.view.epoch;
+        let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
+        let hold = self.recovery.hold(oid, ObjState::live(want));
+        let mut held = Vec::new();
+        for n in ep.ring.replicas(oid, copies) {
+            if n.id == self.me.id {
+                continue;
+            }
+            if let Ok(Some(st)) = self.stat_peer(n.addr, epoch, oid).await {
+                held.push((n.addr, st));
+            }
+        }
+        held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
+        let sources: Vec<SocketAddr> = held
+            .iter()
+            .filter(|(_, st)| st.version >= want)
+            .map(|(a, _)| *a)
+            .collect();
+        self.recovery.release(oid, &hold, sources);
+        // Restored only when a copy at least as new as the one lost is installed (either
+        // restorer's install clears `lost`).
+        let pulled = self.ensure_recovered(oid).await.is_ok();
+        let restored = self.recovery.lost(oid).is_none();
+        if restored && !pulled {
+            let have = self.store.meta(oid).map(|s| s.version);
+            self.recovery.drop_failed_pull(oid, have);
+        }
+        restored
     }
 
     /// `Flush`: every write before it made durable here. Copies whose `fdatasync` failed, now
