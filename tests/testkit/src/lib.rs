@@ -74,6 +74,29 @@ pub fn first_panic(path: &Path) -> Option<String> {
     )
 }
 
+/// The last `max` warning and error lines of a log that lie before its last `tail_bytes`
+/// bytes (those a tail shows anyway), with how many there were: what a process found wrong
+/// earlier in a failed test, when its whole log is too long to print.
+pub fn earlier_warnings(path: &Path, tail_bytes: u64, max: usize) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    let head = &text[..text.len().saturating_sub(tail_bytes as usize)];
+    let head = String::from_utf8_lossy(head);
+    let found: Vec<&str> = head
+        .lines()
+        .filter(|l| l.contains(" WARN") || l.contains("ERROR"))
+        .collect();
+    if found.is_empty() {
+        return None;
+    }
+    let shown = &found[found.len().saturating_sub(max)..];
+    Some(format!(
+        "({} of {} warning/error line(s) before the tail)\n{}",
+        shown.len(),
+        found.len(),
+        shown.join("\n")
+    ))
+}
+
 /// A loopback port that was free a moment ago.
 pub fn try_free_port() -> Result<u16> {
     TcpListener::bind("127.0.0.1:0")
@@ -100,4 +123,31 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+#[cfg(test)]
+mod log_tests {
+    #[test]
+    fn earlier_warnings_skip_the_tail_and_keep_the_last_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("log");
+        let mut text = String::new();
+        for i in 0..5 {
+            text.push_str(&format!("2026 \x1b[33m WARN\x1b[0m early {i}\n"));
+            text.push_str("2026  INFO fine\n");
+        }
+        text.push_str("2026 ERROR in the tail\n");
+        std::fs::write(&p, &text).unwrap();
+        let w = super::earlier_warnings(&p, 23, 3).unwrap();
+        assert_eq!(
+            w.lines().collect::<Vec<_>>(),
+            vec![
+                "(3 of 5 warning/error line(s) before the tail)",
+                "2026 \x1b[33m WARN\x1b[0m early 2",
+                "2026 \x1b[33m WARN\x1b[0m early 3",
+                "2026 \x1b[33m WARN\x1b[0m early 4",
+            ]
+        );
+        assert_eq!(super::earlier_warnings(&p, 1 << 20, 3), None);
+    }
 }

@@ -200,6 +200,9 @@ impl Proc {
     }
 }
 
+/// How much of a process's log a failed test prints (its warnings before that too).
+const TAIL_BYTES: u64 = 3000;
+
 /// SIGKILL to the group `c` leads (its own: see [`Proc::try_spawn_with`]). Called before `c`
 /// is reaped, so the group id cannot belong to anyone else yet.
 fn kill_group(c: &Child) {
@@ -216,11 +219,18 @@ impl Drop for Proc {
             if let Some(p) = first_panic(&self.log) {
                 eprintln!("---- {} (pid {}) panicked ----\n{p}", self.name, self.pid());
             }
+            if let Some(w) = crate::earlier_warnings(&self.log, TAIL_BYTES, 40) {
+                eprintln!(
+                    "---- {} (pid {}) earlier warnings ----\n{w}",
+                    self.name,
+                    self.pid()
+                );
+            }
             eprintln!(
                 "---- {} (pid {}) log tail ----\n{}",
                 self.name,
                 self.pid(),
-                self.log_tail(3000)
+                self.log_tail(TAIL_BYTES)
             );
             self.kill9();
             return;
