@@ -323,9 +323,12 @@ impl Node {
 
     async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
         let mut no_space = false;
+        // Why each source gave nothing, for the warning if none does.
+        let mut why = Vec::new();
         if !self.pull_delay.is_zero() {
             tokio::time::sleep(self.pull_delay).await;
         }
+        let started = std::time::Instant::now();
         for &src in &pull.sources {
             let mut h = Header::request(Opcode::PeerRead, 0, self.epoch().view.epoch);
             h.oid = oid.0;
@@ -336,16 +339,16 @@ impl Node {
             let frame = match res {
                 Ok(f) if f.header.result_code() == ResultCode::Ok => f,
                 Ok(f) => {
-                    tracing::debug!(
-                        "pull {oid} from {src}: {:?} {}",
+                    why.push(format!(
+                        "{src}: {:?} {}",
                         f.header.result_code(),
                         f.message()
-                    );
+                    ));
                     continue;
                 }
                 Err(e) => {
                     self.peers.drop_conn(src).await;
-                    tracing::debug!("pull {oid} from {src}: {e}");
+                    why.push(format!("{src}: {e}"));
                     continue;
                 }
             };
@@ -377,13 +380,20 @@ impl Node {
                 Err(e) => {
                     no_space |= matches!(e, StoreError::NoSpace);
                     tracing::warn!("recovering {oid}: {e}");
+                    why.push(format!("{src}: storing it here: {e}"));
                 }
             }
         }
         tracing::warn!(
-            "could not recover object {oid} ({:?}) from any of {:?}; it stays pending",
+            "could not recover object {oid} ({:?}) from any of {:?} (after {:?}: {}); it stays pending",
             pull.want,
-            pull.sources
+            pull.sources,
+            started.elapsed(),
+            if why.is_empty() {
+                "no source".to_string()
+            } else {
+                why.join("; ")
+            }
         );
         Err(if no_space {
             PullFailed::NoSpace
