@@ -117,23 +117,10 @@ impl Node {
                 .ring
                 .replicas(oid, copies)
                 .iter()
-                .filter(|n| n.id != self.me.id)
                 .map(|n| n.addr)
                 .collect(),
         };
-        let mut held = Vec::new();
-        for a in candidates {
-            if a == self.me.addr {
-                continue;
-            }
-            if let Ok(Some(st)) = self.stat_peer(a, epoch, oid).await {
-                if st.version >= want && !st.lost {
-                    held.push((a, st));
-                }
-            }
-        }
-        held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
-        let sources: Vec<SocketAddr> = held.iter().map(|(a, _)| *a).collect();
+        let sources = self.holders_from(candidates, epoch, oid, want).await;
         if sources.is_empty() {
             return Err(Failure::new(
                 ResultCode::NotFound,

@@ -126,6 +126,31 @@ impl Node {
         }
     }
 
+    /// Which of `candidates` (this node skipped) hold `oid` at `want` or newer and can give
+    /// it (a lost copy cannot), newest first and a suspect copy after a sound one of the same
+    /// version: the sources to restore a copy here from.
+    pub(super) async fn holders_from(
+        &self,
+        candidates: impl IntoIterator<Item = SocketAddr>,
+        epoch: u32,
+        oid: ObjectId,
+        want: Version,
+    ) -> Vec<SocketAddr> {
+        let mut held = Vec::new();
+        for a in candidates {
+            if a == self.me.addr {
+                continue;
+            }
+            if let Ok(Some(st)) = self.stat_peer(a, epoch, oid).await {
+                if st.version >= want && !st.lost {
+                    held.push((a, st));
+                }
+            }
+        }
+        held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
+        held.into_iter().map(|(a, _)| a).collect()
+    }
+
     /// One request to a peer; Err (the connection dropped) only when no answer came.
     async fn peer_call(
         &self,
@@ -243,21 +268,13 @@ impl Node {
         let epoch = ep.view.epoch;
         let copies = self.config().map(|c| c.copies as usize).unwrap_or(1);
         let hold = self.recovery.hold(oid, ObjState::live(want));
-        let mut held = Vec::new();
-        for n in ep.ring.replicas(oid, copies) {
-            if n.id == self.me.id {
-                continue;
-            }
-            if let Ok(Some(st)) = self.stat_peer(n.addr, epoch, oid).await {
-                held.push((n.addr, st));
-            }
-        }
-        held.sort_by_key(|(_, st)| std::cmp::Reverse((st.version, !st.suspect)));
-        let sources: Vec<SocketAddr> = held
+        let owners: Vec<SocketAddr> = ep
+            .ring
+            .replicas(oid, copies)
             .iter()
-            .filter(|(_, st)| st.version >= want)
-            .map(|(a, _)| *a)
+            .map(|n| n.addr)
             .collect();
+        let sources = self.holders_from(owners, epoch, oid, want).await;
         self.recovery.release(oid, &hold, sources);
         // Restored only when a copy at least as new as the one lost is installed (either
         // restorer's install clears `lost`).
