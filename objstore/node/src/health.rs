@@ -357,6 +357,15 @@ impl ObjectBackend for HealthStore {
         let r = self.inner.write_now(oid, offset, data, sums, version)?;
         Some(self.saw(oid, "write", r))
     }
+    fn create_now(
+        &self,
+        oid: ObjectId,
+        parts: &[Part<'_>],
+        version: Version,
+    ) -> Option<Result<(), StoreError>> {
+        let r = self.inner.create_now(oid, parts, version)?;
+        Some(self.saw(oid, "write", r))
+    }
     fn put_if_newer(
         &self,
         oid: ObjectId,

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use super::replicate::{Change, FORWARD_TIMEOUT};
+use super::replicate::{Change, FORWARD_TIMEOUT, INLINE_WRITE};
 use super::server::{blocking, not_recovered, Failure, INLINE_READ};
 use super::{Epoch, Node};
 use crate::store::{sums, Version};
@@ -421,9 +421,24 @@ impl Node {
         new: Version,
         object_size: u64,
     ) -> Result<(), Failure> {
+        let (first, end) = touched(offset, data.len() as u64);
+        if let Some(s) = source.filter(|_| data.len() <= INLINE_WRITE) {
+            // A new target's few blocks: a new file in the page cache, on this task when its
+            // lock is free (a hop to the blocking pool costs about what the creation does).
+            let mut rec = CowRecord::new(s, object_size);
+            rec.set(first, end);
+            let record = rec.encode_block();
+            let record_sums = sums::sums_of(&record);
+            let parts = [
+                (offset, &data[..], sums.as_deref()),
+                (object_size, &record[..], Some(&record_sums[..])),
+            ];
+            if let Some(r) = self.store.create_now(oid, &parts, new) {
+                return r.map_err(Failure::from);
+            }
+        }
         let store = self.store.clone();
         let res = blocking(self, move || {
-            let (first, end) = touched(offset, data.len() as u64);
             let mut rec = match source {
                 // A new object: data and record land in one file, created unsynced and
                 // dropped whole by a crash before the next flush.

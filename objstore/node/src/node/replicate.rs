@@ -37,7 +37,7 @@ pub(super) const LOCK_SHARDS: usize = 1024;
 /// the silent node), not an error.
 /// Writes up to this size go into the store on the request's task when it can take them at
 /// once (an in-place write into the page cache costs less than a hop to the blocking pool).
-const INLINE_WRITE: usize = 64 << 10;
+pub(super) const INLINE_WRITE: usize = 64 << 10;
 pub(super) const FORWARD_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long a listing waits for changes of older epochs to finish.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
@@ -503,7 +503,9 @@ impl Node {
 
     /// A write into the local store (with the primary's block sums when it has them): a small
     /// one at once on this task when the store can do it without waiting
-    /// ([`crate::store::ObjectBackend::write_now`]), else on the blocking pool.
+    /// ([`crate::store::ObjectBackend::write_now`] in place,
+    /// [`crate::store::ObjectBackend::create_now`] creating a data object), else on the
+    /// blocking pool.
     async fn write_store(
         &self,
         oid: ObjectId,
@@ -513,10 +515,16 @@ impl Node {
         new: Version,
     ) -> Result<(), Failure> {
         if data.len() <= INLINE_WRITE {
-            if let Some(r) = self
+            // Into the object in place, or creating it (a data object, through the page
+            // cache), when its lock is free.
+            let now = self
                 .store
                 .write_now(oid, offset, &data, sums.as_deref(), new)
-            {
+                .or_else(|| {
+                    self.store
+                        .create_now(oid, &[(offset, &data[..], sums.as_deref())], new)
+                });
+            if let Some(r) = now {
                 return r.map_err(Failure::from);
             }
         }

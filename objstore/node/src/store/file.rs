@@ -489,8 +489,8 @@ impl ObjectBackend for FileStore {
         }
     }
 
-    /// Only into an existing object (creating one makes a new file: left to the blocking
-    /// pool) whose lock is free: an in-place `pwrite` into the page cache.
+    /// Only into an existing object (creating one is [`ObjectBackend::create_now`]'s) whose
+    /// lock is free: an in-place `pwrite` into the page cache.
     fn write_now(
         &self,
         oid: ObjectId,
@@ -504,6 +504,24 @@ impl ObjectBackend for FileStore {
             return None;
         }
         Some(self.write_locked(oid, offset, data, sums, version))
+    }
+
+    /// Only where nothing of `oid` is here and its creation needs no sync (a data object):
+    /// a new file written through the page cache, as [`FileStore::create`].
+    fn create_now(
+        &self,
+        oid: ObjectId,
+        parts: &[Part<'_>],
+        version: Version,
+    ) -> Option<Result<(), StoreError>> {
+        let _g = self.lock(oid).try_write().ok()?;
+        if self.entry(oid).is_some() || !super::creates_unsynced(oid) {
+            return None;
+        }
+        if self.bad.lock().unwrap().get(&oid) == Some(&None) {
+            return Some(Err(StoreError::Lost(oid)));
+        }
+        Some(self.create(oid, parts, version))
     }
 
     fn put_if_newer(

@@ -241,6 +241,18 @@ pub trait ObjectBackend: Send + Sync + 'static {
     ) -> Option<Result<(), StoreError>> {
         None
     }
+    /// [`ObjectBackend::write_parts`] of an object this store holds nothing of, if it can be
+    /// done at once (the object's lock free, a creation that needs no sync): None when it
+    /// cannot, and nothing was done. The node calls it for the few blocks of a new partial
+    /// copy-on-write target on its async tasks; the default never can.
+    fn create_now(
+        &self,
+        _oid: ObjectId,
+        _parts: &[Part<'_>],
+        _version: Version,
+    ) -> Option<Result<(), StoreError>> {
+        None
+    }
     /// Replaces the whole object with `data` at `state` (a tombstone if `state.deleted`; then
     /// `data` is ignored) unless the copy here is at least that new and not suspect
     /// ([`ObjState::replaced_by`]). The copy installed is not suspect. Returns whether it

@@ -84,6 +84,42 @@ fn write_now_only_writes_what_needs_no_waiting() {
     assert_eq!(s.meta(oid).unwrap().version, v(2));
 }
 
+/// `create_now` creates a data object this store holds nothing of (unsynced, as a write
+/// creating it would), and declines (doing nothing) anything else: an object or tombstone
+/// here, an inode (created synced), an object whose lock is taken.
+#[test]
+fn create_now_only_creates_what_needs_no_waiting() {
+    let d = tempfile::tempdir().unwrap();
+    let oid = ObjectId::data(Vid(1), ObjIndex(6));
+    let s = FileStore::open(d.path()).unwrap();
+    {
+        let _flushing = s.lock(oid).read().unwrap();
+        assert!(s.create_now(oid, &[(0, b"a", None)], v(1)).is_none());
+    }
+    assert!(s.meta(oid).is_none());
+    let parts: [Part<'_>; 2] = [(4096, b"bb", None), (8190, b"cc", None)];
+    s.create_now(oid, &parts, v(1)).unwrap().unwrap();
+    assert_eq!(s.meta(oid), Some(ObjState::live(v(1))));
+    assert_eq!(s.read(oid, 4095, 4).unwrap(), b"\0bb\0");
+    assert_eq!(s.read(oid, 8190, 2).unwrap(), b"cc");
+    assert_eq!(s.object_len(oid), Some(8192));
+    assert!(
+        !s.is_durable(oid),
+        "created unsynced, durable at the next flush"
+    );
+    assert!(s.create_now(oid, &[(0, b"x", None)], v(2)).is_none());
+    s.flush().unwrap();
+    assert!(s.is_durable(oid));
+    assert!(s.put_if_newer(oid, &[], ObjState::tombstone(v(3))).unwrap());
+    assert!(s.create_now(oid, &[(0, b"x", None)], v(4)).is_none());
+    let inode = ObjectId::inode(Vid(1));
+    assert!(s.create_now(inode, &[(0, b"x", None)], v(1)).is_none());
+    assert!(s.meta(inode).is_none());
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(s.meta(oid), Some(ObjState::tombstone(v(3))));
+}
+
 /// A copy whose fdatasync failed is unreadable; kept with `accept_lost` (no replica holds
 /// its data), it is suspect at the version last synced, readable, and stays suspect after a
 /// reopen.
