@@ -201,7 +201,9 @@ impl Health {
         }
     }
 
-    fn known_lost(&self, oid: ObjectId) -> bool {
+    /// A read found the copy of `oid` unreadable, and it was neither restored nor replaced
+    /// (installed whole, or forgotten) since.
+    pub(crate) fn known_lost(&self, oid: ObjectId) -> bool {
         self.state.lock().unwrap().lost.contains(&oid)
     }
 

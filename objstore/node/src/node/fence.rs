@@ -38,6 +38,14 @@ pub(super) async fn restore_unreadable(node: Arc<Node>) {
         if node.health.is_fenced() {
             continue;
         }
+        if !node.health.known_lost(oid) {
+            // Replaced since the read failed (a check restored it while this task restored
+            // others): restoring it again would mark a good copy lost until pulled again.
+            tracing::info!(
+                "object {oid}: the copy a read found unreadable was replaced since; nothing to restore"
+            );
+            continue;
+        }
         tracing::warn!(
             "object {oid}: a read of its copy here failed; restoring it from another replica"
         );
