@@ -28,7 +28,7 @@ use objstore_client::transport::handshake::read_small_frame;
 use objstore_client::transport::{Reader, Writer};
 use objstore_proto::auth::{KeyFile, Nonce, Role, KEY_LEN};
 use objstore_proto::frame::{write_frame, Frame, Header, Opcode, ResultCode, HEADER_LEN};
-use objstore_proto::oid::MAX_INODE_LEN;
+use objstore_proto::oid::ObjectId;
 
 use super::Node;
 
@@ -221,11 +221,15 @@ pub(super) fn cost(node: &Node, frame: &Frame) -> usize {
         Opcode::CowWrite => 2 * objstore_proto::cowrec::BLOCK as usize,
         // The target read whole.
         Opcode::FlattenObj => node.config().map(|c| c.object_size as usize).unwrap_or(0),
+        // The copy here read whole: its length now (a write may grow it a little before it
+        // is read). Charging the largest object instead (an inode's 64 MiB, the whole
+        // budget) admitted a pull only when nothing else was in flight on the connection, so
+        // a pull waited behind a forwarded write waiting for this node's own pull the other
+        // way: two nodes recovering from each other stalled until the peer timeout.
         Opcode::PeerRead => node
-            .config()
-            .map(|c| c.object_size as usize)
-            .unwrap_or(0)
-            .max(MAX_INODE_LEN as usize),
+            .store
+            .object_len(ObjectId(frame.header.oid))
+            .unwrap_or(0) as usize,
         _ => 0,
     };
     frame.payload.len() + answer
