@@ -507,7 +507,7 @@ impl ObjectBackend for FileStore {
     }
 
     /// Only where nothing of `oid` is here and its creation needs no sync (a data object):
-    /// a new file written through the page cache, as [`FileStore::create`].
+    /// a new file written through the page cache, as a write creating it makes one.
     fn create_now(
         &self,
         oid: ObjectId,
