@@ -95,50 +95,7 @@ impl FileStore {
             let _ = fs::remove_file(e?.path());
         }
         layout::open_format(dir, &tmp)?;
-        let mut index: HashMap<ObjectId, Entry> = HashMap::new();
-        for e in fs::read_dir(dir)? {
-            let e = e?;
-            let name = e.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name == ".tmp" || name == layout::FORMAT_FILE {
-                continue;
-            }
-            if name.ends_with(&format!(".0.{CREATED}")) {
-                // Created and never synced before the store stopped: it was never durable,
-                // and nothing older hides under it. Dropped, as a crash may have.
-                let _ = fs::remove_file(e.path());
-                continue;
-            }
-            let Some((oid, state)) = parse_name(name) else {
-                tracing::warn!("ignoring unexpected file {:?} in object store", e.path());
-                continue;
-            };
-            // A crash between installing a new copy and unlinking the old leaves two names:
-            // the newer wins (a tombstone over data of the same version).
-            let entry = Entry {
-                state,
-                disk: state.version,
-                marked: state.suspect,
-                len: None,
-            };
-            match index.get(&oid) {
-                Some(m) if (m.state.version, m.state.deleted) >= (state.version, state.deleted) => {
-                    let _ = fs::remove_file(e.path());
-                }
-                Some(m) => {
-                    let _ = fs::remove_file(dir.join(file_name(
-                        oid,
-                        m.disk,
-                        m.state.deleted,
-                        m.marked,
-                    )));
-                    index.insert(oid, entry);
-                }
-                None => {
-                    index.insert(oid, entry);
-                }
-            }
-        }
+        let index = names::read_index(dir)?;
         Ok(FileStore {
             dir: dir.to_path_buf(),
             tmp,
@@ -706,7 +663,7 @@ impl ObjectBackend for FileStore {
 mod layout;
 mod names;
 use layout::DeleteOnDrop;
-use names::{file_name, fsync_dir, parse_name, CREATED};
+use names::{file_name, fsync_dir, parse_name};
 
 #[cfg(test)]
 mod checks;
