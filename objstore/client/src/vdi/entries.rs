@@ -103,11 +103,13 @@ impl EntryLog {
         });
     }
 
-    /// Writes every entry queued so far.
+    /// Returns once every entry pushed so far is in the inode: those still queued, and those
+    /// a batch in flight took from the queue (an empty queue is not enough: the batch may
+    /// still be on its way, or fail and come back).
     pub(super) async fn drain(&self) -> Result<(), ClientError> {
         let last = {
             let q = self.queue.lock().unwrap();
-            if q.wanted.is_empty() {
+            if q.written_below >= q.next {
                 return Ok(());
             }
             q.next - 1
