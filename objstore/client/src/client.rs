@@ -454,16 +454,7 @@ impl Client {
     /// Makes every write acknowledged before this call durable on every node: first writes
     /// what this client holds back (a VDI handle's map entries), then flushes every node.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        let pending: Vec<Arc<dyn BeforeFlush>> = self
-            .before_flush
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|w| w.upgrade())
-            .collect();
-        for p in pending {
-            p.write_pending().await?;
-        }
+        self.write_held().await?;
         self.retry(|v| async move {
             let h = Header::request(Opcode::Flush, 0, v.epoch());
             let results = futures::future::join_all(
@@ -485,6 +476,24 @@ impl Client {
             Step::Done(())
         })
         .await
+    }
+
+    /// Writes what every handle of this client holds back (VDI handles' map entries, those
+    /// queued and those a batch has on their way), without flushing the nodes: once it
+    /// returns, every change acknowledged through this client before the call is in the
+    /// objects it belongs to.
+    pub(crate) async fn write_held(&self) -> Result<(), ClientError> {
+        let pending: Vec<Arc<dyn BeforeFlush>> = self
+            .before_flush
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        for p in pending {
+            p.write_pending().await?;
+        }
+        Ok(())
     }
 
     /// What node `addr` holds of `oid` (its version, or a tombstone), or None if nothing.

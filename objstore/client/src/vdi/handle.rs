@@ -22,10 +22,12 @@ pub struct Vdi {
     header: RwLock<InodeHeader>,
     pub(super) map: RwLock<Vec<Vid>>,
     /// Held shared by every change of the inode made through this handle (an object mapped
-    /// or unmapped, the size grown) from its write to the cluster until the copy here has it
-    /// too, and exclusively by [`Vdi::refresh`]: a refresh that read the inode before such a
-    /// change landed would otherwise put the older inode back over it (a freshly allocated
-    /// object would then read as a hole, zeros).
+    /// or unmapped: while the map here takes it and its entry is queued; the size grown: from
+    /// its write to the cluster until the header here has it), and exclusively by
+    /// [`Vdi::refresh`], which then writes every queued entry and waits for those on their way
+    /// before it reads the inode: a refresh that read the inode before such a change landed
+    /// would otherwise put the older inode back over it (a freshly allocated object would then
+    /// read as a hole, zeros: issue 41).
     changes: tokio::sync::RwLock<()>,
     /// Set on a handle whose writes are made under the VDI's attachment lock (a cache that
     /// attached it keeps itself coherent with them).
@@ -142,8 +144,12 @@ impl Vdi {
         let name = self.full_name();
         let vid = self.header.read().unwrap().vid;
         let _no_changes = self.changes.write().await;
-        // Entries still on their way are written first: the inode read then has them.
-        self.entries.drain().await?;
+        // Entries recorded before are written first (queued or in a batch on its way), this
+        // handle's and those of every other handle of the client (a plain handle that a
+        // cached one takes over): the inode read then has them. Read without them, the map
+        // would lose objects that acknowledged first writes made, and they would read as
+        // holes (issue 41).
+        self.client.write_held().await?;
         if lookup(&self.client, &name).await? != vid {
             return Err(VdiError::NotFound(name));
         }
