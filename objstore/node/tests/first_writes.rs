@@ -75,6 +75,9 @@ struct Shape {
     slice: u64,
     /// Extents each writer writes in its slice.
     extents: u64,
+    /// The VDI is written whole and snapshotted first: the writes are then first writes
+    /// into objects shared with the snapshot (copy-on-writes), not into new objects.
+    cow: bool,
 }
 
 /// One round on a fresh VDI; the first wrong read, if any.
@@ -86,6 +89,20 @@ async fn round(client: Arc<Client>, round: u64, shape: &Shape, seed: u64) -> Res
     vdi::create(&client, &name, size)
         .await
         .map_err(|e| e.to_string())?;
+    if shape.cow {
+        let base = Vdi::open(client.clone(), &name)
+            .await
+            .map_err(|e| e.to_string())?;
+        for off in (0..size).step_by(MIB as usize) {
+            base.write_at(off, pattern(!round, off, MIB))
+                .await
+                .map_err(|e| format!("base write {off}: {e}"))?;
+        }
+        base.flush().await.map_err(|e| e.to_string())?;
+        vdi::snapshot(&client, &name, Some("base"), None)
+            .await
+            .map_err(|e| format!("snapshot: {e}"))?;
+    }
     let v = Arc::new(
         Vdi::open(client.clone(), &name)
             .await
@@ -188,7 +205,13 @@ async fn round(client: Arc<Client>, round: u64, shape: &Shape, seed: u64) -> Res
     drop((v, fresh));
     vdi::delete(&client, &name)
         .await
-        .map_err(|e| format!("delete: {e}"))
+        .map_err(|e| format!("delete: {e}"))?;
+    if shape.cow {
+        vdi::delete_snapshot(&client, &format!("{name}@base"))
+            .await
+            .map_err(|e| format!("delete the snapshot: {e}"))?;
+    }
+    Ok(())
 }
 
 /// `FIRST_WRITES_ROUNDS`, default 60 (before the fix, 25 of 100 rounds failed).
@@ -238,6 +261,27 @@ fn acknowledged_first_writes_read_back_under_refreshes() {
             depth: 8,
             slice: MIB,
             extents: 8,
+            cow: false,
+        },
+        Some(Delay {
+            min: Duration::from_micros(20),
+            max: Duration::from_micros(300),
+        }),
+    );
+}
+
+/// The same with every write a first write into an object shared with a snapshot: a
+/// copy-on-write, recorded in the map as a first write into a new object is.
+#[test]
+fn acknowledged_copy_on_writes_read_back_under_refreshes() {
+    run_rounds(
+        rounds() / 4,
+        Shape {
+            writers: 8,
+            depth: 8,
+            slice: MIB,
+            extents: 8,
+            cow: true,
         },
         Some(Delay {
             min: Duration::from_micros(20),
