@@ -222,7 +222,8 @@ fn rounds() -> u64 {
         .unwrap_or(60)
 }
 
-fn run_rounds(rounds: u64, shape: Shape, delay: Option<Delay>) {
+/// 3 nodes, 3 copies of 1 MiB objects, a network with `delay`, and a client on a runtime.
+fn cluster(delay: Option<Delay>) -> (MemCluster, tokio::runtime::Runtime, Arc<Client>) {
     let c = MemCluster::start(3).expect("start");
     c.net.set_delay(delay);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -232,6 +233,19 @@ fn run_rounds(rounds: u64, shape: Shape, delay: Option<Delay>) {
         .unwrap();
     let client = Arc::new(rt.block_on(c.client(ClientOptions::default())).unwrap());
     rt.block_on(client.format(3, None, MIB)).unwrap();
+    (c, rt, client)
+}
+
+/// A little latency on every message (20 to 300 us), so that writes overlap.
+fn latency() -> Option<Delay> {
+    Some(Delay {
+        min: Duration::from_micros(20),
+        max: Duration::from_micros(300),
+    })
+}
+
+fn run_rounds(rounds: u64, shape: Shape, delay: Option<Delay>) {
+    let (_c, rt, client) = cluster(delay);
     let base: u64 = std::env::var("FIRST_WRITES_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -263,10 +277,7 @@ fn acknowledged_first_writes_read_back_under_refreshes() {
             extents: 8,
             cow: false,
         },
-        Some(Delay {
-            min: Duration::from_micros(20),
-            max: Duration::from_micros(300),
-        }),
+        latency(),
     );
 }
 
@@ -283,10 +294,7 @@ fn acknowledged_copy_on_writes_read_back_under_refreshes() {
             extents: 8,
             cow: true,
         },
-        Some(Delay {
-            min: Duration::from_micros(20),
-            max: Duration::from_micros(300),
-        }),
+        latency(),
     );
 }
 
@@ -296,18 +304,7 @@ fn acknowledged_copy_on_writes_read_back_under_refreshes() {
 /// be on their way from the first handle's log.
 #[test]
 fn a_handle_refreshed_after_another_one_wrote_reads_its_first_writes() {
-    let c = MemCluster::start(3).expect("start");
-    c.net.set_delay(Some(Delay {
-        min: Duration::from_micros(20),
-        max: Duration::from_micros(300),
-    }));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = Arc::new(rt.block_on(c.client(ClientOptions::default())).unwrap());
-    rt.block_on(client.format(3, None, MIB)).unwrap();
+    let (_c, rt, client) = cluster(latency());
     let mut failed = Vec::new();
     for r in 0..rounds() / 2 {
         let name = format!("two{r}");
