@@ -43,6 +43,12 @@ pub struct Vdi {
     allocating: Vec<tokio::sync::Mutex<()>>,
     /// Map entries on their way to the inode (see [`super::entries`]).
     entries: Arc<EntryLog>,
+    /// Indexes where the nodes may hold an object of this VDI that the map here does not
+    /// name: a first write or copy-on-write into it failed (an owner may have taken it), or
+    /// a discard of it failed after it was unmapped here. A discard of such an index removes
+    /// that object all the same: left there, the next first write would write into it and
+    /// bring its older blocks back over the acknowledged discard.
+    doubtful: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Mapped objects found on no node, each logged once (see [`Vdi::read_mapped`]).
     missing: std::sync::Mutex<std::collections::HashSet<ObjectId>>,
     /// Ancestors' inodes read for [`Vdi::fallback`] (never written again): vid → (its
@@ -77,6 +83,7 @@ impl Vdi {
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
             entries,
+            doubtful: std::sync::Mutex::default(),
             missing: std::sync::Mutex::default(),
             ancestors: RwLock::default(),
             reading_ancestor: tokio::sync::Mutex::new(()),
@@ -300,16 +307,27 @@ impl Vdi {
                 return Box::pin(self.write_piece(idx, off, piece)).await;
             }
             Vid::NONE => {
-                self.client.write_obj(own, off, piece).await?;
+                let written = self.client.write_obj(own, off, piece).await;
+                self.doubt_unless(idx, &written);
+                written?;
                 self.record(idx, vid).await?;
             }
             ancestor => {
                 let source = ObjectId::data(ancestor, ObjIndex(idx as u32));
-                self.copy_on_write(own, source, off, piece).await?;
+                let copied = self.copy_on_write(own, source, off, piece).await;
+                self.doubt_unless(idx, &copied);
+                copied?;
                 self.record(idx, vid).await?;
             }
         }
         Ok(())
+    }
+
+    /// Notes index `idx` as doubtful (see [`Vdi::doubtful`]) when `res` failed.
+    fn doubt_unless<T, E>(&self, idx: u64, res: &Result<T, E>) {
+        if res.is_err() {
+            self.doubtful.lock().unwrap().insert(idx);
+        }
     }
 
     /// A `CowWrite` of `piece` into `own` from `source`; a source on no node (an ancestor's
@@ -454,17 +472,40 @@ impl Vdi {
             .pieces(offset, len)
             .into_iter()
             .map(|(idx, off, n, _)| async move {
-                let Some(oid) = self.object(idx) else {
-                    return Ok(()); // already a hole
-                };
+                let own = ObjectId::data(vid, ObjIndex(idx as u32));
+                let doubtful = self.doubtful.lock().unwrap().contains(&idx);
                 let object_end = os.min(size - idx * os);
-                if off == 0 && n >= object_end {
-                    // Unmap first: a crash in between leaves an orphan object, never a map entry
-                    // pointing at nothing. An ancestor's object stays: others read it.
-                    self.record_now(idx, Vid::NONE).await?;
-                    if oid.vid() == vid {
-                        self.client.remove_obj(oid).await?;
+                let whole = off == 0 && n >= object_end;
+                let Some(oid) = self.object(idx) else {
+                    // A hole here; an object a failed change left on the nodes goes too.
+                    if whole && doubtful {
+                        let removed = self.client.remove_obj(own).await;
+                        if removed.is_ok() {
+                            self.doubtful.lock().unwrap().remove(&idx);
+                        }
+                        removed?;
                     }
+                    return Ok(());
+                };
+                if whole {
+                    // Unmap first: a crash in between leaves an orphan object, never a map entry
+                    // pointing at nothing. An ancestor's object stays: others read it (but
+                    // this VDI's own, which a failed copy-on-write may have left, goes).
+                    // Doubtful from the unmap here until the object is gone: a discard of the
+                    // index meanwhile finds a hole, and must remove the object itself.
+                    self.doubtful.lock().unwrap().insert(idx);
+                    let unmapped = async {
+                        self.record_now(idx, Vid::NONE).await?;
+                        if oid.vid() == vid || doubtful {
+                            self.client.remove_obj(own).await?;
+                        }
+                        Ok::<_, VdiError>(())
+                    }
+                    .await;
+                    if unmapped.is_ok() {
+                        self.doubtful.lock().unwrap().remove(&idx);
+                    }
+                    unmapped?;
                 } else {
                     // Zeros written like any write: a shared object gets its own copy first.
                     self.write_piece(idx, off, Bytes::from(vec![0u8; n as usize]))
