@@ -196,7 +196,11 @@ pub struct Client {
 /// Changes a client holds back and writes before each flush: a VDI handle's map entries
 /// (`vdi::entries`).
 pub(crate) trait BeforeFlush: Send + Sync {
-    fn write_pending(&self) -> futures::future::BoxFuture<'_, Result<(), ClientError>>;
+    /// Writes every change held that no flush has made durable yet; returns a mark for
+    /// [`BeforeFlush::flushed`].
+    fn write_pending(&self) -> futures::future::BoxFuture<'_, Result<u64, ClientError>>;
+    /// Every node was flushed after [`BeforeFlush::write_pending`] returned `mark`.
+    fn flushed(&self, mark: u64);
 }
 
 impl Client {
@@ -454,7 +458,7 @@ impl Client {
     /// Makes every write acknowledged before this call durable on every node: first writes
     /// what this client holds back (a VDI handle's map entries), then flushes every node.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        self.write_held().await?;
+        let held = self.write_held().await?;
         self.retry(|v| async move {
             let h = Header::request(Opcode::Flush, 0, v.epoch());
             let results = futures::future::join_all(
@@ -475,14 +479,19 @@ impl Client {
             }
             Step::Done(())
         })
-        .await
+        .await?;
+        for (p, mark) in held {
+            p.flushed(mark);
+        }
+        Ok(())
     }
 
-    /// Writes what every handle of this client holds back (VDI handles' map entries, those
-    /// queued and those a batch has on their way), without flushing the nodes: once it
-    /// returns, every change acknowledged through this client before the call is in the
-    /// objects it belongs to.
-    pub(crate) async fn write_held(&self) -> Result<(), ClientError> {
+    /// Writes what every handle of this client holds back (VDI handles' map entries: those
+    /// queued, those a batch has on their way, and those written since the last flush),
+    /// without flushing the nodes: once it returns, every change acknowledged through this
+    /// client before the call is in the objects it belongs to. Returns each holder with its
+    /// mark, for [`BeforeFlush::flushed`] once the nodes are flushed.
+    pub(crate) async fn write_held(&self) -> Result<Vec<(Arc<dyn BeforeFlush>, u64)>, ClientError> {
         let pending: Vec<Arc<dyn BeforeFlush>> = self
             .before_flush
             .lock()
@@ -490,10 +499,12 @@ impl Client {
             .iter()
             .filter_map(|w| w.upgrade())
             .collect();
+        let mut held = Vec::with_capacity(pending.len());
         for p in pending {
-            p.write_pending().await?;
+            let mark = p.write_pending().await?;
+            held.push((p, mark));
         }
-        Ok(())
+        Ok(held)
     }
 
     /// What node `addr` holds of `oid` (its version, or a tombstone), or None if nothing.

@@ -4,7 +4,10 @@
 //! # What a read may return
 //! A write `W` (a block write or a remove, acknowledged or failed) or the initial zeros may be
 //! returned by a read `R` (invoked at `t0`, returned at `t1`) exactly when
-//! 1. `W` was invoked before `t1` (it had begun), and
+//! 1. `W` was invoked before `t1` (it had begun), or at `t1`: the simulated clock stands still
+//!    between timers, so two events at one instant are in no known order (a VDI client's read
+//!    of a hole in its map returns at the instant it began, as a discard that made the hole
+//!    began), and
 //! 2. `W` is not *superseded*: there is no acknowledged write `W2` to the same block, invoked
 //!    after `W` returned and acknowledged before `t0`, that is *safe* until `t1`.
 //!
@@ -14,6 +17,9 @@
 //! crash during the read that lost `W2`.)
 //! Removes count as writes here too: like a discard on a disk, a remove is durable only once a
 //! flush covered it (the stores happen to make it durable at once; the contract does not).
+//! For a VDI client's write or discard ([`crate::workload::vdi`]) only a flush by that client
+//! counts: its map entry is held in that client until one (any flush makes every node sync
+//! the objects, so a flush by anyone covers the object clients' writes).
 //! So:
 //! - an acknowledged write hides everything that returned before it began, until a crash
 //!   while it was not yet covered by a flush (then older values may come back, and the
@@ -105,6 +111,8 @@ struct Entry {
     copy: Option<usize>,
     /// Made by a COW (its block, or a copy).
     cow: bool,
+    /// Made durable only by flushes of this client (a VDI client's write); None: by any.
+    flushed_by: Option<usize>,
 }
 
 /// The registers built from a history, to judge reads against.
@@ -112,36 +120,43 @@ pub struct Model {
     /// (object, block) -> writes to it, in invocation order.
     regs: BTreeMap<(usize, usize), Vec<Entry>>,
     crashes: Vec<Micros>,
-    /// Acknowledged flushes (invoke, end).
-    flushes: Vec<(Micros, Micros)>,
+    /// Acknowledged flushes (invoke, end, client).
+    flushes: Vec<(Micros, Micros, usize)>,
 }
 
 impl Model {
     /// The registers of every block of `objects` objects and of their COW targets
     /// ([`crate::workload::all_objects`]).
     pub fn new(h: &History, objects: usize, blocks: usize) -> Model {
-        let mut regs = BTreeMap::new();
-        for o in crate::workload::all_objects(objects) {
-            for b in 0..blocks {
-                regs.insert(
-                    (o, b),
-                    vec![Entry {
-                        id: 0,
-                        zero: true,
-                        acked: true,
-                        invoke: 0,
-                        end: 0,
-                        remove: false,
-                        copy: None,
-                        cow: false,
-                    }],
-                );
-            }
-        }
+        let regs = crate::workload::all_objects(objects)
+            .into_iter()
+            .flat_map(|o| (0..blocks).map(move |b| (o, b)));
+        Model::with_registers(h, regs)
+    }
+
+    /// The registers given, as (object, block): a run's are [`crate::workload::registers`].
+    /// Writes and reads of other blocks are not judged.
+    pub fn with_registers(
+        h: &History,
+        registers: impl IntoIterator<Item = (usize, usize)>,
+    ) -> Model {
+        let initial = Entry {
+            id: 0,
+            zero: true,
+            acked: true,
+            invoke: 0,
+            end: 0,
+            remove: false,
+            copy: None,
+            cow: false,
+            flushed_by: None,
+        };
+        let mut regs: BTreeMap<(usize, usize), Vec<Entry>> =
+            registers.into_iter().map(|r| (r, vec![initial])).collect();
         let mut flushes = Vec::new();
         for op in &h.ops {
             let acked = op.outcome == Outcome::Ok;
-            let entry = |id, zero, remove| Entry {
+            let entry = |obj: usize, id, zero, remove| Entry {
                 id,
                 zero,
                 acked,
@@ -150,18 +165,17 @@ impl Model {
                 remove,
                 copy: None,
                 cow: false,
+                flushed_by: crate::workload::vdi::of(obj).map(|_| op.client),
             };
             match op.kind {
                 OpKind::Write { obj, block, id } => {
                     if let Some(r) = regs.get_mut(&(obj, block)) {
-                        r.push(entry(id, false, false));
+                        r.push(entry(obj, id, false, false));
                     }
                 }
                 OpKind::Remove { obj, id } => {
-                    for b in 0..blocks {
-                        if let Some(r) = regs.get_mut(&(obj, b)) {
-                            r.push(entry(id, true, true));
-                        }
+                    for (_, r) in regs.range_mut((obj, 0)..(obj + 1, 0)) {
+                        r.push(entry(obj, id, true, true));
                     }
                 }
                 OpKind::Cow {
@@ -170,18 +184,16 @@ impl Model {
                     block,
                     id,
                 } => {
-                    for b in 0..blocks {
-                        if let Some(r) = regs.get_mut(&(obj, b)) {
-                            let mut e = entry(id, false, false);
-                            e.cow = true;
-                            if b != block {
-                                e.copy = Some(source);
-                            }
-                            r.push(e);
+                    for (&(_, b), r) in regs.range_mut((obj, 0)..(obj + 1, 0)) {
+                        let mut e = entry(obj, id, false, false);
+                        e.cow = true;
+                        if b != block {
+                            e.copy = Some(source);
                         }
+                        r.push(e);
                     }
                 }
-                OpKind::Flush if acked => flushes.push((op.invoke, op.end)),
+                OpKind::Flush if acked => flushes.push((op.invoke, op.end, op.client)),
                 _ => {}
             }
         }
@@ -192,13 +204,14 @@ impl Model {
         }
     }
 
-    /// Whether acknowledged `w2` is safe until `t1` (see the module documentation).
+    /// Whether acknowledged `w2` is safe until `t1` (see the module documentation): no crash
+    /// from its invocation until `t1` or the end of the first flush that covers it.
     fn safe(&self, w2: &Entry, t1: Micros) -> bool {
         let flushed = self
             .flushes
             .iter()
-            .filter(|(inv, _)| *inv >= w2.end)
-            .map(|(_, end)| *end)
+            .filter(|(inv, _, by)| *inv >= w2.end && w2.flushed_by.is_none_or(|c| c == *by))
+            .map(|(_, end, _)| *end)
             .min()
             .unwrap_or(Micros::MAX);
         let horizon = flushed.min(t1);
@@ -281,7 +294,7 @@ impl Model {
                 c
             }
         };
-        let begun: Vec<&Entry> = candidates.into_iter().filter(|w| w.invoke < t1).collect();
+        let begun: Vec<&Entry> = candidates.into_iter().filter(|w| w.invoke <= t1).collect();
         if begun.is_empty() {
             return Some(Violation {
                 kind: Kind::Foreign,
@@ -574,5 +587,48 @@ mod tests {
             Some(Kind::Resurrected)
         );
         assert_eq!(kind(&m, BlockValue::Zero, 70, 71), None);
+    }
+
+    #[test]
+    fn a_vdi_write_is_durable_only_by_a_flush_of_its_client() {
+        let obj = crate::workload::vdi::register_obj(0, 1);
+        let vdi_op = |client, kind, invoke, end| Op {
+            client,
+            kind,
+            invoke,
+            end,
+            outcome: Outcome::Ok,
+        };
+        let w = |id, invoke, end| vdi_op(3, OpKind::Write { obj, block: 0, id }, invoke, end);
+        let h = History {
+            ops: vec![
+                w(1, 10, 20),
+                // Another client's flush: it syncs the nodes, not the map entry client 3 holds.
+                vdi_op(0, OpKind::Flush, 25, 30),
+                w(2, 40, 50),
+                vdi_op(3, OpKind::Flush, 55, 60),
+            ],
+            crashes: vec![35, 65],
+            ..Default::default()
+        };
+        let m = Model::with_registers(&h, [(obj, 0)]);
+        let k = |got, t0, t1| m.check(obj, 0, got, t0, t1).map(|v| v.kind);
+        assert_eq!(k(BlockValue::Zero, 36, 37), None, "write 1 was not flushed");
+        assert_eq!(k(BlockValue::Zero, 70, 71), Some(Kind::Lost), "write 2 was");
+        assert_eq!(k(BlockValue::Write(1), 70, 71), Some(Kind::Reverted));
+        // A read of a hole returns at the instant it began, as the discard that made it.
+        let h2 = History {
+            ops: vec![
+                w(1, 10, 20),
+                vdi_op(3, OpKind::Remove { obj, id: 2 }, 30, 40),
+            ],
+            ..Default::default()
+        };
+        let m2 = Model::with_registers(&h2, [(obj, 0)]);
+        assert_eq!(m2.check(obj, 0, BlockValue::Zero, 30, 30), None);
+        assert_eq!(
+            m2.check(obj, 0, BlockValue::Zero, 29, 29).map(|v| v.kind),
+            Some(Kind::Lost)
+        );
     }
 }

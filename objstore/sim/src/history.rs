@@ -68,6 +68,9 @@ pub enum OpKind {
         values: Vec<BlockValue>,
     },
     Flush,
+    /// A VDI client opened its VDI again and refreshed its handle (see
+    /// [`crate::workload::vdi`]): in the trace, nothing for the checker.
+    Refresh,
 }
 
 /// How an operation ended.

@@ -2,12 +2,14 @@
 //!
 //! One seed drives a whole cluster in one current-thread tokio runtime with a paused clock:
 //! nodes running inline ([`objstore_node::NodeParts::inline`]) on `MemStore`s, the
-//! `MemNetwork` with its fault hooks, the in-memory membership driver, several clients, and
-//! a nemesis. Simulated time costs nothing; the same seed gives the same operations, faults and
-//! result ([`Report::trace_hash`]).
+//! `MemNetwork` with its fault hooks, the in-memory membership driver, several clients that
+//! write objects directly, clients that go through a VDI handle ([`workload::vdi`]: its map,
+//! its first writes into new objects, its grouped map entries, many requests in flight, and
+//! refreshes), and a nemesis. Simulated time costs nothing; the same seed gives the same
+//! operations, faults and result ([`Report::trace_hash`]).
 //!
 //! - [`cluster`]: the simulated nodes (start, crash, restart; their copies of an object).
-//! - [`workload`]: the clients' operations.
+//! - [`workload`]: the clients' operations; [`workload::vdi`]: the VDI clients'.
 //! - [`nemesis`]: the faults.
 //! - [`history`]: what happened; [`checker`]: what a read may return.
 //! - [`run()`]: one seed from start to the final checks.
@@ -41,6 +43,8 @@ pub enum SimError {
     Client(#[from] objstore_client::ClientError),
     #[error("the cluster did not form within {0:?} of simulated time")]
     NoCluster(Duration),
+    #[error("setting up a VDI client's VDI failed")]
+    Vdi(#[from] objstore_client::VdiError),
 }
 
 /// The shape of one run.
@@ -60,6 +64,16 @@ pub struct Config {
     pub ops_per_client: usize,
     /// Longest pause of a client between two operations.
     pub think: Duration,
+    /// Clients that go through a VDI handle ([`workload::vdi`]), each on a VDI of its own.
+    pub vdi_clients: usize,
+    /// Requests each VDI client keeps in flight: tasks sharing its one handle.
+    pub vdi_depth: usize,
+    /// Operations of each VDI client, over all its tasks (refreshes not counted).
+    pub vdi_ops: usize,
+    /// Objects of each VDI (of 1 MiB; 2 to [`workload::vdi::MAX_OBJECTS`]). The blocks used
+    /// are those on either side of the boundary between objects 0 and 1 and the first ones of
+    /// every further object ([`workload::vdi::windows`]).
+    pub vdi_objects: usize,
     /// Whether clients write each other's objects (two writers on one object); false: object
     /// `o` is written only by client `o % clients`, as a VDI has one writer.
     pub shared_objects: bool,
@@ -91,6 +105,10 @@ impl Default for Config {
             ops_per_client: 12,
             think: Duration::from_millis(100),
             shared_objects: false,
+            vdi_clients: 1,
+            vdi_depth: 8,
+            vdi_ops: 32,
+            vdi_objects: 3,
             max_down: 2,
             nemesis_pause_ms: 300,
             faults: Faults::ALL,

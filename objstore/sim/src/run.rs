@@ -1,6 +1,8 @@
-//! One seed, start to finish: set up, run clients and nemesis, stop the faults, let recovery
-//! finish, then check every read of the history, read every block once more, and compare the
-//! owners' copies of every object.
+//! One seed, start to finish: set up (the cluster, the VDI clients' VDIs), run clients and
+//! nemesis, stop the faults, let recovery finish, flush each VDI client (as an unmount would),
+//! then check every read of the history, read every block once more (a VDI's through its
+//! client's handle and through a fresh handle of a fresh client), and compare the owners'
+//! copies of every object (a VDI's inode too).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,16 +13,18 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use objstore_client::transport::MemNetwork;
+use objstore_client::vdi::{self, Vdi};
 use objstore_client::{Client, ClientOptions};
+use objstore_proto::keys;
+use objstore_proto::oid::{ObjIndex, ObjectId};
 
 use crate::checker::{Kind, Model, Violation};
 use crate::cluster::SimCluster;
-use crate::history::{decode_block, History, OpKind, Outcome, BLOCK};
+use crate::history::{decode_block, History, Op, OpKind, Outcome, BLOCK};
 use crate::nemesis::{self, BASE_DELAY};
-use crate::workload::{self, Shared};
+use crate::workload::{self, vdi as vdis, Shared, OBJECT_SIZE};
 use crate::{Config, SimError};
 
-const OBJECT_SIZE: usize = 1 << 20;
 /// The whole run, in simulated time; past it the run counts as stuck.
 const RUN_LIMIT: Duration = Duration::from_secs(3600);
 
@@ -155,11 +159,29 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     if !wait_for(Duration::from_secs(30), || cluster.settled()).await {
         return Err(SimError::NoCluster(Duration::from_secs(30)));
     }
+    if cfg.vdi_clients > 0 {
+        assert!(
+            (2..=vdis::MAX_OBJECTS).contains(&cfg.vdi_objects),
+            "vdi_objects must be 2 to {}",
+            vdis::MAX_OBJECTS
+        );
+        // The VDI clients' VDIs, before any fault, with ids clear of the object clients'.
+        admin
+            .kv_cas(keys::NEXT_VID, None, Some(&vdis::FIRST_VID.to_string()))
+            .await?;
+        for c in 0..cfg.vdi_clients {
+            let info = vdi::create(&admin, &vdis::name(c), vdis::size(cfg)).await?;
+            assert_eq!(info.vid, vdis::vid(c), "VDI client {c}'s VDI id");
+        }
+    }
 
     let shared = Arc::new(Shared::new());
-    let client_addrs: Vec<SocketAddr> = (0..cfg.clients).map(client_addr).collect();
+    // The object clients', then the VDI clients' (the nemesis cuts their links too).
+    let client_addrs: Vec<SocketAddr> = (0..cfg.clients + cfg.vdi_clients)
+        .map(client_addr)
+        .collect();
     let mut handles = Vec::new();
-    for (c, &addr) in client_addrs.iter().enumerate() {
+    for (c, &addr) in client_addrs[..cfg.clients].iter().enumerate() {
         let client = Arc::new(
             Client::connect_via(Arc::new(net.endpoint(addr)), &cluster.addrs(), options(cfg))
                 .await?,
@@ -174,6 +196,26 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
         )));
     }
     let nemesis_rng = StdRng::seed_from_u64(master.gen());
+    // Each VDI client's client and handle, kept for the final flush and reads.
+    let mut vdi_handles = Vec::new();
+    for c in 0..cfg.vdi_clients {
+        let addr = client_addrs[vdis::history_client(cfg, c)];
+        let client = Arc::new(
+            Client::connect_via(Arc::new(net.endpoint(addr)), &cluster.addrs(), options(cfg))
+                .await?,
+        );
+        let v = Arc::new(Vdi::open(client.clone(), &vdis::name(c)).await?);
+        let rng = StdRng::seed_from_u64(master.gen());
+        handles.push(tokio::spawn(vdis::run_client(
+            c,
+            client.clone(),
+            v.clone(),
+            rng,
+            *cfg,
+            shared.clone(),
+        )));
+        vdi_handles.push(v);
+    }
     nemesis::run(
         &mut cluster,
         &handles,
@@ -236,13 +278,41 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     // Background repairs run on timers (retries with backoff up to 5 s): give them time.
     tokio::time::sleep(cfg.grace).await;
 
+    // Each VDI client's client is flushed, as closing the device or unmounting would: the
+    // map entries it still holds (a background write of them failed) go to the inode.
+    for (c, v) in vdi_handles.iter().enumerate() {
+        let invoke = shared.now();
+        let r = v.flush().await;
+        let end = shared.now();
+        shared.history.lock().unwrap().ops.push(Op {
+            client: vdis::history_client(cfg, c),
+            kind: OpKind::Flush,
+            invoke,
+            end,
+            outcome: match &r {
+                Ok(()) => Outcome::Ok,
+                Err(e) => Outcome::Failed(e.to_string()),
+            },
+        });
+        if let Err(e) = r {
+            violations.push(Violation {
+                kind: Kind::FinalReadFailed,
+                at: end,
+                detail: format!("VDI client {c}: the final flush failed: {e}"),
+            });
+        }
+    }
+
     // Every block once more, through a fresh client.
-    let reader = Client::connect_via(
-        Arc::new(net.endpoint(SocketAddr::from(([10, 0, 2, 2], 4000)))),
-        &cluster.addrs(),
-        options(cfg),
-    )
-    .await?;
+    let reader = Arc::new(
+        Client::connect_via(
+            Arc::new(net.endpoint(SocketAddr::from(([10, 0, 2, 2], 4000)))),
+            &cluster.addrs(),
+            options(cfg),
+        )
+        .await?,
+    );
+    // (object, first block, values, invoked, returned)
     let mut finals = Vec::new();
     for obj in workload::all_objects(cfg.objects) {
         let t0 = shared.now();
@@ -251,7 +321,7 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
         match r {
             Ok(values) => {
                 shared.event(format!("final read of object {obj}: {values:?}"));
-                finals.push((obj, values, t0, t1));
+                finals.push((obj, 0, values, t0, t1));
             }
             Err(e) => violations.push(Violation {
                 kind: Kind::FinalReadFailed,
@@ -260,13 +330,64 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
             }),
         }
     }
+    // Every VDI block through the VDI client's handle, then through a fresh handle of the
+    // fresh client.
+    for (c, v) in vdi_handles.iter().enumerate() {
+        let fresh = match Vdi::open(reader.clone(), &vdis::name(c)).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                violations.push(Violation {
+                    kind: Kind::FinalReadFailed,
+                    at: shared.now(),
+                    detail: format!("VDI client {c}: opening its VDI afresh: {e}"),
+                });
+                None
+            }
+        };
+        for (which, h) in [
+            ("its handle", Some(&**v)),
+            ("a fresh handle", fresh.as_ref()),
+        ] {
+            let Some(h) = h else { continue };
+            for w in vdis::windows(cfg) {
+                let t0 = shared.now();
+                let r = vdis::read_blocks(h, w.start, w.len()).await;
+                let t1 = shared.now();
+                match r {
+                    Ok(values) => {
+                        let what = format!("VDI client {c}'s blocks {w:?} through {which}");
+                        shared.event(format!("final read of {what}: {values:?}"));
+                        for (obj, first, values) in vdis::split(c, w.start, &values) {
+                            finals.push((obj, first, values, t0, t1));
+                        }
+                    }
+                    Err(e) => violations.push(Violation {
+                        kind: Kind::FinalReadFailed,
+                        at: t1,
+                        detail: format!("VDI client {c}'s blocks {w:?} through {which}: {e}"),
+                    }),
+                }
+            }
+        }
+    }
 
-    // The owners' copies, byte for byte.
+    // The owners' copies, byte for byte: every object, every VDI's data objects and inode.
     if settled {
-        for obj in workload::all_objects(cfg.objects) {
-            let copies =
-                cluster.owner_copies(workload::oid(obj), cfg.copies as usize, OBJECT_SIZE as u64);
-            if let Some(d) = divergence(obj, &copies) {
+        let mut objects: Vec<(String, ObjectId)> = workload::all_objects(cfg.objects)
+            .into_iter()
+            .map(|obj| (format!("object {obj}"), workload::oid(obj)))
+            .collect();
+        for c in 0..cfg.vdi_clients {
+            for index in 0..cfg.vdi_objects {
+                let oid = ObjectId::data(vdis::vid(c), ObjIndex(index as u32));
+                objects.push((format!("VDI client {c}'s object {index} ({oid})"), oid));
+            }
+            let inode = ObjectId::inode(vdis::vid(c));
+            objects.push((format!("VDI client {c}'s inode ({inode})"), inode));
+        }
+        for (what, oid) in objects {
+            let copies = cluster.owner_copies(oid, cfg.copies as usize, OBJECT_SIZE as u64);
+            if let Some(d) = divergence(&what, &copies) {
                 violations.push(Violation {
                     kind: Kind::Divergent,
                     at: shared.now(),
@@ -277,7 +398,7 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     }
 
     let history = shared.history.lock().unwrap().clone();
-    let model = Model::new(&history, cfg.objects, cfg.blocks);
+    let model = Model::with_registers(&history, workload::registers(cfg));
     let mut checked = 0;
     for op in &history.ops {
         if let (OpKind::Read { values, .. }, Outcome::Ok) = (&op.kind, &op.outcome) {
@@ -285,10 +406,10 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
         }
     }
     let mut found = model.check_reads(&history);
-    for (obj, values, t0, t1) in &finals {
+    for (obj, first, values, t0, t1) in &finals {
         for (b, v) in values.iter().enumerate() {
             checked += 1;
-            found.extend(model.check(*obj, b, *v, *t0, *t1));
+            found.extend(model.check(*obj, first + b, *v, *t0, *t1));
         }
     }
     found.extend(violations);
@@ -317,9 +438,9 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     })
 }
 
-/// Where the owners' copies of `obj` differ (a missing copy counts as zeros, and copies come
+/// Where the owners' copies of `what` differ (a missing copy counts as zeros, and copies come
 /// without trailing zeros), if they do.
-fn divergence(obj: usize, copies: &[(usize, Option<Vec<u8>>)]) -> Option<String> {
+fn divergence(what: &str, copies: &[(usize, Option<Vec<u8>>)]) -> Option<String> {
     fn bytes(c: &Option<Vec<u8>>) -> &[u8] {
         c.as_deref().unwrap_or(&[])
     }
@@ -360,7 +481,7 @@ fn divergence(obj: usize, copies: &[(usize, Option<Vec<u8>>)]) -> Option<String>
         .map(|(k, d)| format!("block {k}: {}", d.join(", ")))
         .collect();
     Some(format!(
-        "object {obj}, owners {}: {}",
+        "{what}, owners {}: {}",
         held.join(", "),
         blocks.join("; ")
     ))

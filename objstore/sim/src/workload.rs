@@ -13,6 +13,12 @@
 //! with plain writes, as a VDI does once its map names its own object; until then it retries
 //! COWs. Targets are never removed. Without `shared_objects` only (with two writers a source
 //! would not stay frozen).
+//!
+//! Beside these clients, [`vdi`] clients go through a VDI handle, as sheepfs and `dog vdi`
+//! do: many requests in flight on one handle, writes of several blocks across object
+//! boundaries, first writes into new objects racing each other and reads, refreshes of the
+//! handle, whole-object discards. Their blocks are registers of their own (object numbers
+//! from [`vdi::REGISTERS`] on), checked by the same rules.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +37,11 @@ use crate::history::{
     block_pattern, decode_block, BlockValue, History, Micros, Op, OpKind, Outcome, BLOCK,
 };
 use crate::Config;
+
+pub mod vdi;
+
+/// The cluster's object size (`dog cluster format`): 1 MiB.
+pub const OBJECT_SIZE: usize = 1 << 20;
 
 /// Object numbers from here on are COW targets: `TARGETS + o` is the target of object `o`.
 pub const TARGETS: usize = 1000;
@@ -51,12 +62,30 @@ pub fn all_objects(objects: usize) -> Vec<usize> {
 }
 
 /// The data object the simulator calls `obj`: object `o` of VDI 1, or for a COW target, the
-/// same index in VDI 2.
+/// same index in VDI 2; for a VDI client's register object ([`vdi::of`]), that index of its
+/// VDI. (VDI ids 1 and 2 are never made VDIs: the VDI clients' come from
+/// [`vdi::FIRST_VID`] on.)
 pub fn oid(obj: usize) -> ObjectId {
+    if let Some((c, index)) = vdi::of(obj) {
+        return ObjectId::data(vdi::vid(c), ObjIndex(index as u32));
+    }
     match source_of(obj) {
         Some(o) => ObjectId::data(Vid(2), ObjIndex(o as u32)),
         None => ObjectId::data(Vid(1), ObjIndex(obj as u32)),
     }
+}
+
+/// Every register (object, block) of a run: the blocks the object clients use of every
+/// object and COW target, then the VDI clients' ([`vdi::registers`]).
+pub fn registers(cfg: &Config) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = all_objects(cfg.objects)
+        .into_iter()
+        .flat_map(|o| (0..cfg.blocks).map(move |b| (o, b)))
+        .collect();
+    for c in 0..cfg.vdi_clients {
+        out.extend(vdi::registers(cfg, c));
+    }
+    out
 }
 
 /// What the clients, the nemesis and the final check share.

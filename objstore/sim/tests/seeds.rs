@@ -9,7 +9,9 @@
 //! - `a_seed_replays_exactly`: one seed twice, the same trace.
 //!
 //! `SIM_FAULTS=crashes,partitions,hangs,delays,resets,disk_full,fsync_errors` (any subset)
-//! keeps only those fault classes; `SIM_SHARED=1` lets clients write each other's objects.
+//! keeps only those fault classes; `SIM_SHARED=1` lets clients write each other's objects;
+//! `SIM_VDI_CLIENTS=N` runs N clients through VDI handles (default 1; 0 gives the runs of
+//! before there were any).
 //! With `SEED`, `SIM_LOG=FILTER` (e.g. `info`, `objstore_node=debug`) prints the nodes' logs,
 //! each line with its simulated time and node.
 
@@ -37,7 +39,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn replay(seed: u64) -> String {
     let mut env = String::new();
-    for var in ["SIM_FAULTS", "SIM_SHARED"] {
+    for var in ["SIM_FAULTS", "SIM_SHARED", "SIM_VDI_CLIENTS"] {
         if let Ok(v) = std::env::var(var) {
             env.push_str(&format!("{var}={v} "));
         }
@@ -69,13 +71,17 @@ fn run_many(seeds: Vec<u64>, cfg: &Config) -> Vec<Report> {
 }
 
 /// The default shape, changed by `SIM_FAULTS` (e.g. `crashes,disk_full`: only those fault
-/// classes) and `SIM_SHARED=1` (clients write each other's objects).
+/// classes), `SIM_SHARED=1` (clients write each other's objects) and `SIM_VDI_CLIENTS=N`
+/// (clients through VDI handles).
 fn config() -> Config {
     let mut cfg = Config::default();
     if let Ok(f) = std::env::var("SIM_FAULTS") {
         cfg.faults = f.parse().unwrap_or_else(|e| panic!("SIM_FAULTS: {e}"));
     }
     cfg.shared_objects = std::env::var("SIM_SHARED").is_ok_and(|v| v == "1");
+    if let Some(n) = env_u64("SIM_VDI_CLIENTS") {
+        cfg.vdi_clients = n as usize;
+    }
     if std::env::var("SIM_CLIENT_DEFAULTS").is_ok_and(|v| v == "1") {
         let d = objstore_client::ClientOptions::default();
         cfg.op_timeout = d.timeout;

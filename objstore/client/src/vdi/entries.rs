@@ -13,6 +13,12 @@
 //! before (the ancestor's object, or a hole). A map entry that a crash kept while the object
 //! it names was lost reads as what that object was copied from (see `Vdi::read_mapped`).
 //! An unmap (a discard) waits for its entry ([`EntryLog::write_upto`]) before the object goes.
+//!
+//! An entry written is kept until a flush has made it durable, and every flush (and every
+//! refresh) writes it again first: a crash of the inode's nodes may lose an entry already
+//! written, while this handle's map still names the object and goes on writing into it; a
+//! later flush that wrote only the queue would succeed with the inode lacking the entry, and
+//! a fresh open would read those flushed writes as zeros (simulator seed 1122).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +40,9 @@ struct Unwritten {
     next: u64,
     /// Every change numbered below this one is written (or was superseded by one that is).
     written_below: u64,
+    /// Entries written to the inode that no flush has made durable yet: index → (vid,
+    /// number). Written again before each flush and refresh (see the module documentation).
+    unflushed: BTreeMap<u64, (Vid, u64)>,
 }
 
 /// See the module documentation.
@@ -105,16 +114,20 @@ impl EntryLog {
 
     /// Returns once every entry pushed so far is in the inode: those still queued, and those
     /// a batch in flight took from the queue (an empty queue is not enough: the batch may
-    /// still be on its way, or fail and come back).
+    /// still be on its way, or fail and come back). Entries a failed batch put back are
+    /// queued whatever their number (a failed rewrite's are older than `written_below`), so
+    /// the queue is written whenever it is not empty.
     pub(super) async fn drain(&self) -> Result<(), ClientError> {
-        let last = {
+        {
             let q = self.queue.lock().unwrap();
-            if q.written_below >= q.next {
+            if q.written_below >= q.next && q.wanted.is_empty() {
                 return Ok(());
             }
-            q.next - 1
-        };
-        self.write_upto(last).await
+        }
+        // Taken once the batch in flight, if any, is done (written, or back in the queue).
+        let _writer = self.writer.lock().await;
+        let batch = std::mem::take(&mut self.queue.lock().unwrap().wanted);
+        self.write_batch(batch).await
     }
 
     /// Returns once change `ticket` is written (by this call or another).
@@ -127,11 +140,72 @@ impl EntryLog {
             }
             std::mem::take(&mut q.wanted)
         };
+        self.write_batch(batch).await
+    }
+
+    /// Writes every entry pushed so far that no flush has made durable: those queued, those
+    /// a batch has on their way, and those written since the last flush that succeeded after
+    /// writing them. Returns the mark to give [`EntryLog::flushed`] once the nodes are flushed.
+    pub(super) async fn write_unflushed(&self) -> Result<u64, ClientError> {
+        let _writer = self.writer.lock().await;
+        let (batch, mark) = {
+            let mut q = self.queue.lock().unwrap();
+            let mut batch = std::mem::take(&mut q.wanted);
+            for (&i, &w) in &q.unflushed {
+                batch.entry(i).or_insert(w);
+            }
+            (batch, q.next)
+        };
+        self.write_batch(batch).await?;
+        Ok(mark)
+    }
+
+    /// The entries this log set that no flush has made durable yet (queued, on their way, or
+    /// written since the last flush), newest of each index: the map here must keep them
+    /// whatever an inode read says (a crash may have lost them there, or the read may come
+    /// from a replica left behind), until a flush has made them durable.
+    pub(super) fn not_durable(&self) -> Vec<(u64, Vid)> {
+        let q = self.queue.lock().unwrap();
+        let mut all: BTreeMap<u64, (Vid, u64)> = q.unflushed.clone();
+        for (&i, &w) in &q.wanted {
+            let e = all.entry(i).or_insert(w);
+            if e.1 < w.1 {
+                *e = w;
+            }
+        }
+        all.into_iter().map(|(i, (v, _))| (i, v)).collect()
+    }
+
+    /// The nodes were flushed after [`EntryLog::write_unflushed`] returned `mark`: entries
+    /// numbered below it are durable and need not be written again.
+    pub(super) fn flushed(&self, mark: u64) {
+        self.queue
+            .lock()
+            .unwrap()
+            .unflushed
+            .retain(|_, &mut (_, t)| t >= mark);
+    }
+
+    /// Writes `batch` (taken from the queue by a caller holding the writer lock): on success
+    /// its entries count as written and wait for a flush; on failure those not changed again
+    /// meanwhile go back into the queue.
+    async fn write_batch(&self, batch: BTreeMap<u64, (Vid, u64)>) -> Result<(), ClientError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let upto = batch.values().map(|&(_, t)| t + 1).max().unwrap_or(0);
         match self.write(&batch).await {
             Ok(()) => {
                 let mut q = self.queue.lock().unwrap();
                 q.written_below = q.written_below.max(upto);
+                for (i, w) in batch {
+                    // A newer change of i is still queued (pushed while this batch was on
+                    // its way) or a newer entry was written: keep that one.
+                    let e = q.unflushed.entry(i).or_insert(w);
+                    if e.1 < w.1 {
+                        *e = w;
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
@@ -169,7 +243,11 @@ impl EntryLog {
 }
 
 impl BeforeFlush for EntryLog {
-    fn write_pending(&self) -> BoxFuture<'_, Result<(), ClientError>> {
-        Box::pin(self.drain())
+    fn write_pending(&self) -> BoxFuture<'_, Result<u64, ClientError>> {
+        Box::pin(self.write_unflushed())
+    }
+
+    fn flushed(&self, mark: u64) {
+        EntryLog::flushed(self, mark)
     }
 }

@@ -44,8 +44,9 @@ pub struct Vdi {
     /// Map entries on their way to the inode (see [`super::entries`]).
     entries: Arc<EntryLog>,
     /// Indexes where the nodes may hold an object of this VDI that the map here does not
-    /// name: a first write or copy-on-write into it failed (an owner may have taken it), or
-    /// a discard of it failed after it was unmapped here. A discard of such an index removes
+    /// name: a first write or copy-on-write into it failed (an owner may have taken it), a
+    /// discard of it failed after it was unmapped here, or a refresh found the inode without
+    /// the entry the map here had (a crash lost it before a flush). A discard of such an index removes
     /// that object all the same: left there, the next first write would write into it and
     /// bring its older blocks back over the acknowledged discard.
     doubtful: std::sync::Mutex<std::collections::HashSet<u64>>,
@@ -160,9 +161,31 @@ impl Vdi {
         if lookup(&self.client, &name).await? != vid {
             return Err(VdiError::NotFound(name));
         }
-        let (header, map) = read_inode(&self.client, &name, vid).await?;
+        let (header, mut map) = read_inode(&self.client, &name, vid).await?;
+        // Entries this handle set and no flush made durable stay as they are here: the inode
+        // read may lack them (a crash lost them, or a replica left behind answered), and the
+        // next flush writes them again (simulator seed 3137).
+        for (i, v) in self.entries.not_durable() {
+            if let Some(e) = map.get_mut(i as usize) {
+                *e = v;
+            }
+        }
         *self.header.write().unwrap() = header;
-        *self.map.write().unwrap() = map;
+        // An index this VDI's own object held here and the inode no longer names (its entry
+        // lost in a crash before any flush): the object may still be on the nodes, and a
+        // discard of the index must remove it (simulator seed 3489).
+        let dropped: Vec<u64> = {
+            let mut here = self.map.write().unwrap();
+            let dropped = here
+                .iter()
+                .enumerate()
+                .filter(|&(i, &v)| v == vid && map.get(i) != Some(&vid))
+                .map(|(i, _)| i as u64)
+                .collect();
+            *here = map;
+            dropped
+        };
+        self.doubtful.lock().unwrap().extend(dropped);
         Ok(())
     }
 
