@@ -32,7 +32,7 @@ use objcache::{Cache, CacheError, Missed};
 
 use crate::errno;
 use crate::handles::{cache_fail, fail, Disk, Shared};
-use crate::locks::PlainLocks;
+use crate::locks::{LockMode, PlainLocks};
 use crate::names::is_snapshot;
 
 const TTL: Duration = Duration::from_secs(1);
@@ -55,6 +55,10 @@ pub struct WriteLocks {
     pub mountpoint: String,
     /// The leases' TTL (`--lock-ttl`).
     pub ttl: Duration,
+    /// `--lock-mode`: cooperative (hand the lock over to a mount that asks) or exclusive.
+    pub mode: LockMode,
+    /// `--handover-timeout`: how long a write waits for another mount to hand the lock over.
+    pub handover_timeout: Duration,
 }
 
 pub struct SheepFs {
@@ -83,7 +87,13 @@ impl SheepFs {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let locks = match (&cache, locks) {
             (None, Some(l)) => {
-                let locks = Arc::new(PlainLocks::new(client.clone(), &l.mountpoint, l.ttl));
+                let locks = Arc::new(PlainLocks::new(
+                    client.clone(),
+                    &l.mountpoint,
+                    l.ttl,
+                    l.mode,
+                    l.handover_timeout,
+                ));
                 rt.spawn(locks.clone().keeper());
                 Some(locks)
             }
@@ -103,6 +113,13 @@ impl SheepFs {
             locks,
             rt: rt.clone(),
         });
+        if let Some(locks) = sh
+            .locks
+            .as_ref()
+            .filter(|l| l.mode() == LockMode::Cooperative)
+        {
+            rt.spawn(sh.clone().answer_requests(locks.clone()));
+        }
         SheepFs { rt, sh }
     }
 
@@ -412,7 +429,7 @@ impl Filesystem for SheepFs {
             }
             let len = (size as u64).min(end - offset);
             let read = match &*disk {
-                Disk::Plain(v, _) => v.read_at(offset, len).await.map_err(CacheError::from),
+                Disk::Plain(v, _) => sh.read_plain(v, offset, len).await,
                 Disk::Cached(c) => c.read_missed(offset, len, missed).await,
             };
             match read {
@@ -450,6 +467,9 @@ impl Filesystem for SheepFs {
                 Err(e) => return reply.error(e),
             };
             if let Some(e) = sh.refused(&disk) {
+                return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
+            }
+            if let Err(e) = sh.take_lock(&disk).await {
                 return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
             }
             let end = disk.vdi().size();
@@ -655,6 +675,9 @@ impl Filesystem for SheepFs {
                 Err(e) => return reply.error(e),
             };
             if let Some(e) = sh.refused(&disk) {
+                return reply.error(cache_fail("fallocate", &disk.vdi().full_name(), &e));
+            }
+            if let Err(e) = sh.take_lock(&disk).await {
                 return reply.error(cache_fail("fallocate", &disk.vdi().full_name(), &e));
             }
             let vdi = disk.vdi().clone();

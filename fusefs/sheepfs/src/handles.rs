@@ -522,6 +522,32 @@ impl Shared {
             .then_some(CacheError::LockLost { name: h.name })
     }
 
+    /// Before a write or discard of `disk` (cooperative lock mode, no cache): if another
+    /// mount holds the VDI's lock, asks for it and waits until it is handed over.
+    pub(crate) async fn take_lock(&self, disk: &Disk) -> Result<(), CacheError> {
+        match (&self.locks, disk) {
+            (Some(locks), Disk::Plain(v, _)) => locks.take(v).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// A read through plain handle `v`: while another mount holds the VDI's lock (it is open
+    /// read-write here, cooperative mode), the map entries of the range are read afresh
+    /// first, so the read sees the objects the holder made.
+    pub(crate) async fn read_plain(
+        &self,
+        v: &Vdi,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes, CacheError> {
+        if let Some(locks) = &self.locks {
+            if locks.is_away(v.header().vid.0) {
+                v.reload_entries(offset, len).await?;
+            }
+        }
+        Ok(v.read_at(offset, len).await?)
+    }
+
     pub(crate) fn client(&self) -> &Arc<Client> {
         &self.client
     }

@@ -11,7 +11,8 @@
 //! ```
 //! - [`fs`]: the `fuser::Filesystem` implementation.
 //! - `handles`: the open VDIs' handles (plain or cached), and taking one over into the cache.
-//! - `locks`: without a cache, the attachment locks of the VDIs open read-write.
+//! - `locks`: without a cache, the attachment locks of the VDIs open read-write, and their
+//!   cooperative hand-over to another mount (`handover`: the holder's side).
 //! - `names`: inode numbers, one per name (a VDI or a snapshot `NAME@TAG`, read-only).
 //! - `switch`: a snapshot or rollback asked over the control socket, and the mount going
 //!   on with the VDI's new inode.
@@ -23,6 +24,7 @@
 pub mod errno;
 pub mod fs;
 mod handles;
+mod handover;
 mod locks;
 pub mod mount;
 mod names;
@@ -30,3 +32,4 @@ pub mod socket;
 mod switch;
 
 pub use fs::{SheepFs, WriteLocks};
+pub use locks::LockMode;

@@ -1,30 +1,68 @@
 //! Attachment locks of the mount without a cache: a read-write open takes the VDI's
-//! cluster-wide lock (`objstore_client::lock`), as the cache's attach does, so a second
-//! writer (another mount, cached or not, on this host or another) is refused with the same
-//! EBUSY and the same log line. The lock is held while a file of the VDI is open read-write
-//! here, and released when the last one is closed (a mount without a cache keeps nothing to
-//! come back to).
+//! cluster-wide lock (`objstore_client::lock`), as the cache's attach does. The lock is held
+//! while a file of the VDI is open read-write here, and released when the last one is closed
+//! (a mount without a cache keeps nothing to come back to).
+//!
+//! Two modes (`--lock-mode`):
+//! - **cooperative** (the default, as RBD's exclusive lock): a read-write open never fails
+//!   because another mount holds the lock. The lock is needed for a write: a mount that
+//!   does not hold it asks the holder ([`lock::handover`]) and waits until it is handed over
+//!   (at most `--handover-timeout`, then the write fails with EIO). A holder that is asked
+//!   ([`Shared::answer_requests`](crate::handles::Shared)) waits for the VDI's requests in
+//!   flight and holds new ones, flushes, and releases the lock; its own next write asks for
+//!   it back. While another mount holds the lock, reads here read the map entries they need
+//!   from the inode afresh, so they see what the holder wrote.
+//! - **exclusive**: a second writer (another mount, cached or not, on this host or another)
+//!   is refused with EBUSY at open, and the same log line.
 //!
 //! Each lock is bound to a lease of `--lock-ttl`, renewed by [`PlainLocks::keeper`] every
 //! third of it. A lease that ended while the mount lived is taken back with the same
-//! generation if nobody attached since; otherwise the lock is *lost*: writes, discards and
-//! fsyncs of the VDI fail with EIO until a read-write open takes the lock again. `sheepfs --no-lock` opens read-write without the lock (and then bumps the VDI's
-//! generation on the first write, as `dog vdi write` does).
+//! generation if nobody attached since; otherwise the lock is *lost*: in exclusive mode,
+//! writes, discards and fsyncs of the VDI fail with EIO until a read-write open takes the
+//! lock again; in cooperative mode the next write asks for it like any other. `sheepfs
+//! --no-lock` opens read-write without the lock (and then bumps the VDI's generation on the
+//! first write, as `dog vdi write` does).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use objcache::{chain, CacheError};
-use objstore_client::lock::{self, LockInfo, Renewal};
+use objstore_client::lock::{self, LockError, LockInfo, Renewal};
 use objstore_client::{Client, Vdi};
 
+/// `sheepfs --lock-mode`: what a read-write open does while another mount holds the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockMode {
+    /// Opens; the first write asks the holder to hand the lock over.
+    #[default]
+    Cooperative,
+    /// Refused with EBUSY (a second writer is a mistake).
+    Exclusive,
+}
+
 struct Held {
-    info: LockInfo,
+    /// The lock, while this mount holds it; None while another mount has it (cooperative
+    /// mode): the VDI's next write here asks for it.
+    info: Option<LockInfo>,
     vid: u32,
     /// Files of the VDI open read-write on this mount.
     writers: usize,
+}
+
+/// A hand-over this mount was asked for: give the lock of `vdi` (held at `gen`) to `to`.
+pub(crate) struct Asked {
+    pub(crate) vdi: String,
+    pub(crate) gen: u64,
+    pub(crate) to: String,
+}
+
+/// Hand-overs given and taken by this mount, for the logs and the stats.
+#[derive(Default)]
+pub(crate) struct HandOvers {
+    pub(crate) given: AtomicU64,
+    pub(crate) taken: AtomicU64,
 }
 
 /// The locks this mount holds for its read-write files (no cache).
@@ -35,33 +73,57 @@ pub(crate) struct PlainLocks {
     owner: String,
     host: String,
     ttl: Duration,
+    mode: LockMode,
+    /// How long a write waits for another mount to hand the lock over.
+    handover_timeout: Duration,
     /// By VDI name; taken across the cluster calls, so opens, releases and renewals of locks
-    /// run one at a time.
+    /// run one at a time (a write waiting for a hand-over does not hold it).
     held: tokio::sync::Mutex<HashMap<String, Held>>,
-    /// VDIs (by id) whose lock was lost while files of them were open read-write.
+    /// VDIs (by id) whose lock was lost while files of them were open read-write
+    /// (exclusive mode).
     lost: Mutex<HashSet<u32>>,
     /// Whether `lost` may be non-empty (read on every write without taking its lock).
     any_lost: AtomicBool,
+    /// VDIs (by id) open read-write here whose lock another mount has (cooperative mode).
+    away: Mutex<HashSet<u32>>,
+    /// Whether `away` may be non-empty.
+    any_away: AtomicBool,
+    /// Held by the one write of a VDI that asks for its lock (by VDI id); the others wait.
+    taking: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) handovers: HandOvers,
 }
 
 impl PlainLocks {
-    pub(crate) fn new(client: Arc<Client>, mountpoint: &str, ttl: Duration) -> PlainLocks {
+    pub(crate) fn new(
+        client: Arc<Client>,
+        mountpoint: &str,
+        ttl: Duration,
+        mode: LockMode,
+        handover_timeout: Duration,
+    ) -> PlainLocks {
         let host = lock::local_host();
         PlainLocks {
             client,
             owner: format!("{host}/mount:{mountpoint}"),
             host,
             ttl,
+            mode,
+            handover_timeout,
             held: tokio::sync::Mutex::default(),
             lost: Mutex::default(),
             any_lost: AtomicBool::new(false),
+            away: Mutex::default(),
+            any_away: AtomicBool::new(false),
+            taking: Mutex::default(),
+            handovers: HandOvers::default(),
         }
     }
 
     /// For a read-write open of `vdi`: takes its lock, or counts one more writer if this
-    /// mount holds it. Refused ([`lock::LockError::Held`]) if another owner holds it. A lock
-    /// this mount lost is taken again if it can be (the VDI's files here write again), as
-    /// the cache attaches a lost VDI again.
+    /// mount holds it. Another owner holding it: refused ([`lock::LockError::Held`]) in
+    /// exclusive mode; in cooperative mode the file opens and its first write asks for the
+    /// lock. A lock this mount lost is taken again if it can be (the VDI's files here write
+    /// again), as the cache attaches a lost VDI again.
     pub(crate) async fn open_rw(&self, vdi: &Vdi) -> Result<(), CacheError> {
         let h = vdi.header();
         let (name, vid) = (h.name, h.vid.0);
@@ -71,15 +133,148 @@ impl PlainLocks {
             h.writers += 1;
             return Ok(());
         }
-        let info =
-            lock::acquire(&self.client, &name, &self.owner, &self.host, Some(self.ttl)).await?;
+        let info = match lock::acquire(&self.client, &name, &self.owner, &self.host, Some(self.ttl))
+            .await
+        {
+            Ok(info) => Some(info),
+            Err(LockError::Held { host, owner, .. }) if self.mode == LockMode::Cooperative => {
+                tracing::info!(
+                    "VDI '{name}' opened read-write while {host} (owner {owner}) holds its lock: the first write here asks for it"
+                );
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
         if lost {
             tracing::info!("VDI '{name}' locked again after its lock was lost");
         }
         self.forget_lost(vid);
+        self.set_away(vid, info.is_none());
         let writers = held.get(&name).map_or(0, |h| h.writers) + 1;
         held.insert(name, Held { info, vid, writers });
         Ok(())
+    }
+
+    pub(crate) fn mode(&self) -> LockMode {
+        self.mode
+    }
+
+    /// Whether another mount has the lock of VDI `vid`, open read-write here (cooperative
+    /// mode): its writes must [`PlainLocks::take`] it first, its reads read their map
+    /// entries afresh.
+    pub(crate) fn is_away(&self, vid: u32) -> bool {
+        self.any_away.load(Ordering::Acquire) && self.away.lock().unwrap().contains(&vid)
+    }
+
+    fn set_away(&self, vid: u32, away: bool) {
+        let mut set = self.away.lock().unwrap();
+        if away {
+            set.insert(vid);
+            self.any_away.store(true, Ordering::Release);
+        } else {
+            set.remove(&vid);
+            if set.is_empty() {
+                self.any_away.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Before a write of `vdi` (cooperative mode): if another mount holds its lock, asks for
+    /// it and waits until it is handed over, then reads the inode afresh (the holder wrote).
+    /// Concurrent writes of the VDI wait for the one that asks.
+    pub(crate) async fn take(&self, vdi: &Vdi) -> Result<(), CacheError> {
+        let h = vdi.header();
+        let (name, vid) = (h.name, h.vid.0);
+        if !self.is_away(vid) {
+            return Ok(());
+        }
+        let gate = self.taking.lock().unwrap().entry(vid).or_default().clone();
+        let _one = gate.lock().await;
+        if !self.is_away(vid) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let taken = lock::acquire_handed_over(
+            &self.client,
+            &name,
+            &self.owner,
+            &self.host,
+            self.ttl,
+            None,
+            self.handover_timeout,
+        )
+        .await?;
+        // Everything the holder wrote: its map entries (its data is read from the cluster).
+        vdi.refresh().await?;
+        let mut held = self.held.lock().await;
+        match held.get_mut(&name).filter(|h| h.vid == vid) {
+            Some(h) => h.info = Some(taken.info.clone()),
+            None => {
+                // Every file of it closed meanwhile: not ours to keep.
+                drop(held);
+                let _ = lock::release(&self.client, &name, &self.owner).await;
+                return Ok(());
+            }
+        }
+        self.set_away(vid, false);
+        self.handovers.taken.fetch_add(1, Ordering::Relaxed);
+        match &taken.from {
+            Some(from) => tracing::info!(
+                "VDI '{name}': took the lock over from {} (owner {}, generation {}) for a write, in {:?}; generation {} now",
+                from.host,
+                from.owner,
+                from.gen,
+                start.elapsed(),
+                taken.info.gen
+            ),
+            None => tracing::info!(
+                "VDI '{name}': took its free lock for a write (generation {})",
+                taken.info.gen
+            ),
+        }
+        Ok(())
+    }
+
+    /// The hand-overs other mounts ask this one for: requests for a lock it holds, at the
+    /// generation it holds it. Nothing (and no cluster call) while it holds none.
+    pub(crate) async fn asked(&self) -> Result<Vec<Asked>, LockError> {
+        let mine: HashMap<String, u64> = {
+            let held = self.held.lock().await;
+            held.iter()
+                .filter_map(|(n, h)| h.info.as_ref().map(|i| (n.clone(), i.gen)))
+                .collect()
+        };
+        if mine.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(lock::handover::requests(&self.client)
+            .await?
+            .into_iter()
+            .filter(|r| r.owner != self.owner && mine.get(&r.vdi) == Some(&r.gen))
+            .map(|r| Asked {
+                vdi: r.vdi,
+                gen: r.gen,
+                to: format!("{} (owner {})", r.host, r.owner),
+            })
+            .collect())
+    }
+
+    /// Releases the lock of `asked.vdi` for the mount that asked, once the caller made every
+    /// write of it durable and holds its new ones. False if this mount no longer holds it at
+    /// that generation (nothing done).
+    pub(crate) async fn give(&self, asked: &Asked) -> Result<bool, LockError> {
+        let mut held = self.held.lock().await;
+        let Some(h) = held.get_mut(&asked.vdi) else {
+            return Ok(false);
+        };
+        if h.info.as_ref().map(|i| i.gen) != Some(asked.gen) {
+            return Ok(false);
+        }
+        lock::release(&self.client, &asked.vdi, &self.owner).await?;
+        h.info = None;
+        self.set_away(h.vid, true);
+        self.handovers.given.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 
     /// A read-write file of `name` (VDI id `vid`) was closed: the last one releases the
@@ -96,6 +291,7 @@ impl PlainLocks {
         }
         held.remove(name);
         self.forget_lost(vid);
+        self.set_away(vid, false);
         if let Err(e) = lock::release(&self.client, name, &self.owner).await {
             tracing::warn!(
                 "releasing the lock of '{name}': {} (it frees itself within {:?})",
@@ -112,6 +308,7 @@ impl PlainLocks {
         let mut held = self.held.lock().await;
         if let Some(h) = held.remove(name) {
             self.forget_lost(h.vid);
+            self.set_away(h.vid, false);
             if let Err(e) = lock::release(&self.client, name, &self.owner).await {
                 tracing::warn!("releasing the lock of '{name}': {}", chain(&e));
             }
@@ -124,6 +321,10 @@ impl PlainLocks {
         let mut held = self.held.lock().await;
         for (name, h) in held.drain() {
             self.forget_lost(h.vid);
+            self.set_away(h.vid, false);
+            if h.info.is_none() {
+                continue;
+            }
             if let Err(e) = lock::release(&self.client, &name, &self.owner).await {
                 tracing::warn!(
                     "releasing the lock of '{name}': {} (it frees itself within {:?})",
@@ -154,25 +355,35 @@ impl PlainLocks {
             tokio::time::sleep(period).await;
             let mut held = self.held.lock().await;
             for (name, h) in held.iter_mut() {
-                match lock::keepalive(&self.client, &h.info).await {
+                let Some(info) = &h.info else { continue };
+                match lock::keepalive(&self.client, info).await {
                     Ok(Renewal::Alive) => {}
                     Ok(Renewal::Retaken(now)) => {
                         tracing::warn!(
                             "the lease of VDI '{name}''s lock had ended (the cluster was out of reach for its TTL, or the lock was broken); nobody attached it since: lock taken back, generation {}",
                             now.gen
                         );
-                        h.info = now;
+                        h.info = Some(now);
+                    }
+                    Ok(Renewal::Lost(holder)) if self.mode == LockMode::Cooperative => {
+                        let now = Renewal::lost_to(holder.as_ref());
+                        tracing::warn!(
+                            "lost the lock of VDI '{name}' (generation {}): its lease ended and {now}; the next write through this mount asks for it",
+                            info.gen
+                        );
+                        h.info = None;
+                        self.set_away(h.vid, true);
                     }
                     Ok(Renewal::Lost(holder)) => {
                         let now = Renewal::lost_to(holder.as_ref());
                         tracing::error!(
                             "lost the lock of VDI '{name}' (generation {}): its lease ended and {now}; writes to it through this mount now fail with EIO until a read-write open locks it again",
-                            h.info.gen
+                            info.gen
                         );
                         // Still counted as writers (their closes come); no longer renewed.
                         self.lost.lock().unwrap().insert(h.vid);
                         self.any_lost.store(true, Ordering::Release);
-                        h.info.lease = None;
+                        h.info = None;
                     }
                     Err(e) => tracing::warn!(
                         "renewing the lease of VDI '{name}''s lock: {} (retried in {period:?}; the lock is lost if this lasts {:?})",

@@ -2,7 +2,8 @@
 //! does: a second writer (another mount, cached or not) is refused with the same EBUSY and
 //! the same log line everywhere; the lock is leased (`--lock-ttl`), released at the last
 //! close, lost (writes fail with EIO) when another attachment came after its lease ended;
-//! `--no-lock` opts out.
+//! `--no-lock` opts out. Mounts without a cache run with `--lock-mode exclusive` here (the
+//! refusal); the default, cooperative mode hands the lock over instead (`lock_handover.rs`).
 
 mod common;
 
@@ -28,6 +29,9 @@ fn locks(c: &Cluster) -> Vec<Value> {
 /// Another mount of the cluster in `tmp` (`name`: its directory and log), with `extra`.
 fn mount(tmp: &Path, c: &Cluster, name: &str, extra: &[String]) -> Mount {
     let mut args = vec!["--lock-ttl".to_string(), TTL.to_string()];
+    if !extra.iter().any(|a| a == "--cache-dir" || a == "--no-lock") {
+        args.extend(["--lock-mode".to_string(), "exclusive".to_string()]);
+    }
     args.extend_from_slice(extra);
     Mount::start(
         Path::new(SHEEPFS),
@@ -71,7 +75,7 @@ fn refusal_line(log: &str) -> String {
 #[test]
 fn a_second_writer_is_refused_the_same_way_by_mounts_with_and_without_a_cache() {
     let tmp = tempfile::tempdir().unwrap();
-    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL, "--lock-mode", "exclusive"]);
     rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
     let plain = mount(tmp.path(), &rig.cluster, "plain", &[]);
     let cached = mount(
@@ -162,7 +166,7 @@ fn a_second_writer_is_refused_the_same_way_by_mounts_with_and_without_a_cache() 
 #[test]
 fn a_killed_mount_without_a_cache_loses_its_lock_within_its_ttl_and_a_lost_lock_fails_writes() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    let mut rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL, "--lock-mode", "exclusive"]);
     rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
     let other = mount(tmp.path(), &rig.cluster, "plain", &[]);
 
@@ -226,7 +230,7 @@ fn a_killed_mount_without_a_cache_loses_its_lock_within_its_ttl_and_a_lost_lock_
 #[test]
 fn no_lock_writes_a_vdi_held_elsewhere_and_is_refused_with_a_cache() {
     let tmp = tempfile::tempdir().unwrap();
-    let rig = Rig::start(3, 2, "1M", &[]);
+    let rig = Rig::start(3, 2, "1M", &["--lock-mode", "exclusive"]);
     rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
     let free = mount(tmp.path(), &rig.cluster, "free", &["--no-lock".into()]);
     let f = open_rw(rig.path("x"));
@@ -266,7 +270,12 @@ fn no_lock_writes_a_vdi_held_elsewhere_and_is_refused_with_a_cache() {
 /// cleanly (no panic on the way).
 #[test]
 fn unmount_right_after_close_leaves_no_lock() {
-    let mut rig = Rig::start(3, 2, "1M", &["--lock-ttl", "30s"]);
+    let mut rig = Rig::start(
+        3,
+        2,
+        "1M",
+        &["--lock-ttl", "30s", "--lock-mode", "exclusive"],
+    );
     rig.cluster.dog_ok(&["vdi", "create", "x", "8M"]);
     let f = open_rw(rig.path("x"));
     f.write_all_at(b"bye", 0).unwrap();

@@ -135,7 +135,8 @@ pub enum VdiCmd {
 
 #[derive(Subcommand)]
 pub enum LockCmd {
-    /// List every attachment lock.
+    /// List every attachment lock: its holder, generation and lease, and the mount asking
+    /// for it if a hand-over is pending (`requested_by` with --json).
     List,
     /// Free a VDI's lock whoever holds it, persistent or lease-bound (a lease-bound lock of a
     /// dead host frees itself within its TTL). A live holder that finds its lock broken takes
@@ -198,7 +199,7 @@ fn lock_kind(l: &LockInfo) -> String {
     }
 }
 
-fn lock_table(list: &[LockInfo]) -> String {
+fn lock_table(list: &[LockInfo], asked: &[lock::LockRequest]) -> String {
     let mut s = format!(
         "{:<24} {:<20} {:<24} {:<23} {:>6} {:<12}\n",
         "VDI", "Host", "Owner", "Since", "Gen", "Kind"
@@ -213,6 +214,14 @@ fn lock_table(list: &[LockInfo]) -> String {
             l.gen,
             lock_kind(l)
         );
+        if let Some(r) = asked.iter().find(|r| r.vdi == l.vdi && r.gen == l.gen) {
+            s += &format!(
+                "  asked for by {} (owner {}) since {}: a hand-over is pending\n",
+                r.host,
+                r.owner,
+                lock::format_utc(r.since)
+            );
+        }
     }
     s
 }
@@ -224,6 +233,9 @@ struct LockRow<'a> {
     #[serde(flatten)]
     info: &'a LockInfo,
     leased: bool,
+    /// A mount asking the holder to hand the lock over (cooperative mode), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    requested_by: Option<&'a lock::LockRequest>,
 }
 
 /// This host's name, for the lock record.
@@ -244,20 +256,25 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
     match cmd {
         LockCmd::List => {
             let list = lock::list(client).await?;
+            let asked = lock::handover::requests(client).await?;
             let rows: Vec<LockRow> = list
                 .iter()
                 .map(|info| LockRow {
                     info,
                     leased: info.leased(),
+                    requested_by: asked
+                        .iter()
+                        .find(|r| r.vdi == info.vdi && r.gen == info.gen),
                 })
                 .collect();
-            ctx.print(&rows, || lock_table(&list));
+            ctx.print(&rows, || lock_table(&list, &asked));
         }
         LockCmd::Break { name } => {
             let freed = lock::break_lock(client, &name).await?;
             let freed_row = freed.as_ref().map(|info| LockRow {
                 info,
                 leased: info.leased(),
+                requested_by: None,
             });
             ctx.print(
                 &serde_json::json!({"vdi": name, "freed": freed_row}),
@@ -284,6 +301,7 @@ async fn lock_cmd(ctx: &Ctx, cmd: LockCmd) -> anyhow::Result<()> {
             let row = LockRow {
                 info: &info,
                 leased: info.leased(),
+                requested_by: None,
             };
             ctx.print(&row, || {
                 format!(

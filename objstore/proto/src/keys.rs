@@ -10,6 +10,7 @@
 //! | `vdi-hidden/<vid>` | a deleted snapshot or VDI whose inode stays while others still read its objects or name it as an ancestor: `{"name": "...", "tag": "..."}` |
 //! | `lock/<name>` | who holds the VDI's read-write attachment (JSON) |
 //! | `vdi-gen/<name>` | the VDI's attachment generation (decimal, absent = 0) |
+//! | `lock-req/<name>` | a mount asking the holder of `lock/<name>` to hand it over (JSON, bound to a lease) |
 //! | `recovered/<epoch>` | ids of the nodes that finished recovery of that epoch (JSON list) |
 //! | `recovery-forced` | the epoch in which an operator accepted possible loss (`dog cluster recover --force`) |
 
@@ -25,6 +26,8 @@ pub const HIDDEN_PREFIX: &str = "vdi-hidden/";
 pub const LOCK_PREFIX: &str = "lock/";
 /// Prefix of the attachment generations.
 pub const GEN_PREFIX: &str = "vdi-gen/";
+/// Prefix of the requests for a held lock (cooperative hand-over).
+pub const LOCK_REQUEST_PREFIX: &str = "lock-req/";
 
 /// Prefix of the recovery records.
 pub const RECOVERED_PREFIX: &str = "recovered/";
@@ -54,6 +57,11 @@ pub fn lock(name: &str) -> String {
 /// The attachment generation of `name`.
 pub fn gen(name: &str) -> String {
     format!("{GEN_PREFIX}{name}")
+}
+
+/// The pending request for the lock of `name`.
+pub fn lock_request(name: &str) -> String {
+    format!("{LOCK_REQUEST_PREFIX}{name}")
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use clap::Parser;
 use objcache::{Cache, CacheConfig};
 use objstore_client::{Client, ClientOptions};
 use sheepfs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
-use sheepfs::{SheepFs, WriteLocks};
+use sheepfs::{LockMode, SheepFs, WriteLocks};
 
 const READY: &str = "sheepfs-ready";
 
@@ -93,6 +93,23 @@ struct Args {
     /// Not with --cache-dir (the cache always locks what it attaches).
     #[arg(long)]
     no_lock: bool,
+    /// What a read-write open does while another mount holds the VDI's lock. cooperative:
+    /// it opens, and its first write asks the holder to hand the lock over (the holder
+    /// flushes and releases it; its own next write asks it back), as RBD's exclusive lock
+    /// does: live migration works. exclusive: the open is refused with EBUSY. A mount with a
+    /// cache is exclusive for now.
+    #[arg(long, value_enum, default_value = "cooperative")]
+    lock_mode: LockModeArg,
+    /// How long a write waits for another mount to hand the VDI's lock over (a holder that
+    /// died or hangs lets it go when its lease ends, --lock-ttl): then the write fails with EIO.
+    #[arg(long, value_parser = duration_arg, default_value = "30s")]
+    handover_timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LockModeArg {
+    Cooperative,
+    Exclusive,
 }
 
 fn lock_ttl_arg(s: &str) -> Result<Duration, String> {
@@ -270,6 +287,11 @@ fn serve(args: Args) -> anyhow::Result<()> {
     let locks = (!args.no_lock).then(|| WriteLocks {
         mountpoint: mountpoint.to_string_lossy().into_owned(),
         ttl: args.lock_ttl,
+        mode: match args.lock_mode {
+            LockModeArg::Cooperative => LockMode::Cooperative,
+            LockModeArg::Exclusive => LockMode::Exclusive,
+        },
+        handover_timeout: args.handover_timeout,
     });
     let fs = SheepFs::new(client, cache.clone(), locks, rt.handle().clone());
     if let Some(cache) = &cache {

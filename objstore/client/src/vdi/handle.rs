@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 
 use objstore_proto::extent::extents;
-use objstore_proto::oid::{ObjIndex, ObjectId, Vid};
+use objstore_proto::oid::{ObjIndex, ObjectId, Vid, INODE_HEADER_LEN};
 use objstore_proto::size::format_size;
 
 use super::entries::EntryLog;
@@ -186,6 +186,57 @@ impl Vdi {
             dropped
         };
         self.doubtful.lock().unwrap().extend(dropped);
+        Ok(())
+    }
+
+    /// Reads the map entries of the objects under `[offset, offset+len)` from the inode
+    /// again, for a handle that does not hold the VDI's lock while another handle may write
+    /// it (sheepfs after handing the lock over to another mount): the map here may lack the
+    /// objects the holder made or copied since, and would read them as holes or as the
+    /// ancestor's data. An entry may only have become this VDI's own object or a hole; any
+    /// other value is a damaged inode.
+    pub async fn reload_entries(&self, offset: u64, len: u64) -> Result<(), VdiError> {
+        self.check_range(offset, len)?;
+        let pieces = self.pieces(offset, len);
+        let (Some(first), Some(last)) = (pieces.first(), pieces.last()) else {
+            return Ok(());
+        };
+        let (first, last) = (first.0, last.0);
+        let (vid, checked) = {
+            let h = self.header.read().unwrap();
+            (h.vid, h.checked)
+        };
+        let _no_changes = self.changes.write().await;
+        let raw = self
+            .client
+            .read_obj(
+                ObjectId::inode(vid),
+                INODE_HEADER_LEN as u64 + 4 * first,
+                (4 * (last - first + 1)) as u32,
+            )
+            .await?;
+        let mut map = self.map.write().unwrap();
+        for (i, c) in (first..).zip(raw.chunks_exact(4)) {
+            let raw = u32::from_be_bytes(c.try_into().unwrap());
+            let now =
+                super::inode::entry_vid(checked, i, raw).map_err(|reason| VdiError::Corrupt {
+                    name: self.full_name(),
+                    reason,
+                })?;
+            let Some(here) = map.get_mut(i as usize) else {
+                break;
+            };
+            if now != *here && now != vid && !now.is_none() {
+                return Err(VdiError::Corrupt {
+                    name: self.full_name(),
+                    reason: format!(
+                        "allocation entry {i} changed from VDI id {:#x} to {:#x}, neither its own ({:#x}) nor a hole",
+                        here.0, now.0, vid.0
+                    ),
+                });
+            }
+            *here = now;
+        }
         Ok(())
     }
 

@@ -96,6 +96,10 @@ impl From<lock::LockError> for VdiError {
         use lock::LockError as L;
         match e {
             L::Held { vdi, host, .. } => VdiError::Attached { name: vdi, host },
+            L::HandOverTimedOut { ref vdi, .. } => VdiError::Unavailable {
+                name: vdi.clone(),
+                reason: e.to_string(),
+            },
             L::InvalidName(e) => VdiError::InvalidName(e),
             L::NotFound(name) => VdiError::NotFound(name),
             L::Corrupt { name, reason } => VdiError::Corrupt { name, reason },

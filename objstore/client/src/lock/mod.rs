@@ -42,6 +42,9 @@ use objstore_proto::name::{validate_name, InvalidName};
 
 use crate::client::{Client, ClientError};
 
+pub mod handover;
+pub use handover::{acquire_handed_over, LockRequest, Taken, REQUEST_POLL};
+
 /// Who holds a VDI and since when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockInfo {
@@ -121,6 +124,13 @@ pub enum LockError {
         host: String,
         since: u64,
         since_human: String,
+    },
+    #[error("VDI '{vdi}' is attached read-write by {host} (owner {owner}), which did not hand its lock over within {waited:?} (it neither answered nor lost its lease)")]
+    HandOverTimedOut {
+        vdi: String,
+        owner: String,
+        host: String,
+        waited: Duration,
     },
     #[error(transparent)]
     InvalidName(#[from] InvalidName),

@@ -1,0 +1,75 @@
+//! The holder's side of a cooperative lock hand-over (mount without a cache, see
+//! [`crate::locks`]): every [`lock::REQUEST_POLL`] it looks for requests for the locks it
+//! holds; for each, it closes the VDI's gate (requests in flight are answered first, new ones
+//! wait), makes every acknowledged write durable (a flush: map entries and nodes), releases
+//! the lock and opens the gate again. The writes that waited then ask for the lock back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use objcache::chain;
+use objstore_client::lock;
+
+use crate::handles::Shared;
+use crate::locks::{Asked, PlainLocks};
+
+impl Shared {
+    /// Answers hand-over requests for as long as the mount lives.
+    pub(crate) async fn answer_requests(self: Arc<Self>, locks: Arc<PlainLocks>) {
+        loop {
+            tokio::time::sleep(lock::REQUEST_POLL).await;
+            let asked = match locks.asked().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!("looking for lock requests: {}", chain(&e));
+                    continue;
+                }
+            };
+            for a in asked {
+                self.hand_over_lock(&locks, &a).await;
+            }
+        }
+    }
+
+    /// Gives the lock of `a.vdi` to the mount that asked (see the module documentation). A
+    /// flush that fails keeps the lock: the asker waits, and this is tried again at the next
+    /// look.
+    async fn hand_over_lock(&self, locks: &PlainLocks, a: &Asked) {
+        let start = Instant::now();
+        let ino = self.ino(&a.vdi);
+        let gate = {
+            let open = self.open.lock().unwrap();
+            open.get(&ino).map(|o| (o.gate.clone(), o.disk.clone()))
+        };
+        let Some((gate, disk)) = gate else {
+            // Not open here (closed meanwhile: its release task frees the lock).
+            return;
+        };
+        let _quiet = gate.write().await;
+        if let Err(e) = disk.flush().await {
+            tracing::warn!(
+                "VDI '{}': {} asks for its lock; flushing it first failed: {} (the lock stays here; tried again)",
+                a.vdi,
+                a.to,
+                chain(&e)
+            );
+            return;
+        }
+        match locks.give(a).await {
+            Ok(true) => tracing::info!(
+                "VDI '{}': handed the lock (generation {}) over to {}, who asked for it; its writes here were flushed first ({:?})",
+                a.vdi,
+                a.gen,
+                a.to,
+                start.elapsed()
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                "VDI '{}': releasing its lock for {}: {}",
+                a.vdi,
+                a.to,
+                chain(&e)
+            ),
+        }
+    }
+}

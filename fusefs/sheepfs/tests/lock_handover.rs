@@ -1,0 +1,310 @@
+//! Cooperative lock hand-over between mounts without a cache (issue 42; `sheepfs
+//! --lock-mode cooperative`, the default): two mounts, standing for two hosts, keep one VDI
+//! open read-write; each write on the mount that does not hold the lock asks the holder for
+//! it, and the holder flushes and hands it over. Every read is checked against a model of
+//! what each 4 KiB block must hold: no stale byte, no lost write; also with the holder
+//! stopped (SIGSTOP) or killed (-9) while the other mount asks, and with a node killed
+//! during the hand-overs. `--lock-mode exclusive` refuses the second writer (EBUSY).
+
+mod common;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{block_pattern, open_rw, Rig, SHEEPFS};
+use testkit::cluster::Cluster;
+use testkit::mount::Mount;
+
+const TTL: &str = "3s";
+const BLOCK: u64 = 4096;
+/// 16 MiB in 1 MiB objects: 4096 blocks.
+const BLOCKS: u64 = 4096;
+
+/// What each block of the VDI must hold: the pattern number last written (0: zeros).
+struct Model {
+    blocks: Vec<u64>,
+    rng: u64,
+    next: u64,
+}
+
+impl Model {
+    fn new(seed: u64) -> Model {
+        Model {
+            blocks: vec![0; BLOCKS as usize],
+            rng: seed | 1,
+            next: 1,
+        }
+    }
+
+    fn rand(&mut self, n: u64) -> u64 {
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng % n
+    }
+
+    /// Writes `n` blocks through `f` (new objects and old ones alike), then fsyncs.
+    fn write(&mut self, f: &File, n: usize) {
+        for _ in 0..n {
+            let b = self.rand(BLOCKS);
+            let v = self.next;
+            self.next += 1;
+            f.write_all_at(&block_pattern(v), b * BLOCK).unwrap();
+            self.blocks[b as usize] = v;
+        }
+        f.sync_all().unwrap();
+    }
+
+    /// Reads `n` blocks through `f`, half of them written ones, and checks each.
+    fn check_some(&mut self, f: &File, n: usize, what: &str) {
+        let written: Vec<u64> = (0..BLOCKS)
+            .filter(|&b| self.blocks[b as usize] != 0)
+            .collect();
+        for i in 0..n {
+            let b = if i % 2 == 0 && !written.is_empty() {
+                written[self.rand(written.len() as u64) as usize]
+            } else {
+                self.rand(BLOCKS)
+            };
+            self.check_block(f, b, what);
+        }
+    }
+
+    fn check_block(&self, f: &File, b: u64, what: &str) {
+        let mut buf = vec![0u8; BLOCK as usize];
+        f.read_exact_at(&mut buf, b * BLOCK).unwrap();
+        let want = self.blocks[b as usize];
+        if buf != block_pattern(want) {
+            let got = (0..self.next).find(|&v| buf == block_pattern(v));
+            panic!("{what}: block {b} should hold write {want}, reads {got:?} (None: neither zeros nor any write)");
+        }
+    }
+
+    /// Reads the whole VDI through `f` and checks every block.
+    fn check_all(&self, f: &File, what: &str) {
+        let mut buf = vec![0u8; (BLOCKS * BLOCK) as usize];
+        f.read_exact_at(&mut buf, 0).unwrap();
+        self.check_bytes(&buf, what);
+    }
+
+    fn check_bytes(&self, buf: &[u8], what: &str) {
+        assert_eq!(buf.len() as u64, BLOCKS * BLOCK, "{what}: size");
+        for b in 0..BLOCKS {
+            let at = (b * BLOCK) as usize;
+            let want = self.blocks[b as usize];
+            assert!(
+                buf[at..at + BLOCK as usize] == block_pattern(want)[..],
+                "{what}: block {b} does not hold write {want}"
+            );
+        }
+    }
+}
+
+/// A second mount of the cluster (another host to the cluster), plain, with `extra`.
+fn mount(tmp: &Path, c: &Cluster, name: &str, extra: &[&str]) -> Mount {
+    let mut args = vec!["--lock-ttl", TTL];
+    args.extend_from_slice(extra);
+    Mount::start(
+        Path::new(SHEEPFS),
+        &c.addr(1),
+        &tmp.join(format!("mnt-{name}")),
+        &tmp.join(format!("{name}.log")),
+        &args,
+    )
+}
+
+fn count(log: &Path, what: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches(what)
+        .count()
+}
+
+/// The whole VDI as the cluster has it, through `dog vdi read`.
+fn dog_read(c: &Cluster) -> Vec<u8> {
+    c.dog_ok(&["vdi", "read", "x"])
+}
+
+const TAKEN: &str = "took the lock over from";
+
+#[test]
+fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    let b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    // Both keep the file open read-write all along, as two qemu processes would.
+    let fa = open_rw(rig.path("x"));
+    let fb = open_rw(b.path("x"));
+    let files = [&fa, &fb];
+    let mut m = Model::new(42);
+    let rounds = 200;
+    let start = Instant::now();
+    for r in 0..rounds {
+        let (me, other) = (files[r % 2], files[(r + 1) % 2]);
+        // The mount about to write reads first (it does not hold the lock: its reads must
+        // see the holder's writes), then writes, taking the lock.
+        m.check_some(me, 4, &format!("round {r}: read before the write"));
+        m.write(me, 4);
+        m.check_some(me, 4, &format!("round {r}: read back by the writer"));
+        // The one that gave the lock away reads the new writes too.
+        m.check_some(other, 4, &format!("round {r}: read by the other mount"));
+    }
+    let took = start.elapsed();
+    m.check_all(&fa, "mount A at the end");
+    m.check_all(&fb, "mount B at the end");
+    m.check_bytes(&dog_read(&rig.cluster), "dog vdi read");
+    let taken = count(&rig.cluster.dir.path().join("sheepfs.log"), TAKEN)
+        + count(&tmp.path().join("b.log"), TAKEN);
+    assert!(
+        taken >= rounds - 1,
+        "{taken} hand-overs logged for {rounds} rounds of writes in turn"
+    );
+    eprintln!(
+        "{rounds} rounds, {taken} hand-overs in {took:?} ({:?} a round)",
+        took / rounds as u32
+    );
+}
+
+/// The holder is stopped (SIGSTOP) while the other mount asks for the lock: the write
+/// waits until the holder's lease ends, then goes on; the holder, resumed, finds its lock
+/// gone, and its own next write asks for it back. No acknowledged write is lost.
+#[test]
+fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    let mut b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    let fa = open_rw(rig.path("x"));
+    let fb = open_rw(b.path("x"));
+    let mut m = Model::new(7);
+    m.write(&fb, 32);
+    b.signal(libc::SIGSTOP);
+    let t = Instant::now();
+    m.write(&fa, 32);
+    let waited = t.elapsed();
+    b.signal(libc::SIGCONT);
+    // Within the lease's TTL and a renewal's slack (3 s + 3 s), well before the 30 s bound.
+    assert!(
+        waited < Duration::from_secs(10),
+        "the write waited {waited:?} for a stopped holder's lease of {TTL}"
+    );
+    m.check_all(&fa, "mount A after taking the lock from a stopped holder");
+    m.write(&fb, 32);
+    m.check_all(&fb, "mount B after taking it back");
+    m.check_all(&fa, "mount A after B took it back");
+    m.check_bytes(&dog_read(&rig.cluster), "dog vdi read");
+    eprintln!("the write waited {waited:?} for the stopped holder");
+}
+
+/// The holder is killed (-9) while the other mount asks: the write goes on once its lease
+/// ends; every write the dead holder acknowledged and fsynced reads back.
+#[test]
+fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    let mut b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    let fa = open_rw(rig.path("x"));
+    let fb = open_rw(b.path("x"));
+    let mut m = Model::new(11);
+    m.write(&fb, 64);
+    let asker = std::thread::spawn({
+        let fa = fa.try_clone().unwrap();
+        move || {
+            let t = Instant::now();
+            m.write(&fa, 16);
+            (m, t.elapsed())
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    b.kill9();
+    drop(fb);
+    let (m, waited) = asker.join().unwrap();
+    assert!(
+        waited < Duration::from_secs(12),
+        "the write waited {waited:?} for a killed holder's lease of {TTL}"
+    );
+    m.check_all(&fa, "mount A after the holder was killed");
+    m.check_bytes(&dog_read(&rig.cluster), "dog vdi read");
+}
+
+/// A node dies while the two mounts hand the lock back and forth: every read still matches.
+#[test]
+fn hand_overs_go_on_while_a_node_dies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    let b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    let fa = open_rw(rig.path("x"));
+    let fb = open_rw(b.path("x"));
+    let files = [&fa, &fb];
+    let mut m = Model::new(5);
+    for r in 0..40 {
+        if r == 15 {
+            rig.cluster.kill9(2);
+        }
+        let (me, other) = (files[r % 2], files[(r + 1) % 2]);
+        m.check_some(me, 4, &format!("round {r}: read before the write"));
+        m.write(me, 8);
+        m.check_some(other, 4, &format!("round {r}: read by the other mount"));
+    }
+    m.check_all(&fa, "mount A at the end");
+    m.check_all(&fb, "mount B at the end");
+}
+
+/// A holder that never answers (a persistent lock taken with `dog vdi lock take`): `dog vdi
+/// lock list` shows the mount asking for it, and the write goes on once the lock is
+/// released.
+#[test]
+fn a_pending_request_shows_in_dog_vdi_lock_list() {
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    rig.cluster
+        .dog_ok(&["vdi", "lock", "take", "x", "--owner", "someone-else"]);
+    let fa = open_rw(rig.path("x"));
+    let writer = std::thread::spawn(move || {
+        let t = Instant::now();
+        fa.write_all_at(b"after the hand-over", 0).unwrap();
+        t.elapsed()
+    });
+    let owner = format!("/mount:{}", rig.mount.dir.display());
+    testkit::wait_until(
+        "the request in dog vdi lock list",
+        Duration::from_secs(10),
+        || {
+            let l = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+            l[0]["requested_by"]["owner"]
+                .as_str()
+                .is_some_and(|o| o.ends_with(&owner))
+        },
+    );
+    let table = String::from_utf8(rig.cluster.dog_ok(&["vdi", "lock", "list"])).unwrap();
+    assert!(table.contains("a hand-over is pending"), "{table}");
+    rig.cluster
+        .dog_ok(&["vdi", "lock", "release", "x", "--owner", "someone-else"]);
+    let waited = writer.join().unwrap();
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+    // Taken, the request withdrawn (and the lock released at the file's close).
+    let l = rig.cluster.dog_json(&["vdi", "lock", "list"]);
+    assert!(l[0].get("requested_by").is_none(), "{l}");
+}
+
+#[test]
+fn exclusive_mode_refuses_a_second_writer_with_ebusy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL, "--lock-mode", "exclusive"]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    let b = mount(tmp.path(), &rig.cluster, "b", &["--lock-mode", "exclusive"]);
+    let fa = open_rw(rig.path("x"));
+    fa.write_all_at(b"held", 0).unwrap();
+    let e = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.path("x"))
+        .expect_err("the second writer is refused");
+    assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "{e}");
+}
