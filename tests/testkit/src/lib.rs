@@ -23,6 +23,8 @@
 //!   device-mapper): reads, writes or fsyncs of chosen files answer EIO once armed.
 //! - [`fsx::run`]: an fsx-style exerciser: seeded random reads, writes, mapped reads and
 //!   writes, discards and fsyncs of a file, checked against a model.
+//! - [`guest::Guest`]: a real VM (qemu, TCG) writing a counter pattern to its disk,
+//!   live-migrated between qemu processes through QMP (`scripts/fetch-guest.sh` builds it).
 
 pub mod auth;
 pub mod build;
@@ -31,6 +33,7 @@ mod error;
 pub mod etcd;
 pub mod faultfs;
 pub mod fsx;
+pub mod guest;
 pub mod mount;
 pub mod netns;
 pub mod pause;
