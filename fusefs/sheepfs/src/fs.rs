@@ -32,7 +32,7 @@ use objcache::{Cache, CacheError, Missed};
 
 use crate::errno;
 use crate::handles::{cache_fail, fail, Disk, Shared};
-use crate::locks::{LockMode, PlainLocks};
+use crate::locks::{LockMode, PlainLocks, WriteLocks};
 use crate::names::is_snapshot;
 
 const TTL: Duration = Duration::from_secs(1);
@@ -47,19 +47,6 @@ const MAX_BACKGROUND: u16 = 128;
 const FALLOC_KEEP_SIZE: i32 = 0x01;
 const FALLOC_PUNCH_HOLE: i32 = 0x02;
 const FALLOC_ZERO_RANGE: i32 = 0x10;
-
-/// The attachment locks of a mount without a cache (`sheepfs` without `--no-lock`).
-#[derive(Debug, Clone)]
-pub struct WriteLocks {
-    /// Names the mount in the lock's owner (`HOST/mount:PATH`).
-    pub mountpoint: String,
-    /// The leases' TTL (`--lock-ttl`).
-    pub ttl: Duration,
-    /// `--lock-mode`: cooperative (hand the lock over to a mount that asks) or exclusive.
-    pub mode: LockMode,
-    /// `--handover-timeout`: how long a write waits for another mount to hand the lock over.
-    pub handover_timeout: Duration,
-}
 
 pub struct SheepFs {
     rt: tokio::runtime::Handle,
@@ -87,13 +74,7 @@ impl SheepFs {
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let locks = match (&cache, locks) {
             (None, Some(l)) => {
-                let locks = Arc::new(PlainLocks::new(
-                    client.clone(),
-                    &l.mountpoint,
-                    l.ttl,
-                    l.mode,
-                    l.handover_timeout,
-                ));
+                let locks = Arc::new(PlainLocks::new(client.clone(), &l));
                 rt.spawn(locks.clone().keeper());
                 Some(locks)
             }

@@ -31,5 +31,5 @@ mod names;
 pub mod socket;
 mod switch;
 
-pub use fs::{SheepFs, WriteLocks};
-pub use locks::LockMode;
+pub use fs::SheepFs;
+pub use locks::{LockMode, WriteLocks};

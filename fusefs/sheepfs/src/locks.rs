@@ -24,13 +24,26 @@
 //! first write, as `dog vdi write` does).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use objcache::{chain, CacheError};
 use objstore_client::lock::{self, LockError, LockInfo, Renewal};
 use objstore_client::{Client, Vdi};
+
+/// The attachment locks of a mount without a cache (`sheepfs` without `--no-lock`).
+#[derive(Debug, Clone)]
+pub struct WriteLocks {
+    /// Names the mount in the lock's owner (`HOST/mount:PATH`).
+    pub mountpoint: String,
+    /// The leases' TTL (`--lock-ttl`).
+    pub ttl: Duration,
+    /// `--lock-mode`: cooperative (hand the lock over to a mount that asks) or exclusive.
+    pub mode: LockMode,
+    /// `--handover-timeout`: how long a write waits for another mount to hand the lock over.
+    pub handover_timeout: Duration,
+}
 
 /// `sheepfs --lock-mode`: what a read-write open does while another mount holds the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -58,13 +71,6 @@ pub(crate) struct Asked {
     pub(crate) to: String,
 }
 
-/// Hand-overs given and taken by this mount, for the logs and the stats.
-#[derive(Default)]
-pub(crate) struct HandOvers {
-    pub(crate) given: AtomicU64,
-    pub(crate) taken: AtomicU64,
-}
-
 /// The locks this mount holds for its read-write files (no cache).
 pub(crate) struct PlainLocks {
     client: Arc<Client>,
@@ -90,32 +96,24 @@ pub(crate) struct PlainLocks {
     any_away: AtomicBool,
     /// Held by the one write of a VDI that asks for its lock (by VDI id); the others wait.
     taking: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
-    pub(crate) handovers: HandOvers,
 }
 
 impl PlainLocks {
-    pub(crate) fn new(
-        client: Arc<Client>,
-        mountpoint: &str,
-        ttl: Duration,
-        mode: LockMode,
-        handover_timeout: Duration,
-    ) -> PlainLocks {
+    pub(crate) fn new(client: Arc<Client>, cfg: &WriteLocks) -> PlainLocks {
         let host = lock::local_host();
         PlainLocks {
             client,
-            owner: format!("{host}/mount:{mountpoint}"),
+            owner: format!("{host}/mount:{}", cfg.mountpoint),
             host,
-            ttl,
-            mode,
-            handover_timeout,
+            ttl: cfg.ttl,
+            mode: cfg.mode,
+            handover_timeout: cfg.handover_timeout,
             held: tokio::sync::Mutex::default(),
             lost: Mutex::default(),
             any_lost: AtomicBool::new(false),
             away: Mutex::default(),
             any_away: AtomicBool::new(false),
             taking: Mutex::default(),
-            handovers: HandOvers::default(),
         }
     }
 
@@ -217,7 +215,6 @@ impl PlainLocks {
             }
         }
         self.set_away(vid, false);
-        self.handovers.taken.fetch_add(1, Ordering::Relaxed);
         match &taken.from {
             Some(from) => tracing::info!(
                 "VDI '{name}': took the lock over from {} (owner {}, generation {}) for a write, in {:?}; generation {} now",
@@ -273,7 +270,6 @@ impl PlainLocks {
         lock::release(&self.client, &asked.vdi, &self.owner).await?;
         h.info = None;
         self.set_away(h.vid, true);
-        self.handovers.given.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 

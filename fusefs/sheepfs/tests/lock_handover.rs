@@ -116,6 +116,23 @@ fn mount(tmp: &Path, c: &Cluster, name: &str, extra: &[&str]) -> Mount {
     )
 }
 
+/// A cluster with its mount (A) and a second plain mount (B, another host to the cluster),
+/// and VDI `x` of 16 MiB. Fields drop in order: B, then A and the cluster, then the
+/// directory B lives in.
+struct Hosts {
+    b: Mount,
+    rig: Rig,
+    tmp: tempfile::TempDir,
+}
+
+fn two_hosts() -> Hosts {
+    let tmp = tempfile::tempdir().unwrap();
+    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
+    let b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    Hosts { b, rig, tmp }
+}
+
 fn count(log: &Path, what: &str) -> usize {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -128,17 +145,24 @@ fn dog_read(c: &Cluster) -> Vec<u8> {
     c.dog_ok(&["vdi", "read", "x"])
 }
 
+/// Sends SIGCONT to a stopped process when dropped.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) with a pid and a signal number; no memory is involved.
+        unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGCONT) };
+    }
+}
+
 const TAKEN: &str = "took the lock over from";
 
 #[test]
 fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
-    let tmp = tempfile::tempdir().unwrap();
-    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
-    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
-    let b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    let h = two_hosts();
     // Both keep the file open read-write all along, as two qemu processes would.
-    let fa = open_rw(rig.path("x"));
-    let fb = open_rw(b.path("x"));
+    let fa = open_rw(h.rig.path("x"));
+    let fb = open_rw(h.b.path("x"));
     let files = [&fa, &fb];
     let mut m = Model::new(42);
     let rounds = 200;
@@ -156,9 +180,9 @@ fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
     let took = start.elapsed();
     m.check_all(&fa, "mount A at the end");
     m.check_all(&fb, "mount B at the end");
-    m.check_bytes(&dog_read(&rig.cluster), "dog vdi read");
-    let taken = count(&rig.cluster.dir.path().join("sheepfs.log"), TAKEN)
-        + count(&tmp.path().join("b.log"), TAKEN);
+    m.check_bytes(&dog_read(&h.rig.cluster), "dog vdi read");
+    let taken = count(&h.rig.cluster.dir.path().join("sheepfs.log"), TAKEN)
+        + count(&h.tmp.path().join("b.log"), TAKEN);
     assert!(
         taken >= rounds - 1,
         "{taken} hand-overs logged for {rounds} rounds of writes in turn"
@@ -174,19 +198,18 @@ fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
 /// gone, and its own next write asks for it back. No acknowledged write is lost.
 #[test]
 fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends() {
-    let tmp = tempfile::tempdir().unwrap();
-    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
-    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
-    let mut b = mount(tmp.path(), &rig.cluster, "b", &[]);
-    let fa = open_rw(rig.path("x"));
-    let fb = open_rw(b.path("x"));
+    let mut h = two_hosts();
+    let fa = open_rw(h.rig.path("x"));
+    let fb = open_rw(h.b.path("x"));
     let mut m = Model::new(7);
     m.write(&fb, 32);
-    b.signal(libc::SIGSTOP);
+    h.b.signal(libc::SIGSTOP);
+    // Resumed even if the write fails: a stopped FUSE server would hang the cleanup.
+    let resume = Resume(h.b.pid());
     let t = Instant::now();
     m.write(&fa, 32);
     let waited = t.elapsed();
-    b.signal(libc::SIGCONT);
+    drop(resume);
     // Within the lease's TTL and a renewal's slack (3 s + 3 s), well before the 30 s bound.
     assert!(
         waited < Duration::from_secs(10),
@@ -196,7 +219,7 @@ fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends() {
     m.write(&fb, 32);
     m.check_all(&fb, "mount B after taking it back");
     m.check_all(&fa, "mount A after B took it back");
-    m.check_bytes(&dog_read(&rig.cluster), "dog vdi read");
+    m.check_bytes(&dog_read(&h.rig.cluster), "dog vdi read");
     eprintln!("the write waited {waited:?} for the stopped holder");
 }
 
@@ -204,12 +227,9 @@ fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends() {
 /// ends; every write the dead holder acknowledged and fsynced reads back.
 #[test]
 fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write() {
-    let tmp = tempfile::tempdir().unwrap();
-    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
-    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
-    let mut b = mount(tmp.path(), &rig.cluster, "b", &[]);
-    let fa = open_rw(rig.path("x"));
-    let fb = open_rw(b.path("x"));
+    let mut h = two_hosts();
+    let fa = open_rw(h.rig.path("x"));
+    let fb = open_rw(h.b.path("x"));
     let mut m = Model::new(11);
     m.write(&fb, 64);
     let asker = std::thread::spawn({
@@ -221,7 +241,7 @@ fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write() {
         }
     });
     std::thread::sleep(Duration::from_millis(50));
-    b.kill9();
+    h.b.kill9();
     drop(fb);
     let (m, waited) = asker.join().unwrap();
     assert!(
@@ -229,23 +249,20 @@ fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write() {
         "the write waited {waited:?} for a killed holder's lease of {TTL}"
     );
     m.check_all(&fa, "mount A after the holder was killed");
-    m.check_bytes(&dog_read(&rig.cluster), "dog vdi read");
+    m.check_bytes(&dog_read(&h.rig.cluster), "dog vdi read");
 }
 
 /// A node dies while the two mounts hand the lock back and forth: every read still matches.
 #[test]
 fn hand_overs_go_on_while_a_node_dies() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
-    rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
-    let b = mount(tmp.path(), &rig.cluster, "b", &[]);
-    let fa = open_rw(rig.path("x"));
-    let fb = open_rw(b.path("x"));
+    let mut h = two_hosts();
+    let fa = open_rw(h.rig.path("x"));
+    let fb = open_rw(h.b.path("x"));
     let files = [&fa, &fb];
     let mut m = Model::new(5);
     for r in 0..40 {
         if r == 15 {
-            rig.cluster.kill9(2);
+            h.rig.cluster.kill9(2);
         }
         let (me, other) = (files[r % 2], files[(r + 1) % 2]);
         m.check_some(me, 4, &format!("round {r}: read before the write"));
