@@ -108,6 +108,11 @@ pub fn human(s: &CacheStats) -> String {
         "Corrupt blocks:  {} found after a restart (clean ones fetched again, dirty ones quarantined)",
         t.corrupt_blocks
     );
+    let _ = writeln!(
+        o,
+        "Lock hand-overs: {} given to other mounts, {} taken from them",
+        t.handovers_given, t.handovers_taken
+    );
     o.push('\n');
     o.push_str(&table(&s.vdis));
     o
@@ -217,7 +222,7 @@ pub fn prometheus(s: &CacheStats) -> String {
     let t = &s.total;
     let mut o = String::new();
     let one = |v: u64| vec![(String::new(), v)];
-    let cache: [(&str, &str, &str, u64); 25] = [
+    let cache: [(&str, &str, &str, u64); 27] = [
         (
             "sheepfs_cache_size_bytes",
             "gauge",
@@ -367,6 +372,18 @@ pub fn prometheus(s: &CacheStats) -> String {
             "counter",
             "Cached blocks found corrupt when first read after a restart.",
             t.corrupt_blocks,
+        ),
+        (
+            "sheepfs_cache_handovers_given_total",
+            "counter",
+            "VDI locks handed over to another mount that asked for them (cooperative lock mode).",
+            t.handovers_given,
+        ),
+        (
+            "sheepfs_cache_handovers_taken_total",
+            "counter",
+            "VDI locks taken over from another mount for a write (cooperative lock mode).",
+            t.handovers_taken,
         ),
     ];
     for (name, kind, help, v) in cache {
@@ -642,6 +659,7 @@ Push retries:    5
 Oldest dirty:    1m23s
 Full cache:      7 writes straight to the cluster (28.0 KiB)
 Corrupt blocks:  0 found after a restart (clean ones fetched again, dirty ones quarantined)
+Lock hand-overs: 0 given to other mounts, 0 taken from them
 
 Name           Mode                Used       Dirty        Hits      Misses   Hit %      Pushed
 disk0          writeback      300.0 MiB    48.0 MiB         300         100   75.0%     1.0 GiB

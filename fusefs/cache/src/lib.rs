@@ -46,6 +46,7 @@
 //! - [`closing`]: writes while the unmount pushes the last dirty data, and after it.
 //! - [`stats`]: counters and modes ([`stats::Stats`]).
 //! - [`control`]: what `cachectl` asks of the cache, through sheepfs's control socket.
+//! - [`handover`]: the lock of an attached VDI handed over to another mount that asked.
 //! - [`switch`]: a snapshot or rollback taken by this mount moves an attached VDI to its new
 //!   inode (id).
 //! - [`vdi`]: a VDI seen through the cache ([`CachedVdi`]), the filesystem's handle.
@@ -85,6 +86,7 @@ mod error;
 mod files;
 mod fill;
 mod full;
+mod handover;
 mod lifecycle;
 mod object;
 mod orphan;
@@ -107,6 +109,7 @@ use objstore_client::Client;
 pub use backend::{Backend, Pause};
 
 pub use error::{chain, CacheError, PushError};
+pub use handover::{Given, HeldLock, LockIdentity};
 pub use switch::Switched;
 pub use vdi::{CachedVdi, Missed};
 

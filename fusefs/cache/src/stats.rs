@@ -38,6 +38,9 @@ pub(crate) struct Counters {
     pub(crate) full_writethrough_bytes: AtomicU64,
     /// Cached blocks found corrupt after a restart ([`crate::sums`]).
     pub(crate) corrupt_blocks: AtomicU64,
+    /// Locks handed over to another mount, and taken over from one ([`crate::handover`]).
+    pub(crate) handovers_given: AtomicU64,
+    pub(crate) handovers_taken: AtomicU64,
 }
 
 impl Counters {
@@ -130,6 +133,8 @@ impl<B: Backend> Inner<B> {
             e.full_writethroughs = g(&c.full_writethroughs);
             e.full_writethrough_bytes = g(&c.full_writethrough_bytes);
             e.corrupt_blocks = g(&c.corrupt_blocks);
+            e.handovers_given = g(&c.handovers_given);
+            e.handovers_taken = g(&c.handovers_taken);
         }
         let records = self.dir.records.read().unwrap();
         let mut vdis: Vec<VdiStats> = per
@@ -171,6 +176,8 @@ impl<B: Backend> Inner<B> {
             total.full_writethroughs += v.full_writethroughs;
             total.full_writethrough_bytes += v.full_writethrough_bytes;
             total.corrupt_blocks += v.corrupt_blocks;
+            total.handovers_given += v.handovers_given;
+            total.handovers_taken += v.handovers_taken;
         }
         let dirty = self.space.dirty.load(Ordering::SeqCst);
         CacheStats {

@@ -42,10 +42,6 @@ pub struct Switched<T> {
     pub discarded_dirty: u64,
 }
 
-/// How often a snapshot flushes again when writes came in while it flushed (the caller
-/// keeps writes out, so once is the rule).
-const FLUSH_ROUNDS: usize = 3;
-
 impl<B: Backend> Cache<B> {
     /// Runs `op` (given this cache's lock owner), a snapshot or a rollback of VDI `name`
     /// that gives it a new inode, and moves the cache's state of the VDI to that inode (see
@@ -79,27 +75,12 @@ impl<B: Backend> Cache<B> {
         if let Some(name) = inner.attach.lost(vid) {
             return Err(CacheError::LockLost { name });
         }
-        let mut flushed = 0;
-        let mut round = 0;
-        let _pushes = loop {
-            if !discard {
-                let push = inner.flush(Some(vid), |_, _| {}).await;
-                flushed += push.map_err(|source| CacheError::Push {
-                    name: name.to_string(),
-                    source,
-                })?;
-            }
-            let pushes = inner.pushes.push_lock.lock().await;
-            round += 1;
-            if discard || inner.dirty_of(vid) == 0 {
-                break pushes;
-            }
-            if round == FLUSH_ROUNDS {
-                return Err(CacheError::Vdi(VdiError::Unavailable {
-                    name: name.to_string(),
-                    reason: "writes kept coming while its cache was flushed for the snapshot; nothing was taken".into(),
-                }));
-            }
+        let (flushed, _pushes) = if discard {
+            (0, inner.pushes.push_lock.lock().await)
+        } else {
+            inner
+                .flush_to_let_go(vid, name, "take the snapshot")
+                .await?
         };
         let detached = inner.detach_quiet(vid).await;
         let result = match op(owner).await {

@@ -131,6 +131,13 @@ pub struct VdiStats {
     /// they are never pushed; `docs/cache.md`).
     #[serde(default)]
     pub corrupt_blocks: u64,
+    /// Times this mount handed the VDI's lock over to another mount that asked for it
+    /// (`sheepfs --lock-mode cooperative`: its dirty data pushed, its cached blocks dropped).
+    #[serde(default)]
+    pub handovers_given: u64,
+    /// Times this mount took the VDI's lock over from another mount, for a write.
+    #[serde(default)]
+    pub handovers_taken: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -283,7 +290,7 @@ mod golden {
     fn stats_line() {
         const GOLD: &str = concat!(
             r#"{"ok":{"stats":{"dir":"/c","size":0,"used":0,"dirty":0,"flush_backlog":0,"fill_backlog":0,"max_dirty":0,"max_dirty_age_secs":0,"sequential_cutoff":0,"fills_limited":false,"default_mode":"writeback","push_errors":0,"last_push_error":null,"push_retries":0,"oldest_dirty_ms":0,"#,
-            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0,"full_writethroughs":0,"full_writethrough_bytes":0,"corrupt_blocks":0},"vdis":[]}}}"#
+            r#""total":{"name":"total","mode":null,"used":0,"dirty":0,"hits":0,"hit_bytes":0,"misses":0,"miss_bytes":0,"fills":0,"fill_bytes":0,"evictions":0,"evicted_bytes":0,"skipped_fills":0,"busy_skipped_fills":0,"stream_bypasses":0,"pushed_bytes":0,"full_writethroughs":0,"full_writethrough_bytes":0,"corrupt_blocks":0,"handovers_given":0,"handovers_taken":0},"vdis":[]}}}"#
         );
         let st = CacheStats {
             dir: "/c".into(),

@@ -30,8 +30,10 @@ use objstore_proto::size::format_size;
 
 use objcache::{Cache, CacheError, Missed};
 
+use crate::cachelocks::CacheLocks;
 use crate::errno;
 use crate::handles::{cache_fail, fail, Disk, Shared};
+use crate::handover::Holder;
 use crate::locks::{LockMode, PlainLocks, WriteLocks};
 use crate::names::is_snapshot;
 
@@ -72,12 +74,22 @@ impl SheepFs {
     ) -> SheepFs {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let locks = match (&cache, locks) {
+        let cooperative = locks.as_ref().map(|l| l.mode) == Some(LockMode::Cooperative);
+        let (locks, cache_locks) = match (&cache, locks) {
             (None, Some(l)) => {
                 let locks = Arc::new(PlainLocks::new(client.clone(), &l));
                 rt.spawn(locks.clone().keeper());
-                Some(locks)
+                (Some(locks), None)
             }
+            (Some(cache), Some(l)) if cooperative => {
+                let cl = CacheLocks::new(cache.clone(), client.clone(), l.handover_timeout);
+                (None, Some(Arc::new(cl)))
+            }
+            _ => (None, None),
+        };
+        let holder = match (&locks, &cache_locks) {
+            (Some(l), _) if cooperative => Some(Holder::Plain(l.clone())),
+            (_, Some(cl)) => Some(Holder::Cache(cl.clone())),
             _ => None,
         };
         let sh = Arc::new(Shared {
@@ -92,14 +104,11 @@ impl SheepFs {
             gid,
             mounted_at: SystemTime::now(),
             locks,
+            cache_locks,
             rt: rt.clone(),
         });
-        if let Some(locks) = sh
-            .locks
-            .as_ref()
-            .filter(|l| l.mode() == LockMode::Cooperative)
-        {
-            rt.spawn(sh.clone().answer_requests(locks.clone()));
+        if let Some(holder) = holder {
+            rt.spawn(sh.clone().answer_requests(holder));
         }
         SheepFs { rt, sh }
     }
@@ -400,7 +409,7 @@ impl Filesystem for SheepFs {
             }
         }
         self.spawn(move |sh| async move {
-            let disk = match sh.in_use(ino.0, now).await {
+            let mut disk = match sh.in_use(ino.0, now).await {
                 Ok(d) => d,
                 Err(e) => return reply.error(e),
             };
@@ -409,9 +418,26 @@ impl Filesystem for SheepFs {
                 return reply.data(&[]);
             }
             let len = (size as u64).min(end - offset);
-            let read = match &*disk {
-                Disk::Plain(v, _) => sh.read_plain(v, offset, len).await,
-                Disk::Cached(c) => c.read_missed(offset, len, missed).await,
+            let mut missed = Some(missed);
+            let read = loop {
+                let read = match &*disk {
+                    Disk::Plain(v, _) => sh.read_plain(v, offset, len).await,
+                    Disk::Cached(c) => {
+                        let m = missed.take().unwrap_or_default();
+                        c.read_missed(offset, len, m).await
+                    }
+                };
+                match read {
+                    // The lock was lost to another mount (cooperative mode): again, plain.
+                    Err(e) if sh.lost_to_plain(ino.0, &disk, &e).await => {
+                        drop(disk);
+                        disk = match sh.opened_wait(ino.0).await {
+                            Ok(d) => d,
+                            Err(e) => return reply.error(e),
+                        };
+                    }
+                    r => break r,
+                }
             };
             match read {
                 Ok(data) => reply.data(&data),
@@ -443,25 +469,37 @@ impl Filesystem for SheepFs {
         }
         let data = Bytes::copy_from_slice(data);
         self.spawn(move |sh| async move {
-            let disk = match sh.in_use(ino.0, now).await {
+            let mut disk = match sh.in_use(ino.0, now).await {
                 Ok(d) => d,
                 Err(e) => return reply.error(e),
             };
-            if let Some(e) = sh.refused(&disk) {
-                return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
-            }
-            if let Err(e) = sh.take_lock(&disk).await {
-                return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
-            }
-            let end = disk.vdi().size();
-            if offset >= end {
-                return reply.error(Errno::ENOSPC);
-            }
-            // Like a block device: the part inside the disk is written, the rest refused.
-            let n = (data.len() as u64).min(end - offset) as usize;
-            match disk.write(offset, data.slice(..n)).await {
-                Ok(()) => reply.written(n as u32),
-                Err(e) => reply.error(cache_fail("write", &disk.vdi().header().name, &e)),
+            loop {
+                if let Some(e) = sh.refused(&disk) {
+                    return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
+                }
+                if let Err(e) = sh.take_lock(&disk).await {
+                    return reply.error(cache_fail("write", &disk.vdi().full_name(), &e));
+                }
+                let end = disk.vdi().size();
+                if offset >= end {
+                    return reply.error(Errno::ENOSPC);
+                }
+                // Like a block device: the part inside the disk is written, the rest refused.
+                let n = (data.len() as u64).min(end - offset) as usize;
+                match disk.write(offset, data.slice(..n)).await {
+                    Ok(()) => return reply.written(n as u32),
+                    // The lock was lost to another mount (cooperative mode): again, plain.
+                    Err(e) if sh.lost_to_plain(ino.0, &disk, &e).await => {
+                        drop(disk);
+                        disk = match sh.opened_wait(ino.0).await {
+                            Ok(d) => d,
+                            Err(e) => return reply.error(e),
+                        };
+                    }
+                    Err(e) => {
+                        return reply.error(cache_fail("write", &disk.vdi().header().name, &e))
+                    }
+                }
             }
         });
     }
@@ -504,9 +542,23 @@ impl Filesystem for SheepFs {
             if let Some(e) = sh.refused(&disk) {
                 return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e));
             }
-            match disk.flush().await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(cache_fail("fsync", &disk.vdi().header().name, &e)),
+            let mut disk = disk;
+            loop {
+                match disk.flush().await {
+                    Ok(()) => return reply.ok(),
+                    // Lost to another mount (cooperative mode) with nothing unpushed: every
+                    // write acknowledged here is in the cluster; flushed there, plain.
+                    Err(e) if sh.lost_to_plain(ino.0, &disk, &e).await => {
+                        drop(disk);
+                        disk = match sh.opened_wait(ino.0).await {
+                            Ok(d) => d,
+                            Err(e) => return reply.error(e),
+                        };
+                    }
+                    Err(e) => {
+                        return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e))
+                    }
+                }
             }
         });
     }

@@ -18,6 +18,7 @@ use objstore_proto::Vid;
 
 use objcache::{chain, Cache, CacheError, CachedVdi};
 
+use crate::cachelocks::CacheLocks;
 use crate::errno;
 use crate::locks::PlainLocks;
 use crate::names::{is_snapshot, Names};
@@ -212,6 +213,8 @@ pub(crate) struct Shared {
     pub(crate) mounted_at: SystemTime,
     /// Without a cache (and without `--no-lock`): the locks of the VDIs open read-write.
     pub(crate) locks: Option<Arc<PlainLocks>>,
+    /// With a cache in cooperative lock mode: hand-overs of the locks the cache holds.
+    pub(crate) cache_locks: Option<Arc<CacheLocks>>,
     pub(crate) rt: tokio::runtime::Handle,
 }
 
@@ -341,16 +344,32 @@ impl Shared {
 
     /// A new handle on `name`: through the cache when there is one (a read-write open attaches
     /// the VDI), else straight to the cluster.
+    /// In cooperative lock mode a read-write open of a VDI another mount holds is not
+    /// refused: it gets a plain handle whose first write asks for the lock.
     pub(crate) async fn make_disk(&self, name: &str, rw: bool) -> Result<Disk, Errno> {
+        let mut away = false;
         if let Some(cache) = &self.cache {
             match cache.open_vdi(name, rw).await {
                 Ok(Some(c)) => return Ok(Disk::Cached(Arc::new(c))),
                 Ok(None) => {}
+                Err(CacheError::Lock(LockError::Held { host, owner, .. }))
+                    if self.cache_locks.is_some() =>
+                {
+                    tracing::info!(
+                        "VDI '{name}' opened read-write while {host} (owner {owner}) holds its lock: read from the cluster until the first write here asks for it"
+                    );
+                    away = true;
+                }
                 Err(e) => return Err(cache_fail("open", name, &e)),
             }
         }
         match Vdi::open(self.client.clone(), name).await {
-            Ok(v) => Ok(Disk::Plain(Arc::new(v), Arc::default())),
+            Ok(v) => {
+                if let (Some(cl), true) = (&self.cache_locks, away) {
+                    cl.away.set(v.header().vid.0, true);
+                }
+                Ok(Disk::Plain(Arc::new(v), Arc::default()))
+            }
             Err(e) => Err(fail("open", name, &e)),
         }
     }
@@ -383,9 +402,13 @@ impl Shared {
             let entry = open
                 .entry(ino)
                 .or_insert_with(|| OpenVdi::new(fresh.clone()));
-            // A read-write open upgrades a shared plain handle to the cached one.
+            // A read-write open upgrades a shared plain handle to the cached one (the cache
+            // holds the lock now, if another mount had it).
             if let Disk::Cached(cached) = &fresh {
                 replaced = entry.upgrade(cached);
+                if let Some(cl) = &self.cache_locks {
+                    cl.away.set(cached.vdi().header().vid.0, false);
+                }
             }
             entry.handles += 1;
             entry.writers += rw as usize;
@@ -452,6 +475,9 @@ impl Shared {
             o.handles -= 1;
             o.writers = o.writers.saturating_sub(rw as usize);
             if o.handles == 0 {
+                if let Some(cl) = &self.cache_locks {
+                    cl.away.set(o.disk.vdi().header().vid.0, false);
+                }
                 open.remove(&ino);
                 self.closed.notify_waiters();
             }
@@ -482,18 +508,33 @@ impl Shared {
     /// read afresh, so no plain write lands after the cache read or wrote its blocks. False
     /// if there was nothing to take over.
     pub(crate) async fn take_over(&self, vid: u32) -> Result<bool, CacheError> {
+        match self.attach_open(vid).await? {
+            Some((plain, cached, name)) => hand_over(plain, &cached, &name).await,
+            None => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// [`Shared::take_over`] up to its wait: attaches VDI `vid` and makes a gated cached
+    /// handle the open file's. Returns what [`hand_over`] must then wait for and open (the
+    /// caller may be a request pinning the plain handle: it must not wait itself); None if
+    /// there was nothing to take over.
+    pub(crate) async fn attach_open(
+        &self,
+        vid: u32,
+    ) -> Result<Option<(Arc<InFlight>, Arc<CachedVdi>, String)>, CacheError> {
         let found = (self.open.lock().unwrap().iter())
             .find(|(_, o)| o.disk.vdi().header().vid == Vid(vid))
             .map(|(ino, o)| (*ino, o.writers > 0 && matches!(o.disk, Disk::Plain(..))));
         let ino = match found {
             Some((ino, true)) => ino,
-            _ => return Ok(false),
+            _ => return Ok(None),
         };
         let name = self
             .name_of(ino)
             .map_err(|_| CacheError::Vdi(VdiError::NotFound(vid.to_string())))?;
         let Some(cache) = &self.cache else {
-            return Ok(false);
+            return Ok(None);
         };
         let cached = Arc::new(cache.take_over(vid, &name).await?);
         let plain = match self.open.lock().unwrap().get_mut(&ino) {
@@ -501,12 +542,14 @@ impl Shared {
             None => None,
         };
         match plain {
-            Some(plain) => hand_over(plain, &cached, &name).await,
+            Some(plain) => Ok(Some((plain, cached, name))),
             // Closed meanwhile (the VDI stays attached, as after any read-write open), a
             // read-write open took it through the cache first, or no writer is left.
-            None => cached.open_gate(),
+            None => {
+                cached.open_gate();
+                Ok(None)
+            }
         }
-        Ok(true)
     }
 
     /// Why writes, discards and fsyncs of open VDI `disk` are refused, if they are: it is a
@@ -522,13 +565,23 @@ impl Shared {
             .then_some(CacheError::LockLost { name: h.name })
     }
 
-    /// Before a write or discard of `disk` (cooperative lock mode, no cache): if another
+    /// Before a write or discard of `disk` (cooperative lock mode): if another
     /// mount holds the VDI's lock, asks for it and waits until it is handed over.
     pub(crate) async fn take_lock(&self, disk: &Disk) -> Result<(), CacheError> {
-        match (&self.locks, disk) {
-            (Some(locks), Disk::Plain(v, _)) => locks.take(v).await,
+        match (&self.locks, &self.cache_locks, disk) {
+            (Some(locks), _, Disk::Plain(v, _)) => locks.take(v).await,
+            (_, Some(cl), Disk::Plain(v, _)) => self.take_cached_lock(cl, v).await,
             _ => Ok(()),
         }
+    }
+
+    /// Whether another mount holds the lock of VDI `vid`, open here (cooperative mode).
+    pub(crate) fn is_away(&self, vid: u32) -> bool {
+        self.locks.as_ref().is_some_and(|l| l.is_away(vid))
+            || self
+                .cache_locks
+                .as_ref()
+                .is_some_and(|l| l.away.contains(vid))
     }
 
     /// A read through plain handle `v`: while another mount holds the VDI's lock (it is open
@@ -540,10 +593,8 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Result<Bytes, CacheError> {
-        if let Some(locks) = &self.locks {
-            if locks.is_away(v.header().vid.0) {
-                v.reload_entries(offset, len).await?;
-            }
+        if self.is_away(v.header().vid.0) {
+            v.reload_entries(offset, len).await?;
         }
         Ok(v.read_at(offset, len).await?)
     }

@@ -1,8 +1,9 @@
-//! The holder's side of a cooperative lock hand-over (mount without a cache, see
-//! [`crate::locks`]): every [`lock::REQUEST_POLL`] it looks for requests for the locks it
-//! holds; for each, it closes the VDI's gate (requests in flight are answered first, new ones
-//! wait), makes every acknowledged write durable (a flush: map entries and nodes), releases
-//! the lock and opens the gate again. The writes that waited then ask for the lock back.
+//! The holder's side of a cooperative lock hand-over: every [`lock::REQUEST_POLL`] the mount
+//! looks for requests for the locks it holds. Without a cache ([`crate::locks`]), for each it
+//! closes the VDI's gate (requests in flight are answered first, new ones wait), makes every
+//! acknowledged write durable (a flush: map entries and nodes), releases the lock and opens
+//! the gate again; the writes that waited then ask for the lock back. With a cache, the cache
+//! pushes and drops what it holds of the VDI first ([`crate::cachelocks`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,15 +11,26 @@ use std::time::Instant;
 use objcache::chain;
 use objstore_client::lock;
 
+use crate::cachelocks::CacheLocks;
 use crate::handles::Shared;
 use crate::locks::{Asked, PlainLocks};
 
+/// Whose locks a mount hands over.
+pub(crate) enum Holder {
+    Plain(Arc<PlainLocks>),
+    Cache(Arc<CacheLocks>),
+}
+
 impl Shared {
     /// Answers hand-over requests for as long as the mount lives.
-    pub(crate) async fn answer_requests(self: Arc<Self>, locks: Arc<PlainLocks>) {
+    pub(crate) async fn answer_requests(self: Arc<Self>, holder: Holder) {
         loop {
             tokio::time::sleep(lock::REQUEST_POLL).await;
-            let asked = match locks.asked().await {
+            let asked = match &holder {
+                Holder::Plain(locks) => locks.asked().await,
+                Holder::Cache(cl) => cl.asked().await,
+            };
+            let asked = match asked {
                 Ok(a) => a,
                 Err(e) => {
                     tracing::debug!("looking for lock requests: {}", chain(&e));
@@ -26,7 +38,10 @@ impl Shared {
                 }
             };
             for a in asked {
-                self.hand_over_lock(&locks, &a).await;
+                match &holder {
+                    Holder::Plain(locks) => self.hand_over_lock(locks, &a).await,
+                    Holder::Cache(cl) => self.give_cached_lock(cl, &a).await,
+                }
             }
         }
     }

@@ -12,7 +12,8 @@
 //! - [`fs`]: the `fuser::Filesystem` implementation.
 //! - `handles`: the open VDIs' handles (plain or cached), and taking one over into the cache.
 //! - `locks`: without a cache, the attachment locks of the VDIs open read-write, and their
-//!   cooperative hand-over to another mount (`handover`: the holder's side).
+//!   cooperative hand-over to another mount (`handover`: the holder's side);
+//!   `cachelocks`: the hand-over of the locks the cache holds.
 //! - `names`: inode numbers, one per name (a VDI or a snapshot `NAME@TAG`, read-only).
 //! - `switch`: a snapshot or rollback asked over the control socket, and the mount going
 //!   on with the VDI's new inode.
@@ -21,6 +22,7 @@
 //! - [`errno`]: the one mapping from library errors to errno values.
 //! - [`mount`]: mount options and the checks made before mounting.
 
+mod cachelocks;
 pub mod errno;
 pub mod fs;
 mod handles;

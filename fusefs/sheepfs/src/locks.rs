@@ -64,11 +64,76 @@ struct Held {
     writers: usize,
 }
 
-/// A hand-over this mount was asked for: give the lock of `vdi` (held at `gen`) to `to`.
+/// A hand-over this mount was asked for: give the lock of `vdi` (id `vid`, held at `gen`)
+/// to `to`.
 pub(crate) struct Asked {
     pub(crate) vdi: String,
+    pub(crate) vid: u32,
     pub(crate) gen: u64,
     pub(crate) to: String,
+}
+
+/// The requests of other owners than `owner` for the locks in `mine` (VDI name: its id and
+/// the generation held), at the generation held. Nothing (and no cluster call) if `mine` is
+/// empty.
+pub(crate) async fn asked_of(
+    client: &Client,
+    owner: &str,
+    mine: &HashMap<String, (u32, u64)>,
+) -> Result<Vec<Asked>, LockError> {
+    if mine.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(lock::handover::requests(client)
+        .await?
+        .into_iter()
+        .filter_map(|r| {
+            let &(vid, gen) = mine.get(&r.vdi)?;
+            (r.owner != owner && r.gen == gen).then(|| Asked {
+                vid,
+                gen,
+                to: format!("{} (owner {})", r.host, r.owner),
+                vdi: r.vdi,
+            })
+        })
+        .collect())
+}
+
+/// VDIs open here whose lock another mount holds (cooperative mode), and the one write per
+/// VDI that asks for it back.
+#[derive(Default)]
+pub(crate) struct Away {
+    /// By VDI id.
+    set: Mutex<HashSet<u32>>,
+    /// Whether `set` may be non-empty (read on every request without taking its lock).
+    any: AtomicBool,
+    /// Held by the one write of a VDI that asks for its lock (by VDI id); the others wait.
+    taking: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Away {
+    pub(crate) fn contains(&self, vid: u32) -> bool {
+        self.any.load(Ordering::Acquire) && self.set.lock().unwrap().contains(&vid)
+    }
+
+    pub(crate) fn set(&self, vid: u32, away: bool) {
+        let mut set = self.set.lock().unwrap();
+        if away {
+            set.insert(vid);
+            self.any.store(true, Ordering::Release);
+        } else {
+            set.remove(&vid);
+            if set.is_empty() {
+                self.any.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Waits for any other write of VDI `vid` asking for its lock; held while this one asks.
+    pub(crate) async fn one_taker(&self, vid: u32) -> tokio::sync::OwnedMutexGuard<()> {
+        let gate = self.taking.lock().unwrap().entry(vid).or_default().clone();
+        gate.lock_owned().await
+    }
 }
 
 /// The locks this mount holds for its read-write files (no cache).
@@ -90,12 +155,8 @@ pub(crate) struct PlainLocks {
     lost: Mutex<HashSet<u32>>,
     /// Whether `lost` may be non-empty (read on every write without taking its lock).
     any_lost: AtomicBool,
-    /// VDIs (by id) open read-write here whose lock another mount has (cooperative mode).
-    away: Mutex<HashSet<u32>>,
-    /// Whether `away` may be non-empty.
-    any_away: AtomicBool,
-    /// Held by the one write of a VDI that asks for its lock (by VDI id); the others wait.
-    taking: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+    /// VDIs open read-write here whose lock another mount has (cooperative mode).
+    pub(crate) away: Away,
 }
 
 impl PlainLocks {
@@ -111,9 +172,7 @@ impl PlainLocks {
             held: tokio::sync::Mutex::default(),
             lost: Mutex::default(),
             any_lost: AtomicBool::new(false),
-            away: Mutex::default(),
-            any_away: AtomicBool::new(false),
-            taking: Mutex::default(),
+            away: Away::default(),
         }
     }
 
@@ -153,28 +212,15 @@ impl PlainLocks {
         Ok(())
     }
 
-    pub(crate) fn mode(&self) -> LockMode {
-        self.mode
-    }
-
     /// Whether another mount has the lock of VDI `vid`, open read-write here (cooperative
     /// mode): its writes must [`PlainLocks::take`] it first, its reads read their map
     /// entries afresh.
     pub(crate) fn is_away(&self, vid: u32) -> bool {
-        self.any_away.load(Ordering::Acquire) && self.away.lock().unwrap().contains(&vid)
+        self.away.contains(vid)
     }
 
     fn set_away(&self, vid: u32, away: bool) {
-        let mut set = self.away.lock().unwrap();
-        if away {
-            set.insert(vid);
-            self.any_away.store(true, Ordering::Release);
-        } else {
-            set.remove(&vid);
-            if set.is_empty() {
-                self.any_away.store(false, Ordering::Release);
-            }
-        }
+        self.away.set(vid, away);
     }
 
     /// Before a write of `vdi` (cooperative mode): if another mount holds its lock, asks for
@@ -186,8 +232,7 @@ impl PlainLocks {
         if !self.is_away(vid) {
             return Ok(());
         }
-        let gate = self.taking.lock().unwrap().entry(vid).or_default().clone();
-        let _one = gate.lock().await;
+        let _one = self.away.one_taker(vid).await;
         if !self.is_away(vid) {
             return Ok(());
         }
@@ -235,25 +280,13 @@ impl PlainLocks {
     /// The hand-overs other mounts ask this one for: requests for a lock it holds, at the
     /// generation it holds it. Nothing (and no cluster call) while it holds none.
     pub(crate) async fn asked(&self) -> Result<Vec<Asked>, LockError> {
-        let mine: HashMap<String, u64> = {
+        let mine: HashMap<String, (u32, u64)> = {
             let held = self.held.lock().await;
             held.iter()
-                .filter_map(|(n, h)| h.info.as_ref().map(|i| (n.clone(), i.gen)))
+                .filter_map(|(n, h)| h.info.as_ref().map(|i| (n.clone(), (h.vid, i.gen))))
                 .collect()
         };
-        if mine.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(lock::handover::requests(&self.client)
-            .await?
-            .into_iter()
-            .filter(|r| r.owner != self.owner && mine.get(&r.vdi) == Some(&r.gen))
-            .map(|r| Asked {
-                vdi: r.vdi,
-                gen: r.gen,
-                to: format!("{} (owner {})", r.host, r.owner),
-            })
-            .collect())
+        asked_of(&self.client, &self.owner, &mine).await
     }
 
     /// Releases the lock of `asked.vdi` for the mount that asked, once the caller made every

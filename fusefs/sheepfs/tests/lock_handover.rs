@@ -1,10 +1,12 @@
-//! Cooperative lock hand-over between mounts without a cache (issue 42; `sheepfs
-//! --lock-mode cooperative`, the default): two mounts, standing for two hosts, keep one VDI
-//! open read-write; each write on the mount that does not hold the lock asks the holder for
-//! it, and the holder flushes and hands it over. Every read is checked against a model of
-//! what each 4 KiB block must hold: no stale byte, no lost write; also with the holder
-//! stopped (SIGSTOP) or killed (-9) while the other mount asks, and with a node killed
-//! during the hand-overs. `--lock-mode exclusive` refuses the second writer (EBUSY).
+//! Cooperative lock hand-over between mounts (issue 42; `sheepfs --lock-mode cooperative`,
+//! the default), each test on mounts without a cache and again on mounts with a writeback
+//! cache each: two mounts, standing for two hosts, keep one VDI open read-write; each write
+//! on the mount that does not hold the lock asks the holder for it, and the holder flushes
+//! (with a cache: pushes its dirty data and drops what it cached) and hands it over. Every
+//! read is checked against a model of what each 4 KiB block must hold: no stale byte, no
+//! lost write; also with the holder stopped (SIGSTOP) or killed (-9) while the other mount
+//! asks, and with a node killed during the hand-overs. `--lock-mode exclusive` refuses the
+//! second writer (EBUSY).
 
 mod common;
 
@@ -13,7 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{block_pattern, open_rw, Rig, SHEEPFS};
+use common::{block_pattern, cachectl_ok, open_rw, Rig, SHEEPFS};
 use testkit::cluster::Cluster;
 use testkit::mount::Mount;
 
@@ -103,6 +105,25 @@ impl Model {
     }
 }
 
+/// Mounts with a cache each, or without one.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Plain,
+    Cached,
+}
+
+/// The mount options of `kind` for a mount whose cache, if any, lives in `dir`.
+fn kind_args(kind: Kind, dir: &Path) -> Vec<String> {
+    let mut a = vec!["--lock-ttl".to_string(), TTL.to_string()];
+    if kind == Kind::Cached {
+        a.push("--cache-dir".into());
+        a.push(dir.display().to_string());
+        a.push("--cache-size".into());
+        a.push("64M".into());
+    }
+    a
+}
+
 /// A second mount of the cluster (another host to the cluster), plain, with `extra`.
 fn mount(tmp: &Path, c: &Cluster, name: &str, extra: &[&str]) -> Mount {
     let mut args = vec!["--lock-ttl", TTL];
@@ -116,20 +137,30 @@ fn mount(tmp: &Path, c: &Cluster, name: &str, extra: &[&str]) -> Mount {
     )
 }
 
-/// A cluster with its mount (A) and a second plain mount (B, another host to the cluster),
-/// and VDI `x` of 16 MiB. Fields drop in order: B, then A and the cluster, then the
-/// directory B lives in.
+/// A cluster with its mount (A) and a second mount (B, another host to the cluster), both
+/// of `kind`, and VDI `x` of 16 MiB. Fields drop in order: B, then A and the cluster, then
+/// the directory B (and the caches) live in.
 struct Hosts {
     b: Mount,
     rig: Rig,
     tmp: tempfile::TempDir,
 }
 
-fn two_hosts() -> Hosts {
+fn two_hosts(kind: Kind) -> Hosts {
     let tmp = tempfile::tempdir().unwrap();
-    let rig = Rig::start(3, 2, "1M", &["--lock-ttl", TTL]);
+    let a_args = kind_args(kind, &tmp.path().join("cache-a"));
+    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
+    let rig = Rig::start(3, 2, "1M", &a_args);
     rig.cluster.dog_ok(&["vdi", "create", "x", "16M"]);
-    let b = mount(tmp.path(), &rig.cluster, "b", &[]);
+    let b_args = kind_args(kind, &tmp.path().join("cache-b"));
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let b = Mount::start(
+        Path::new(SHEEPFS),
+        &rig.cluster.addr(1),
+        &tmp.path().join("mnt-b"),
+        &tmp.path().join("b.log"),
+        &b_args,
+    );
     Hosts { b, rig, tmp }
 }
 
@@ -157,9 +188,8 @@ impl Drop for Resume {
 
 const TAKEN: &str = "took the lock over from";
 
-#[test]
-fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
-    let h = two_hosts();
+fn two_mounts_writing_in_turn_hand_the_lock_over_200_times(kind: Kind) {
+    let h = two_hosts(kind);
     // Both keep the file open read-write all along, as two qemu processes would.
     let fa = open_rw(h.rig.path("x"));
     let fb = open_rw(h.b.path("x"));
@@ -187,6 +217,31 @@ fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
         taken >= rounds - 1,
         "{taken} hand-overs logged for {rounds} rounds of writes in turn"
     );
+    if kind == Kind::Cached {
+        // Both caches were used, and gave up what they held at each hand-over.
+        for (cache, log) in [
+            ("cache-a", h.rig.cluster.dir.path().join("sheepfs.log")),
+            ("cache-b", h.tmp.path().join("b.log")),
+        ] {
+            let out = cachectl_ok(&h.tmp.path().join(cache), &["stats", "--json"]);
+            let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let (given, took) = (
+                &st["total"]["handovers_given"],
+                &st["total"]["handovers_taken"],
+            );
+            assert!(
+                given.as_u64() >= Some(rounds as u64 / 2 - 1)
+                    && took.as_u64() >= Some(rounds as u64 / 2 - 1),
+                "{cache}: {given} hand-overs given, {took} taken in cachectl stats"
+            );
+            let text = std::fs::read_to_string(&log).unwrap();
+            let dropping = text
+                .lines()
+                .filter(|l| l.contains("handed the lock") && !l.contains("dropped 0 B"))
+                .count();
+            assert!(dropping > 0, "{cache}: no hand-over dropped cached data");
+        }
+    }
     eprintln!(
         "{rounds} rounds, {taken} hand-overs in {took:?} ({:?} a round)",
         took / rounds as u32
@@ -196,9 +251,8 @@ fn two_mounts_writing_in_turn_hand_the_lock_over_200_times() {
 /// The holder is stopped (SIGSTOP) while the other mount asks for the lock: the write
 /// waits until the holder's lease ends, then goes on; the holder, resumed, finds its lock
 /// gone, and its own next write asks for it back. No acknowledged write is lost.
-#[test]
-fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends() {
-    let mut h = two_hosts();
+fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends(kind: Kind) {
+    let mut h = two_hosts(kind);
     let fa = open_rw(h.rig.path("x"));
     let fb = open_rw(h.b.path("x"));
     let mut m = Model::new(7);
@@ -225,9 +279,8 @@ fn a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends() {
 
 /// The holder is killed (-9) while the other mount asks: the write goes on once its lease
 /// ends; every write the dead holder acknowledged and fsynced reads back.
-#[test]
-fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write() {
-    let mut h = two_hosts();
+fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write(kind: Kind) {
+    let mut h = two_hosts(kind);
     let fa = open_rw(h.rig.path("x"));
     let fb = open_rw(h.b.path("x"));
     let mut m = Model::new(11);
@@ -253,9 +306,8 @@ fn a_holder_killed_during_a_hand_over_loses_no_fsynced_write() {
 }
 
 /// A node dies while the two mounts hand the lock back and forth: every read still matches.
-#[test]
-fn hand_overs_go_on_while_a_node_dies() {
-    let mut h = two_hosts();
+fn hand_overs_go_on_while_a_node_dies(kind: Kind) {
+    let mut h = two_hosts(kind);
     let fa = open_rw(h.rig.path("x"));
     let fb = open_rw(h.b.path("x"));
     let files = [&fa, &fb];
@@ -324,4 +376,64 @@ fn exclusive_mode_refuses_a_second_writer_with_ebusy() {
         .open(b.path("x"))
         .expect_err("the second writer is refused");
     assert_eq!(e.raw_os_error(), Some(libc::EBUSY), "{e}");
+}
+
+mod two_mounts_writing_in_turn_hand_the_lock_over_200_times {
+    use super::*;
+
+    #[test]
+    fn plain() {
+        super::two_mounts_writing_in_turn_hand_the_lock_over_200_times(Kind::Plain);
+    }
+
+    #[test]
+    fn cached() {
+        super::two_mounts_writing_in_turn_hand_the_lock_over_200_times(Kind::Cached);
+    }
+}
+
+mod a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends {
+    use super::*;
+
+    #[test]
+    fn plain() {
+        super::a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends(
+            Kind::Plain,
+        );
+    }
+
+    #[test]
+    fn cached() {
+        super::a_holder_stopped_during_a_hand_over_lets_the_lock_go_when_its_lease_ends(
+            Kind::Cached,
+        );
+    }
+}
+
+mod a_holder_killed_during_a_hand_over_loses_no_fsynced_write {
+    use super::*;
+
+    #[test]
+    fn plain() {
+        super::a_holder_killed_during_a_hand_over_loses_no_fsynced_write(Kind::Plain);
+    }
+
+    #[test]
+    fn cached() {
+        super::a_holder_killed_during_a_hand_over_loses_no_fsynced_write(Kind::Cached);
+    }
+}
+
+mod hand_overs_go_on_while_a_node_dies {
+    use super::*;
+
+    #[test]
+    fn plain() {
+        super::hand_overs_go_on_while_a_node_dies(Kind::Plain);
+    }
+
+    #[test]
+    fn cached() {
+        super::hand_overs_go_on_while_a_node_dies(Kind::Cached);
+    }
 }

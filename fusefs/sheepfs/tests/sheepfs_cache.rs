@@ -645,7 +645,8 @@ fn second_read_write_attach_is_refused_then_sees_everything() {
     // A second mount (another "host": its own cache dir) on the same cluster.
     let tmp = tempfile::tempdir().unwrap();
     let cache2 = tmp.path().join("cache2");
-    let args = cache_args(&cache2, "64M");
+    let mut args = cache_args(&cache2, "64M");
+    args.extend(["--lock-mode".to_string(), "exclusive".to_string()]);
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let second = Mount::start(
         Path::new(SHEEPFS),

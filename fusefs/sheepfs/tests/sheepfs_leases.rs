@@ -43,7 +43,9 @@ fn rig(nodes: usize) -> (tempfile::TempDir, Rig) {
 
 /// Another "host": its own mount and cache directory on the same cluster, through node `via`.
 fn second_mount(tmp: &Path, c: &Cluster, via: usize) -> Mount {
-    let args = leased_cache_args(&tmp.join("cache2"));
+    let mut args = leased_cache_args(&tmp.join("cache2"));
+    // Refused, not handed over: the lease alone decides.
+    args.extend(["--lock-mode".to_string(), "exclusive".to_string()]);
     Mount::start(
         Path::new(SHEEPFS),
         &c.addr(via),

@@ -2,7 +2,7 @@
 //! does: a second writer (another mount, cached or not) is refused with the same EBUSY and
 //! the same log line everywhere; the lock is leased (`--lock-ttl`), released at the last
 //! close, lost (writes fail with EIO) when another attachment came after its lease ended;
-//! `--no-lock` opts out. Mounts without a cache run with `--lock-mode exclusive` here (the
+//! `--no-lock` opts out. Mounts, cached or not, run with `--lock-mode exclusive` here (the
 //! refusal); the default, cooperative mode hands the lock over instead (`lock_handover.rs`).
 
 mod common;
@@ -29,7 +29,7 @@ fn locks(c: &Cluster) -> Vec<Value> {
 /// Another mount of the cluster in `tmp` (`name`: its directory and log), with `extra`.
 fn mount(tmp: &Path, c: &Cluster, name: &str, extra: &[String]) -> Mount {
     let mut args = vec!["--lock-ttl".to_string(), TTL.to_string()];
-    if !extra.iter().any(|a| a == "--cache-dir" || a == "--no-lock") {
+    if !extra.iter().any(|a| a == "--no-lock") {
         args.extend(["--lock-mode".to_string(), "exclusive".to_string()]);
     }
     args.extend_from_slice(extra);

@@ -96,8 +96,8 @@ struct Args {
     /// What a read-write open does while another mount holds the VDI's lock. cooperative:
     /// it opens, and its first write asks the holder to hand the lock over (the holder
     /// flushes and releases it; its own next write asks it back), as RBD's exclusive lock
-    /// does: live migration works. exclusive: the open is refused with EBUSY. A mount with a
-    /// cache is exclusive for now.
+    /// does: live migration works. With a cache, the holder pushes its dirty data and drops
+    /// what it cached of the VDI before it lets go. exclusive: the open is refused with EBUSY.
     #[arg(long, value_enum, default_value = "cooperative")]
     lock_mode: LockModeArg,
     /// How long a write waits for another mount to hand the VDI's lock over (a holder that
