@@ -176,6 +176,21 @@ fn dog_read(c: &Cluster) -> Vec<u8> {
     c.dog_ok(&["vdi", "read", "x"])
 }
 
+/// Counter `name` summed over the cluster's 3 nodes (`dog node stat --json`).
+fn node_counter(c: &Cluster, name: &str) -> u64 {
+    (0..3)
+        .map(|i| {
+            let st = c.dog_json(&["node", "stat", &c.addr(i)]);
+            let extra = st["extra"].as_array().cloned().unwrap_or_default();
+            extra
+                .iter()
+                .filter(|x| x["name"] == name)
+                .map(|x| x["value"].as_f64().unwrap_or(0.0) as u64)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// Sends SIGCONT to a stopped process when dropped.
 struct Resume(u32);
 
@@ -217,6 +232,13 @@ fn two_mounts_writing_in_turn_hand_the_lock_over_200_times(kind: Kind) {
         taken >= rounds - 1,
         "{taken} hand-overs logged for {rounds} rounds of writes in turn"
     );
+    // The nodes count them too (each the changes it served).
+    let counted = node_counter(&h.rig.cluster, "sheep_lock_handovers_total");
+    assert!(
+        counted >= rounds as u64 - 1,
+        "{counted} hand-overs in the nodes' metrics for {rounds} rounds"
+    );
+    assert!(node_counter(&h.rig.cluster, "sheep_lock_handover_requests_total") >= counted);
     if kind == Kind::Cached {
         // Both caches were used, and gave up what they held at each hand-over.
         for (cache, log) in [

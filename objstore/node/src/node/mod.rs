@@ -19,6 +19,7 @@ mod fence;
 pub mod gate;
 mod history;
 mod integrity;
+mod lockstat;
 mod partial;
 mod recovery;
 mod reference;

@@ -469,6 +469,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     "the cluster format is set only by the Format operation",
                 ));
             }
+            let (key, created, new) = (req.key.clone(), req.expected.is_none(), req.new.clone());
             let ok = driver_call(node, move |d| {
                 d.kv_cas(
                     &req.key,
@@ -478,6 +479,8 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             })
             .await?;
             if ok {
+                super::lockstat::changed(node, &key, created, new.as_deref().map(str::as_bytes))
+                    .await;
                 Ok(Reply::empty())
             } else {
                 Err(Failure::new(ResultCode::Conflict, "the key changed"))
@@ -499,6 +502,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     "the cluster format is set only by the Format operation",
                 ));
             }
+            let (key, created, new) = (req.key.clone(), req.expected.is_none(), req.new.clone());
             let ok = driver_call(node, move |d| {
                 d.kv_cas_leased(
                     &req.key,
@@ -509,6 +513,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             })
             .await?;
             if ok {
+                super::lockstat::changed(node, &key, created, Some(new.as_bytes())).await;
                 Ok(Reply::empty())
             } else {
                 Err(Failure::new(
