@@ -4,7 +4,7 @@ RELEASE := target/release
 # End-to-end tests start whole clusters and mounts: on 2 cores, a few at a time.
 TEST_THREADS ?= 2
 
-.PHONY: all build run test deps check sim fuzz bench bench-quick soak clean
+.PHONY: all build run test deps guest check sim fuzz bench bench-quick soak clean
 
 all: build
 
@@ -23,8 +23,14 @@ run:
 deps:
 	./scripts/install-deps.sh
 
-## test: install what is missing, then run unit and end-to-end tests.
-test: deps
+## guest: the VM the live-migration tests boot (scripts/fetch-guest.sh: qemu-system-x86, a
+## kernel and busybox from Debian's packages, unpacked once, about 40 MB) into target/guest,
+## or $TESTKIT_GUEST_DIR where the tests look for it.
+guest:
+	./scripts/fetch-guest.sh $(TESTKIT_GUEST_DIR)
+
+## test: install what is missing, fetch the guest, then run unit and end-to-end tests.
+test: deps guest
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --lib --bins --tests -- --test-threads=$(TEST_THREADS)
 

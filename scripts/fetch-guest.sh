@@ -11,12 +11,15 @@
 #
 # Packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`: installing
 # qemu-system-x86 (Debian 12's 7.2) would replace the qemu-utils 10 and fuse3 the other
-# tests use. Beside qemu-system-x86 and its data packages, only the libraries the host lacks
-# (`ldd` says which) are fetched. The script is idempotent: a package already unpacked (its
-# stamp under DIR/.stamps) is neither downloaded nor unpacked again, and the initramfs is
-# rebuilt only when /init or the packages changed. It prints each step it takes, and fails
-# naming what is missing. Needs apt (as root it refreshes the package lists once if a package
-# has no candidate), gzip, find, flock and ldd; nothing else from the host.
+# tests use. Beside qemu-system-x86 and its data packages, only the libraries it depends on
+# that the host has not installed (`dpkg-query` says which) are fetched; `ldd` then checks
+# that none is missing. The script is idempotent: a package already unpacked (its stamp under
+# DIR/.stamps) is neither downloaded nor unpacked again, and the initramfs is rebuilt only
+# when /init or the packages changed. It prints each step it takes, and fails naming what is
+# missing. Needs apt and dpkg (as root it refreshes the package lists once if a package has
+# no candidate), gzip, find, flock and ldd: all on every Debian system, so
+# scripts/install-deps.sh installs nothing for it. `make test` runs it before the tests
+# (`make guest` alone); the tests run it too, which does nothing once DIR is ready.
 #
 # The guest's /init (kernel command line: console=ttyS0, guest.slots=K, guest.pace=SECONDS):
 #   - loads virtio_pci and virtio_blk, waits for /dev/vda, prints `GUEST-DISK <bytes>`;
@@ -40,10 +43,8 @@ mkdir -p "$STAMPS"
 exec 9>"$DIR/.lock"
 flock 9
 
-# What qemu-system-x86 needs that this kind of machine lacks. Its other dependencies (glib,
-# pixman, gnutls, liburing, ...) come with qemu-utils; the ldd check below names any gap.
-QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-system-data seabios
-    libcapstone4 libfdt1 libslirp0 libvdeplug2)
+# qemu-system-x86 and the packages of its firmware and data. Its libraries are added below.
+QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-system-data seabios)
 # The cloud flavour: smallest Debian kernel with ACPI, 8250 serial and virtio as modules.
 KERNEL_META=linux-image-cloud-amd64
 # virtio-blk over PCI; their dependencies are taken from the kernel's modules.dep.
@@ -106,15 +107,29 @@ unpack() {
     say "unpacked $pkg into ${into#"$DIR"/}"
 }
 
-# qemu and what it needs at run time, merged into one tree.
+# Whether package $1 is installed on the host.
+installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+
+# qemu and what it needs at run time, merged into one tree: beside QEMU_PACKAGES, each
+# library qemu-system-x86 depends on that the host lacks (on a host with the test packages:
+# libcapstone4, libfdt1, libslirp0, libvdeplug2; on a bare one also pixman, libjpeg, libpng,
+# libsasl2, ...), or that an earlier run unpacked.
 for p in "${QEMU_PACKAGES[@]}"; do
     unpack "$p" "$DIR/qemu"
+done
+for p in $(apt-cache depends qemu-system-x86 2>/dev/null |
+    awk '$1 ~ /Depends:$/ && $2 ~ /^lib/ {print $2}' | sort -u); do
+    if [ -s "$STAMPS/$p" ] || ! installed "$p"; then
+        unpack "$p" "$DIR/qemu"
+    fi
 done
 QEMU_BIN="$DIR/qemu/usr/bin/qemu-system-x86_64"
 QEMU_LIBS="$DIR/qemu/usr/lib/x86_64-linux-gnu"
 [ -x "$QEMU_BIN" ] || die "$QEMU_BIN is missing after unpacking qemu-system-x86"
 missing="$(LD_LIBRARY_PATH="$QEMU_LIBS" ldd "$QEMU_BIN" | awk '/not found/ {print $1}' | tr '\n' ' ')"
-[ -z "$missing" ] || die "qemu-system-x86_64 lacks libraries: $missing(add their packages to QEMU_PACKAGES)"
+[ -z "$missing" ] || die "qemu-system-x86_64 lacks libraries: $missing(neither installed nor among the dependencies of qemu-system-x86 that apt lists)"
 
 mkdir -p "$DIR/bin"
 WRAPPER="$DIR/bin/qemu-system-x86_64"
@@ -277,9 +292,13 @@ if [ ! -s "$DIR/initramfs.cpio.gz" ] || [ "$(cat "$STAMPS/initramfs" 2>/dev/null
     say "built initramfs.cpio.gz ($(du -k "$DIR/initramfs.cpio.gz" | cut -f1) KiB)"
 fi
 
+# Every package unpacked (a stamp each, but for the kernel's and the initramfs's own).
 {
-    for s in "${QEMU_PACKAGES[@]}" busybox-static; do
-        echo "$s=$(cat "$STAMPS/$s")"
+    for s in "$STAMPS"/*; do
+        case "${s##*/}" in
+        kernel | initramfs) ;;
+        *) echo "${s##*/}=$(cat "$s")" ;;
+        esac
     done
     head -n1 "$KSTAMP"
 } >"$DIR/VERSIONS"

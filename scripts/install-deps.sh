@@ -15,7 +15,11 @@ set -euo pipefail
 # harness) start real etcd servers: etcd-server gives /usr/bin/etcd. protobuf-compiler gives
 # protoc, which the etcd-client crate's build script needs to generate its gRPC code.
 # iproute2 (`ip netns`, bridges, veths) puts nodes in network namespaces in the multi-host
-# tests (fusefs/sheepfs/tests/multihost.rs; nsenter is util-linux, always there).
+# tests (fusefs/sheepfs/tests/multihost.rs; nsenter is util-linux, always there). The
+# live-migration tests' VM (scripts/fetch-guest.sh, `make guest`, run by `make test`) needs
+# nothing from here: it downloads qemu-system-x86, the libraries of it the host lacks, a
+# kernel and busybox-static with apt-get download and unpacks them with dpkg-deb, tools every
+# Debian system has, and busybox gives the cpio and depmod it builds the initramfs with.
 case "${1:-all}" in
     build) PACKAGES=(gcc protobuf-compiler) ;;
     run) PACKAGES=(gcc protobuf-compiler fuse3 etcd-server) ;;

@@ -205,6 +205,12 @@ impl PlainLocks {
         if lost {
             tracing::info!("VDI '{name}' locked again after its lock was lost");
         }
+        if let Some(i) = &info {
+            tracing::info!(
+                "took the lock of VDI '{name}' for a read-write open (generation {})",
+                i.gen
+            );
+        }
         self.forget_lost(vid);
         self.set_away(vid, info.is_none());
         let writers = held.get(&name).map_or(0, |h| h.writers) + 1;
@@ -318,15 +324,24 @@ impl PlainLocks {
         if h.writers > 0 {
             return;
         }
-        held.remove(name);
+        let Some(h) = held.remove(name) else {
+            return;
+        };
         self.forget_lost(vid);
         self.set_away(vid, false);
-        if let Err(e) = lock::release(&self.client, name, &self.owner).await {
-            tracing::warn!(
+        let Some(info) = h.info else {
+            return; // another mount has it
+        };
+        match lock::release(&self.client, name, &self.owner).await {
+            Ok(()) => tracing::info!(
+                "released the lock of VDI '{name}' (generation {}): its last read-write file here was closed",
+                info.gen
+            ),
+            Err(e) => tracing::warn!(
                 "releasing the lock of '{name}': {} (it frees itself within {:?})",
                 chain(&e),
                 self.ttl
-            );
+            ),
         }
     }
 

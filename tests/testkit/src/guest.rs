@@ -36,10 +36,13 @@
 //! The sheepfs test (two mounts of one VDI as two hosts sharing storage): boot on
 //! `mount_a/VDI`, migrate to `mount_b/VDI`, back to `mount_a/VDI`, with `drive` =
 //! [`LOCAL_DRIVE`] (`cache=none` works: sheepfs serves O_DIRECT, as its qemu-io tests show),
-//! or `cache=directsync` to make every guest write synchronous. Note that qemu opens the
-//! destination's image read-write (inactive) as it starts, while the source still has it
-//! open and writing: sheepfs's attachment lock must let that open through and hand the lock
-//! over when the source closes (after its `quit`). qemu's own OFD locks stay local to each
+//! or `cache=directsync` to make every guest write synchronous. How qemu 7.2 moves the image
+//! (strace): the waiting destination opens it read-only; at the switch-over the source
+//! flushes, opens it again read-only and closes its read-write descriptor, and a few
+//! milliseconds later the destination opens it read-write. A mount without a cache thus
+//! usually sees the lock released by the source's close before the destination's open takes
+//! it; a mount with a cache keeps it after the close, and the destination's first write asks
+//! for it (sheepfs's cooperative hand-over). qemu's own OFD locks stay local to each
 //! mount (FUSE without lock support), so they neither help nor hinder there.
 
 mod image;
@@ -401,7 +404,9 @@ impl Guest {
                 dst.proc.check_alive()?;
                 let st = src.qmp.execute("query-migrate", json!({}))?;
                 match st["status"].as_str() {
-                    Some("completed") => {
+                    // qemu says completed a moment before it has its timings: until then
+                    // total-time reads 0.
+                    Some("completed") if st["total-time"].as_u64().unwrap_or(0) > 0 => {
                         done = st;
                         Ok(true)
                     }
@@ -420,14 +425,33 @@ impl Guest {
             let _ = src.qmp.execute("migrate_cancel", json!({}));
             return Err(self.with_console(e));
         }
-        try_wait_until(
+        let running = try_wait_until(
             &format!("{} to run after the migration", dst.name()),
             cfg.qmp_timeout,
             || {
                 dst.proc.check_alive()?;
-                Ok(dst.status()? == "running")
+                match dst.status()?.as_str() {
+                    "running" => Ok(true),
+                    // It could not take the image over (an open refused at the switch-over):
+                    // it stays paused; its log says why.
+                    s @ ("io-error" | "internal-error" | "shutdown" | "guest-panicked") => {
+                        Err(Error::Unexpected {
+                            what: format!("{} after the migration", dst.name()),
+                            detail: format!("status {s}"),
+                        })
+                    }
+                    _ => Ok(false),
+                }
             },
-        )?;
+        );
+        if let Err(e) = running {
+            // Its own log says why (an image it could not open, say).
+            let e = Error::Unexpected {
+                what: e.chain(),
+                detail: format!("{} log (end):\n{}", dst.name(), dst.proc.log_tail(1500)),
+            };
+            return Err(self.with_console(e));
+        }
         let ms = |k: &str| Duration::from_millis(done[k].as_u64().unwrap_or(0));
         let m = Migration {
             from: src.disk.clone(),
