@@ -11,6 +11,7 @@
 
 #[cfg(test)]
 pub(crate) mod fixture;
+mod handover;
 mod layouts;
 pub(crate) mod query;
 mod table;
@@ -39,6 +40,7 @@ const GROUP_ORDER: &[&str] = &[
     "scaling",
     "metadata",
     "snapshot",
+    "handover",
 ];
 
 /// Loads `json`, draws the charts into `charts` (created if missing) when given, and writes
@@ -237,7 +239,7 @@ mod tests {
         assert!(md.contains("- Command: `bench run --profile full`"));
         assert!(md.contains("![Ratio to bindfs](bench/ratio-to-bindfs.svg)"));
         let goals = &md[md.find("## Goals").unwrap()..md.find("## Charts").unwrap()];
-        assert!(goals.contains("3 of 5 met."), "{goals}");
+        assert!(goals.contains("4 of 6 met."), "{goals}");
         assert!(goals.contains(
             "| `iops/randread-4k-libaio-qd1/off` | 7500 IOPS | 0.25× |  | ≥ 0.4× bindfs \
              | **not met** |"
@@ -271,6 +273,7 @@ mod tests {
         assert!(at("## sweep:") < at("## throughput:"));
         assert!(at("## objsize:") < at("## flush:"));
         assert!(at("## scaling:") < at("## metadata:"));
+        assert!(at("## metadata:") < at("## handover:"));
     }
 
     #[test]

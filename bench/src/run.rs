@@ -5,6 +5,7 @@
 //!   settings (profile + flags) ─► plan ─► main cluster (plan.rs, main_rig.rs)
 //!                                      ─► objsize / scaling clusters (stages.rs)
 //!                                      ─► metadata cluster (metadata.rs)
+//!                                      ─► handover cluster (handover.rs)
 //!                                      ─► goals.rs (ratios, goals) ─► JSON
 //! ```
 //!
@@ -16,6 +17,7 @@
 mod cluster;
 mod fio;
 mod goals;
+mod handover;
 mod machine;
 mod main_rig;
 mod metadata;
@@ -182,6 +184,9 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     if s.runs(Group::Snapshot) {
         rec.plan([], snapshot::FIGURES * s.rounds.max(1));
     }
+    if s.runs(Group::Handover) {
+        handover::plan(s, rec);
+    }
     rec.plan(main.order.iter().map(String::as_str), main_runs);
     for stage in objsize.iter().chain(&scaling) {
         stage.plan(rec);
@@ -197,6 +202,13 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     let snapshot_dir = work.join("snapshot");
     if s.runs(Group::Snapshot) {
         snapshot::run(s, bins, &snapshot_dir, rec)?;
+    }
+    // Next, its files kept to the end too: its timed hand-overs create files (the local
+    // membership driver keeps lock records in files), and it deletes few itself (the cache
+    // files a hand-over drops).
+    let handover_dir = work.join("handover");
+    if s.runs(Group::Handover) {
+        handover::run(s, bins, &handover_dir, rec)?;
     }
     if !main.is_empty() {
         let dir = work.join("main");
@@ -216,8 +228,13 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
         metadata::run(s, bins, &dir, rec)?;
         remove(&dir)?;
     }
-    if s.runs(Group::Snapshot) {
-        remove(&snapshot_dir)?;
+    for (group, dir) in [
+        (Group::Handover, &handover_dir),
+        (Group::Snapshot, &snapshot_dir),
+    ] {
+        if s.runs(group) {
+            remove(dir)?;
+        }
     }
     Ok(())
 }

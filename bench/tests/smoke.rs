@@ -99,6 +99,7 @@ fn check_report(report: &Value) {
         "objsize",
         "scaling",
         "metadata",
+        "handover",
     ] {
         assert!(
             figures.iter().any(|f| f["group"] == group),

@@ -180,6 +180,52 @@ fn other_groups(figs: &mut Vec<Figure>) {
     }
 }
 
+/// A figure in ms with these runs.
+fn ms(job: &str, target: &str, runs: &[f64]) -> Figure {
+    let mut f = Figure::new("handover", job, target, "ms", runs.to_vec());
+    f.higher_is_better = false;
+    f
+}
+
+/// Three rounds of the hand-over with 256 MiB dirty (the third without log lines), and three
+/// bare hand-overs on each kind of mount.
+fn handover_group(figs: &mut Vec<Figure>) {
+    let dirty = json!({"dirty_bytes": 256u64 << 20});
+    figs.push(with_params(
+        ms("push-dirty", "cache", &[800.0, 820.0, 760.0]),
+        dirty.clone(),
+    ));
+    let mut hand = with_params(
+        ms("handover-dirty", "cache", &[870.0, 900.0, 840.0]),
+        json!({
+            "dirty_bytes": 256u64 << 20,
+            "holder_ms": [790.0, 790.0, null],
+            "asker_ms": [850.0, 850.0, null],
+            "write_ms": [868.0, 870.0, 838.0],
+        }),
+    );
+    hand.reference = Some("handover/push-dirty/cache".into());
+    hand.ratio = Some(870.0 / 800.0);
+    figs.push(hand);
+    let mut over = with_params(ms("overhead-dirty", "cache", &[70.0, 80.0, 80.0]), dirty);
+    over.goal = Some("< 100 ms over the push of the dirty data".into());
+    over.goal_met = Some(true);
+    figs.push(over);
+    let mut bare = with_params(
+        ms("handover-bare", "cache", &[55.0, 60.0, 65.0]),
+        json!({
+            "holder_ms": [30.0, 30.0, 30.0],
+            "asker_ms": [45.0, 45.0, 45.0],
+            "write_ms": [53.0, 55.0, 63.0],
+        }),
+    );
+    bare.reference = Some("handover/write-holder/cache".into());
+    figs.push(bare);
+    figs.push(ms("write-holder", "cache", &[3.5, 4.0, 4.5]));
+    figs.push(ms("handover-bare", "off", &[35.0, 40.0, 45.0]));
+    figs.push(ms("write-holder", "off", &[2.5, 3.0, 3.5]));
+}
+
 /// Adds references, goals, CPU and RSS the way the runner does.
 fn annotate(figs: &mut [Figure]) {
     let snapshot = figs.to_vec();
@@ -227,6 +273,7 @@ pub fn full() -> Report {
     objsize_group(&mut figs);
     other_groups(&mut figs);
     annotate(&mut figs);
+    handover_group(&mut figs);
     Report {
         figures: figs,
         ..empty()

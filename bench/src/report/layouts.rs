@@ -27,6 +27,7 @@ fn group_title(group: &str) -> &str {
         "dog" => "dog against cp",
         "scaling" => "nodes and copies",
         "metadata" => "metadata operations (lower is better)",
+        "handover" => "lock hand-over between two mounts (lower is better)",
         _ => "",
     }
 }
@@ -42,6 +43,7 @@ pub fn section(group: &str, figs: &[&Figure]) -> String {
         "iops" => iops_view(figs),
         "sweep" => sweep_view(figs),
         "objsize" => objsize_view(figs),
+        "handover" => super::handover::view(figs),
         _ => job_grid(figs),
     };
     let details = detail_table(figs).render();

@@ -187,8 +187,20 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// sheepfs in the foreground on `dir` (created), with `extra` options; waits for the mount.
+    /// sheepfs in the foreground on `dir` (created), with `extra` options, logging warnings
+    /// and errors; waits for the mount.
     pub fn sheepfs(cluster: &Cluster, dir: &Path, log: &Path, extra: &[String]) -> Result<Mount> {
+        Mount::sheepfs_logging(cluster, dir, log, extra, "warn")
+    }
+
+    /// [`Mount::sheepfs`] with `filter` as its `RUST_LOG` (e.g. `warn,sheepfs=info`).
+    pub fn sheepfs_logging(
+        cluster: &Cluster,
+        dir: &Path,
+        log: &Path,
+        extra: &[String],
+        filter: &str,
+    ) -> Result<Mount> {
         let sheepfs = cluster.bins().path("sheepfs");
         let addresses = cluster.addresses();
         Mount::start("sheepfs", dir, log, |dir| {
@@ -201,7 +213,7 @@ impl Mount {
                 .arg("--log-file")
                 .arg(log)
                 .args(extra)
-                .env("RUST_LOG", "warn");
+                .env("RUST_LOG", filter);
             cmd
         })
     }

@@ -124,7 +124,11 @@ impl MainPlan {
                 Group::Cache => cache(m),
                 Group::Flush => flush(s.size),
                 Group::Dog => dog(s.size),
-                Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot => Vec::new(),
+                Group::Objsize
+                | Group::Scaling
+                | Group::Metadata
+                | Group::Snapshot
+                | Group::Handover => Vec::new(),
             });
         }
         let mut steps = merge(steps);

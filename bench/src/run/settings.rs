@@ -66,6 +66,7 @@ pub enum Group {
     Scaling,
     Metadata,
     Snapshot,
+    Handover,
 }
 
 impl Group {
@@ -81,6 +82,7 @@ impl Group {
             Group::Scaling => "scaling",
             Group::Metadata => "metadata",
             Group::Snapshot => "snapshot",
+            Group::Handover => "handover",
         }
     }
 
@@ -88,7 +90,7 @@ impl Group {
     pub fn on_main_cluster(self) -> bool {
         !matches!(
             self,
-            Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot
+            Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot | Group::Handover
         )
     }
 
@@ -104,6 +106,7 @@ impl Group {
             Group::Scaling,
             Group::Metadata,
             Group::Snapshot,
+            Group::Handover,
         ]
     }
 }
@@ -142,6 +145,10 @@ pub struct Matrix {
     pub scaling_file_cap: u64,
     /// VDIs created for the `metadata` figures.
     pub metadata_vdis: usize,
+    /// Dirty data in the holder's cache at a `handover` figure's hand-over.
+    pub handover_dirty: u64,
+    /// Hand-overs without dirty data per round of the `handover` group, per kind of mount.
+    pub handover_bare: usize,
 }
 
 impl Matrix {
@@ -171,6 +178,8 @@ impl Matrix {
                     scaling: vec![(1, 1), (3, 1), (3, 2), (3, 3), (6, 1), (6, 2), (6, 3)],
                     scaling_file_cap: 256 * MIB,
                     metadata_vdis: 1000,
+                    handover_dirty: 256 * MIB,
+                    handover_bare: 6,
                 }
             }
             Profile::Quick => Matrix {
@@ -188,6 +197,8 @@ impl Matrix {
                 scaling: vec![(1, 1), (3, 3)],
                 scaling_file_cap: 64 * MIB,
                 metadata_vdis: 100,
+                handover_dirty: 64 * MIB,
+                handover_bare: 4,
             },
             Profile::Smoke => Matrix {
                 iops: vec![
@@ -204,6 +215,8 @@ impl Matrix {
                 scaling: vec![(1, 1), (3, 3)],
                 scaling_file_cap: 16 * MIB,
                 metadata_vdis: 10,
+                handover_dirty: 16 * MIB,
+                handover_bare: 2,
             },
         }
     }

@@ -6,12 +6,14 @@
 //! 2. Every dirty block of the VDI is pushed and the cluster flushed, its map entries
 //!    included ([`Cache::give_lock`]), so the mount that takes the lock reads every write
 //!    acknowledged here.
-//! 3. The VDI is detached (no push of it starts, one under way is waited for), fetches in
-//!    flight are made stale (they are never cached), and every cached block of it is dropped:
-//!    after the hand-over this cache holds nothing of the VDI, so it can serve no block that
-//!    the other mount's writes made stale.
+//! 3. The VDI is detached (no push of it starts, one under way is waited for) and fetches in
+//!    flight are made stale (they are never cached).
 //! 4. The lock is released; the asker takes it with a new generation. A later write here
 //!    asks for it back, and attaching again finds the generation moved on.
+//! 5. Every cached block of the VDI is dropped (after the release, so the asker does not
+//!    wait for the files to go): this cache then holds nothing of the VDI, so it can serve no
+//!    block that the other mount's writes made stale. Until then nothing is served from them
+//!    either: the VDI is detached and the caller's handles of it go to the cluster.
 //!
 //! If any step fails the lock stays here, attached, with what is still cached (a failed push
 //! keeps its dirty data): the asker waits and the request is answered at the next look.
@@ -107,11 +109,10 @@ impl<B: Backend> Cache<B> {
             // every map entry: durable before the other mount reads.
             vol.flush().await?;
         }
-        let _round = inner.attach.renewing.lock().await;
+        let round = inner.attach.renewing.lock().await;
         let detached = inner.detach_quiet(vid).await;
         // A fetch that started before this is not cached when it lands.
         inner.fills.bypass_writes.fetch_add(1, Ordering::SeqCst);
-        let dropped = inner.drop_all_clean(vid).await;
         if let Err(e) = inner.client.release(name, &inner.attach.owner).await {
             if let Some(v) = detached {
                 inner.attach.attached.lock().unwrap().insert(vid, v);
@@ -119,6 +120,11 @@ impl<B: Backend> Cache<B> {
             return Err(e.into());
         }
         inner.attach.unheld(vid);
+        drop(round);
+        // Dropped once the lock is released, not before: the asker need not wait for the
+        // files to go. Nothing is served from them meanwhile (the VDI is detached, the
+        // caller's handles of it go to the cluster), and attaching again drops what is left.
+        let dropped = inner.drop_all_clean(vid).await;
         let rec = inner.dir.records.read().unwrap().get(&vid).cloned();
         if let Some(mut r) = rec {
             r.released = true;

@@ -104,8 +104,10 @@ impl Shared {
                 }
             }
         };
-        // This write, and the others that waited, go to the cluster under the lock.
+        // This write, and the others that waited, go to the cluster under the lock; the
+        // holder changed the VDI's objects since this mount last did.
         v.set_under_lock();
+        self.client.forget_versions(h.vid);
         if let Err(e) = v.refresh().await {
             release("reading its inode after taking its lock failed").await;
             return Err(e.into());

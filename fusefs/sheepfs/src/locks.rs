@@ -253,6 +253,8 @@ impl PlainLocks {
             self.handover_timeout,
         )
         .await?;
+        // The holder changed the VDI's objects since this mount last did.
+        self.client.forget_versions(h.vid);
         // Everything the holder wrote: its map entries (its data is read from the cluster).
         vdi.refresh().await?;
         let mut held = self.held.lock().await;

@@ -87,6 +87,18 @@ impl Client {
         }
     }
 
+    /// Forgets the versions this client last changed VDI `vid`'s objects at (its data objects
+    /// and its inode), after another writer took the VDI over and changed them (a lock handed
+    /// over and back): the next change of each learns the object's version from its primary
+    /// at once ("first sight"), instead of being refused as out of date and retried after a
+    /// backoff. Safe for that reason only: no change of the VDI by this client is in flight.
+    pub fn forget_versions(&self, vid: objstore_proto::Vid) {
+        self.versions
+            .lock()
+            .unwrap()
+            .retain(|oid, _| oid.vid() != vid);
+    }
+
     /// Writes `data` at `offset` of object `oid` on every replica.
     pub async fn write_obj(
         &self,
