@@ -303,6 +303,9 @@ impl ObjectBackend for HealthStore {
     fn list(&self) -> Vec<(ObjectId, ObjState)> {
         self.inner.list()
     }
+    fn list_part(&self, part: u32, parts: u32) -> Vec<(ObjectId, ObjState)> {
+        self.inner.list_part(part, parts)
+    }
     fn len(&self) -> usize {
         self.inner.len()
     }

@@ -164,6 +164,14 @@ impl MemCluster {
         self.stop(i, MemStore::killed);
     }
 
+    /// Gives node `i`, which is down, an empty store: a replaced disk, which joins as a new
+    /// node would, holding nothing.
+    pub fn wipe(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        assert!(n.up.is_none(), "node {i} is up: stop it first");
+        n.store = Arc::new(MemStore::default());
+    }
+
     fn stop(&mut self, i: usize, after: fn(&MemStore) -> MemStore) {
         let n = &mut self.nodes[i];
         if let Some((rt, running)) = n.up.take() {

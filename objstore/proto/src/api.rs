@@ -209,6 +209,16 @@ pub struct RecoveryStatus {
     /// "Consistency").
     #[serde(default)]
     pub data_lost: u64,
+    /// What the last plan of this epoch fetched from the other nodes: listing entries (17
+    /// bytes each), requests (pages), and how long the plan took (milliseconds). A plan asks
+    /// each node only for the objects this node holds in the epoch (docs/architecture.md,
+    /// "Recovery's cost").
+    #[serde(default)]
+    pub plan_entries: u64,
+    #[serde(default)]
+    pub plan_requests: u64,
+    #[serde(default)]
+    pub plan_ms: u64,
 }
 
 /// `CheckObj` request flag (`aux` bit 0): report the copy's state only, without reading it.

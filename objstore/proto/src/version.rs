@@ -132,6 +132,61 @@ impl ObjState {
     }
 }
 
+/// What a `PeerList` asks for, as its payload (an empty payload asks for every object at once):
+/// part `part` of `parts` of the node's objects that node `owner` holds in the request's epoch
+/// with `copies` copies, and the objects in `extra` wherever they fall in the ring (the asker's
+/// own copies that it lost and no longer owns: it must learn who holds them). The objects of a
+/// part are those whose index shard falls in that part (see the node's store), so the `parts`
+/// answers together list each object once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    pub owner: u64,
+    pub copies: u32,
+    pub part: u32,
+    pub parts: u32,
+    pub extra: Vec<ObjectId>,
+}
+
+impl ListRequest {
+    /// owner (8), copies (4), part (4), parts (4), count of `extra` (4), then each (8).
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(24 + 8 * self.extra.len());
+        b.put_u64(self.owner);
+        b.put_u32(self.copies);
+        b.put_u32(self.part);
+        b.put_u32(self.parts);
+        b.put_u32(self.extra.len() as u32);
+        for oid in &self.extra {
+            b.put_u64(oid.0);
+        }
+        b.freeze()
+    }
+
+    /// None if `b` is not such a request (a wrong length, `part` not below `parts`, or
+    /// `parts` 0).
+    pub fn decode(b: &[u8]) -> Option<ListRequest> {
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+        if b.len() < 24 {
+            return None;
+        }
+        let n = u32_at(20) as usize;
+        if b.len() != 24 + 8 * n {
+            return None;
+        }
+        let r = ListRequest {
+            owner: u64::from_be_bytes(b[..8].try_into().unwrap()),
+            copies: u32_at(8),
+            part: u32_at(12),
+            parts: u32_at(16),
+            extra: b[24..]
+                .chunks_exact(8)
+                .map(|c| ObjectId(u64::from_be_bytes(c.try_into().unwrap())))
+                .collect(),
+        };
+        (r.parts > 0 && r.part < r.parts).then_some(r)
+    }
+}
+
 /// Bytes of one `PeerList` entry: oid (8), version (8), flags (1).
 pub const LIST_ENTRY: usize = 17;
 
@@ -169,6 +224,23 @@ pub fn decode_list(b: &[u8]) -> Option<Vec<(ObjectId, ObjState)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_request_round_trip() {
+        let r = ListRequest {
+            owner: 7,
+            copies: 3,
+            part: 2,
+            parts: 16,
+            extra: vec![ObjectId(5), ObjectId(u64::MAX)],
+        };
+        assert_eq!(ListRequest::decode(&r.encode()), Some(r.clone()));
+        let e = r.encode();
+        assert_eq!(ListRequest::decode(&e[..e.len() - 1]), None);
+        assert_eq!(ListRequest::decode(&[]), None);
+        let bad = ListRequest { part: 16, ..r };
+        assert_eq!(ListRequest::decode(&bad.encode()), None);
+    }
 
     #[test]
     fn versions_grow_within_and_across_epochs() {

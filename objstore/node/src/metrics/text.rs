@@ -228,6 +228,21 @@ pub fn render(s: &NodeStats) -> String {
             "Objects whose I/O waits for nodes that are down.",
             rc.incomplete,
         ),
+        (
+            "sheep_recovery_plan_entries",
+            "Listing entries (17 bytes each) the last plan of this epoch fetched from the other nodes.",
+            rc.plan_entries,
+        ),
+        (
+            "sheep_recovery_plan_requests",
+            "Listing requests (pages) the last plan of this epoch sent.",
+            rc.plan_requests,
+        ),
+        (
+            "sheep_recovery_plan_milliseconds",
+            "How long the last plan of this epoch took.",
+            rc.plan_ms,
+        ),
     ] {
         o.one(name, "gauge", help, v as f64);
     }

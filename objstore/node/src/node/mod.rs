@@ -124,7 +124,7 @@ pub struct Epoch {
 }
 
 impl Epoch {
-    fn new(view: View) -> Arc<Epoch> {
+    pub(super) fn new(view: View) -> Arc<Epoch> {
         Arc::new(Epoch {
             ring: Ring::new(&view.nodes),
             view,

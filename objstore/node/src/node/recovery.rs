@@ -51,10 +51,14 @@ pub(super) const RETRY_FIRST: Duration = Duration::from_millis(500);
 pub(super) const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long a listing is retried while its node has not reached the epoch yet.
 const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
-/// How long one listing may take. Object I/O of a new epoch waits for its plan, which waits for
-/// every listing: a node that hangs (stopped, not yet dropped) must cost a short pause, not
-/// [`PEER_TIMEOUT`]. A listing is 17 bytes per object: a million objects fit well inside it.
+/// How long one page of a listing may take. Object I/O of a new epoch waits for its plan,
+/// which waits for every listing: a node that hangs (stopped, not yet dropped) must cost a
+/// short pause, not [`PEER_TIMEOUT`]. A page is 17 bytes per object this node holds of the
+/// peer's, in one of [`LIST_PARTS`]: a million objects fit well inside it.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pages of a peer's listing: each its own request and answer, so no answer grows with the
+/// peer's whole store (a page of 10^7 objects all held here is 10.6 MB, under the frame cap).
+const LIST_PARTS: u32 = 16;
 
 /// How many times a round tries its failed pulls from the same sources before it plans
 /// again (a source may have lost or dropped its copy since the plan).

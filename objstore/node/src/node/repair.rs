@@ -12,6 +12,7 @@
 //! Also the repair of a copy a failed `fdatasync` lost: `Flush` restores it from another
 //! owner before answering ([`Node::restore_lost`]), and listings mark it lost meanwhile.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +21,11 @@ use bytes::Bytes;
 
 use super::replicate::FORWARD_TIMEOUT;
 use super::server::Failure;
-use super::Node;
-use crate::store::{ObjState, StoreError, Version};
+use super::{Epoch, Node};
+use crate::store::{shard_of, shard_range, ObjState, StoreError, Version};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
+use objstore_proto::version::ListRequest;
 
 const REPAIR_FIRST: Duration = Duration::from_millis(200);
 const REPAIR_MAX: Duration = Duration::from_secs(5);
@@ -323,11 +325,52 @@ impl Node {
         })
     }
 
-    /// What `PeerList` answers: every copy here with its state, a copy lost by a failed flush
-    /// and not restored shown at the version lost and marked lost ([`ObjState::lost`]).
+    /// What a `PeerList` without a request answers: every copy here with its state, a copy
+    /// lost by a failed flush and not restored shown at the version lost and marked lost
+    /// ([`ObjState::lost`]).
     pub(super) fn listing(&self) -> Vec<(ObjectId, ObjState)> {
-        let mut list = self.store.list();
+        self.with_lost(self.store.list(), |_| true)
+    }
+
+    /// What a `PeerList` with request `req` answers (see [`ListRequest`]): the copies here of
+    /// part `req.part` that node `req.owner` holds in epoch `ep` (or that `req.extra` names),
+    /// with the lost ones as [`Node::listing`] shows them, sorted by id. The store's index is
+    /// locked one shard at a time; the filter runs outside its locks.
+    pub(super) async fn listing_part(
+        &self,
+        ep: Arc<Epoch>,
+        req: ListRequest,
+    ) -> Result<Vec<(ObjectId, ObjState)>, tokio::task::JoinError> {
+        let extra: HashSet<ObjectId> = req.extra.iter().copied().collect();
+        let keep = move |oid: ObjectId| {
+            extra.contains(&oid) || ep.ring.holds(req.owner, oid, req.copies as usize)
+        };
+        let store = self.store.clone();
+        let (part, parts) = (req.part, req.parts);
+        let keep2 = keep.clone();
+        let mut list = self
+            .blocking(move || {
+                let mut l = store.list_part(part, parts);
+                l.retain(|(oid, _)| keep2(*oid));
+                l.sort_unstable_by_key(|(o, _)| *o);
+                l
+            })
+            .await?;
+        let range = shard_range(part, parts);
+        list = self.with_lost(list, |oid| range.contains(&shard_of(oid)) && keep(oid));
+        Ok(list)
+    }
+
+    /// `list` (sorted by id) with this node's lost copies that `wanted` accepts shown lost.
+    fn with_lost(
+        &self,
+        mut list: Vec<(ObjectId, ObjState)>,
+        wanted: impl Fn(ObjectId) -> bool,
+    ) -> Vec<(ObjectId, ObjState)> {
         for (oid, want) in self.recovery.lost_copies() {
+            if !wanted(oid) {
+                continue;
+            }
             let lost = ObjState {
                 lost: true,
                 ..ObjState::live(want)

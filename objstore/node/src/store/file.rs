@@ -44,7 +44,9 @@ use std::sync::{Mutex, RwLock};
 
 use objstore_proto::oid::ObjectId;
 
-use super::{sums, ObjState, ObjectBackend, Part, StoreError, Version};
+use super::{
+    shard_of, shard_range, sums, ObjState, ObjectBackend, Part, StoreError, Version, INDEX_SHARDS,
+};
 
 const LOCK_SHARDS: usize = 256;
 
@@ -66,7 +68,9 @@ struct Entry {
 pub struct FileStore {
     dir: PathBuf,
     tmp: PathBuf,
-    index: Mutex<HashMap<ObjectId, Entry>>,
+    /// The objects' entries, in [`INDEX_SHARDS`] maps by [`shard_of`]: a listing holds one
+    /// shard's lock at a time, never the whole index.
+    index: Vec<Mutex<HashMap<ObjectId, Entry>>>,
     dirty: Mutex<HashSet<ObjectId>>,
     locks: Vec<RwLock<()>>,
     /// Held for the whole of a flush: a flush that finds nothing dirty because an earlier one
@@ -95,11 +99,15 @@ impl FileStore {
             let _ = fs::remove_file(e?.path());
         }
         layout::open_format(dir, &tmp)?;
-        let index = names::read_index(dir)?;
+        let mut index: Vec<Mutex<HashMap<ObjectId, Entry>>> =
+            (0..INDEX_SHARDS).map(|_| Mutex::default()).collect();
+        for (oid, e) in names::read_index(dir)? {
+            index[shard_of(oid)].get_mut().unwrap().insert(oid, e);
+        }
         Ok(FileStore {
             dir: dir.to_path_buf(),
             tmp,
-            index: Mutex::new(index),
+            index,
             dirty: Mutex::default(),
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
             flushing: Mutex::new(()),
@@ -111,8 +119,13 @@ impl FileStore {
         &self.locks[(oid.0 ^ (oid.0 >> 32)) as usize % LOCK_SHARDS]
     }
 
+    /// The index shard that holds `oid`'s entry, locked.
+    fn idx(&self, oid: ObjectId) -> std::sync::MutexGuard<'_, HashMap<ObjectId, Entry>> {
+        self.index[shard_of(oid)].lock().unwrap()
+    }
+
     fn entry(&self, oid: ObjectId) -> Option<Entry> {
-        self.index.lock().unwrap().get(&oid).copied()
+        self.idx(oid).get(&oid).copied()
     }
 
     /// A bad copy (see [`FileStore::bad`]) is not read: its error.
@@ -183,7 +196,7 @@ impl FileStore {
                     fs::rename(self.path(oid, &e), self.path(oid, &marked))
                         .map_err(|err| StoreError::io(oid, "rename", err))?;
                     e = marked;
-                    if let Some(x) = self.index.lock().unwrap().get_mut(&oid) {
+                    if let Some(x) = self.idx(oid).get_mut(&oid) {
                         x.marked = true;
                     }
                 }
@@ -195,7 +208,7 @@ impl FileStore {
                 // A corrupt copy is written too (it stays bad until replaced), but an edge
                 // block that does not check is never given a fresh sum.
                 self.note_corrupt(layout::write(&f, oid, offset, data, sums, !e.state.suspect))?;
-                if let Some(e) = self.index.lock().unwrap().get_mut(&oid) {
+                if let Some(e) = self.idx(oid).get_mut(&oid) {
                     e.state.version = version;
                     let end = offset + data.len() as u64;
                     e.len = e.len.map(|l| l.max(end));
@@ -244,7 +257,7 @@ impl FileStore {
             .map_err(|e| StoreError::io(oid, "create", e))?;
         layout::create_parts(&f, oid, parts)?;
         guard.0 = None;
-        self.index.lock().unwrap().insert(oid, e);
+        self.idx(oid).insert(oid, e);
         self.dirty.lock().unwrap().insert(oid);
         Ok(())
     }
@@ -257,7 +270,7 @@ impl FileStore {
             Err(err) if err.kind() == io::ErrorKind::NotFound => {}
             Err(err) => return Err(StoreError::io(oid, "remove", err)),
         }
-        self.index.lock().unwrap().remove(&oid);
+        self.idx(oid).remove(&oid);
         self.dirty.lock().unwrap().remove(&oid);
         self.bad.lock().unwrap().remove(&oid);
         Ok(())
@@ -309,7 +322,7 @@ impl FileStore {
                 let _ = fs::remove_file(old_path);
             }
         }
-        self.index.lock().unwrap().insert(
+        self.idx(oid).insert(
             oid,
             Entry {
                 state,
@@ -334,15 +347,30 @@ impl ObjectBackend for FileStore {
     }
 
     fn list(&self) -> Vec<(ObjectId, ObjState)> {
-        let idx = self.index.lock().unwrap();
-        let mut v: Vec<_> = idx.iter().map(|(o, e)| (*o, e.state)).collect();
+        let mut v = self.list_part(0, 1);
         v.sort_unstable_by_key(|(o, _)| *o);
         v
     }
 
+    fn list_part(&self, part: u32, parts: u32) -> Vec<(ObjectId, ObjState)> {
+        let mut v = Vec::new();
+        for shard in &self.index[shard_range(part, parts)] {
+            let shard = shard.lock().unwrap();
+            v.extend(shard.iter().map(|(o, e)| (*o, e.state)));
+        }
+        v
+    }
+
     fn len(&self) -> usize {
-        let idx = self.index.lock().unwrap();
-        idx.values().filter(|e| !e.state.deleted).count()
+        (self.index.iter())
+            .map(|s| {
+                s.lock()
+                    .unwrap()
+                    .values()
+                    .filter(|e| !e.state.deleted)
+                    .count()
+            })
+            .sum()
     }
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
@@ -367,7 +395,7 @@ impl ObjectBackend for FileStore {
             .ok()?
             .len()
             .saturating_sub(sums::HEADER_LEN);
-        if let Some(x) = self.index.lock().unwrap().get_mut(&oid) {
+        if let Some(x) = self.idx(oid).get_mut(&oid) {
             x.len = Some(len);
         }
         Some(len)
@@ -520,7 +548,7 @@ impl ObjectBackend for FileStore {
         if from != to {
             fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
         }
-        self.index.lock().unwrap().insert(oid, after);
+        self.idx(oid).insert(oid, after);
         Ok(())
     }
 
@@ -563,7 +591,7 @@ impl ObjectBackend for FileStore {
             fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
             fsync_dir(&self.dir).map_err(|err| StoreError::io(oid, "sync dir", err))?;
         }
-        self.index.lock().unwrap().insert(oid, after);
+        self.idx(oid).insert(oid, after);
         self.bad.lock().unwrap().remove(&oid);
         Ok(Some(after.state))
     }
@@ -631,7 +659,7 @@ impl ObjectBackend for FileStore {
                 first_err.get_or_insert(err);
                 continue;
             }
-            if let Some(x) = self.index.lock().unwrap().get_mut(&oid) {
+            if let Some(x) = self.idx(oid).get_mut(&oid) {
                 x.disk = after.disk;
                 x.marked = after.marked;
             }

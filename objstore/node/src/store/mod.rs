@@ -146,12 +146,41 @@ pub struct Verified {
     pub bytes: u64,
 }
 
+/// Index shards of a backend ([`shard_of`]): the unit of a listing's lock hold, and of its
+/// parts ([`ObjectBackend::list_part`]).
+pub const INDEX_SHARDS: usize = 1024;
+
+/// The index shard of `oid`: its id's bits mixed (consecutive objects of a VDI spread over
+/// every shard), then reduced to [`INDEX_SHARDS`].
+pub fn shard_of(oid: ObjectId) -> usize {
+    let x = oid.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 54) as usize % INDEX_SHARDS
+}
+
+/// The shards of part `part` of `parts` (`parts` at most [`INDEX_SHARDS`], `part` below it):
+/// consecutive, and together every shard once.
+pub fn shard_range(part: u32, parts: u32) -> std::ops::Range<usize> {
+    let parts = (parts.max(1) as usize).min(INDEX_SHARDS);
+    let part = (part as usize).min(parts);
+    part * INDEX_SHARDS / parts..(part + 1) * INDEX_SHARDS / parts
+}
+
 /// Where a node keeps its objects. See the module documentation for the contract.
 pub trait ObjectBackend: Send + Sync + 'static {
     /// The object's state here (tombstones included), if it is held here.
     fn meta(&self, oid: ObjectId) -> Option<ObjState>;
     /// Every object held here with its state (tombstones included), sorted by id.
     fn list(&self) -> Vec<(ObjectId, ObjState)>;
+    /// Part `part` of `parts` of [`ObjectBackend::list`], in no order: the objects whose
+    /// [`shard_of`] falls in [`shard_range`]`(part, parts)`. The parts of one `parts` hold
+    /// every object once. A backend with a sharded index holds one shard's lock at a time,
+    /// so a listing never stops the node's requests for more than a short slice.
+    fn list_part(&self, part: u32, parts: u32) -> Vec<(ObjectId, ObjState)> {
+        let range = shard_range(part, parts);
+        let mut v = self.list();
+        v.retain(|(oid, _)| range.contains(&shard_of(*oid)));
+        v
+    }
     /// How many objects with data are held here (tombstones not counted).
     fn len(&self) -> usize;
     fn is_empty(&self) -> bool {

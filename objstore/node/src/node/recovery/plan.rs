@@ -12,14 +12,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::OnceCell;
 
-use super::{Pull, LIST_BEHIND_WAIT, LIST_TIMEOUT};
+use super::{Pull, LIST_BEHIND_WAIT, LIST_PARTS, LIST_TIMEOUT};
 use crate::node::history::{self, Safety};
 use crate::node::reference::{reference, Reference};
 use crate::node::{Epoch, Node};
 use crate::store::{ObjState, Version};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
-use objstore_proto::version::decode_list;
+use objstore_proto::version::{decode_list, ListRequest};
 
 /// What planning gave.
 pub(super) enum Plan {
@@ -42,13 +42,39 @@ pub(super) enum Plan {
 }
 
 impl Node {
-    /// Lists `(oid, state)` from a peer, waiting a little for a peer not yet at `epoch`.
-    async fn list_peer(&self, addr: SocketAddr, epoch: u32) -> Option<Vec<(ObjectId, ObjState)>> {
+    /// Lists `(oid, state)` from a peer: what `req` asks for (the objects this node holds in
+    /// `epoch`, and its lost copies it no longer holds), in [`LIST_PARTS`] pages, each
+    /// waiting a little for a peer not yet at `epoch`. None if any page did not come.
+    async fn list_peer(
+        &self,
+        addr: SocketAddr,
+        epoch: u32,
+        req: &ListRequest,
+    ) -> Option<Vec<(ObjectId, ObjState)>> {
+        let mut all = Vec::new();
+        for part in 0..LIST_PARTS {
+            let req = ListRequest {
+                part,
+                parts: LIST_PARTS,
+                ..req.clone()
+            };
+            all.extend(self.list_page(addr, epoch, req.encode()).await?);
+        }
+        Some(all)
+    }
+
+    /// One page of [`Node::list_peer`].
+    async fn list_page(
+        &self,
+        addr: SocketAddr,
+        epoch: u32,
+        req: Bytes,
+    ) -> Option<Vec<(ObjectId, ObjState)>> {
         let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
         loop {
             let h = Header::request(Opcode::PeerList, 0, epoch);
             let conn = self.peers.get(addr, LIST_TIMEOUT).await.ok()?;
-            match conn.call(h, Bytes::new(), LIST_TIMEOUT).await {
+            match conn.call(h, req.clone(), LIST_TIMEOUT).await {
                 Ok(f) if f.header.result_code() == ResultCode::Ok => {
                     return decode_list(&f.payload);
                 }
@@ -71,6 +97,7 @@ impl Node {
 
     /// Builds the pending set for `ep` and judges which objects must wait.
     pub(super) async fn plan(&self, ep: &Epoch, copies: usize, min_copies: usize) -> Plan {
+        let started = std::time::Instant::now();
         let e = ep.view.epoch;
         let d = self.driver.clone();
         let prev = self
@@ -91,8 +118,20 @@ impl Node {
         ids.remove(&self.me.addr);
         let mut sources: Vec<SocketAddr> = ids.keys().copied().collect();
         sources.sort();
+        // Only what this node holds in the epoch, and its lost copies it no longer holds (it
+        // must learn whether a newer copy is held elsewhere before it drops or keeps them).
+        let req = ListRequest {
+            owner: self.me.id,
+            copies: copies as u32,
+            part: 0,
+            parts: LIST_PARTS,
+            extra: (self.recovery.lost_copies().into_iter())
+                .map(|(oid, _)| oid)
+                .filter(|&oid| !ep.ring.holds(self.me.id, oid, copies))
+                .collect(),
+        };
         let listings =
-            futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e))).await;
+            futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e, &req))).await;
         let d = self.driver.clone();
         let hist = match self.blocking(move || history::load(&*d, e)).await {
             Ok(Ok(h)) => h,
@@ -108,6 +147,8 @@ impl Node {
         if self.epoch().view.epoch != e {
             return Plan::Changed;
         }
+        let entries: usize = listings.iter().flatten().map(Vec::len).sum();
+        let requests = listings.iter().flatten().count() as u64 * u64::from(LIST_PARTS);
         let unlisted: Vec<SocketAddr> = sources
             .iter()
             .zip(&listings)
@@ -237,6 +278,11 @@ impl Node {
                 }
             }
         }
+        self.recovery.update(|s| {
+            s.plan_entries = entries as u64;
+            s.plan_requests = requests;
+            s.plan_ms = started.elapsed().as_millis() as u64;
+        });
         Plan::Ready {
             pending,
             safety,
