@@ -31,6 +31,16 @@ pub const LOCK_REQUEST_PREFIX: &str = "lock-req/";
 
 /// Prefix of the recovery records.
 pub const RECOVERED_PREFIX: &str = "recovered/";
+/// `changed/<epoch>`: the ids of the nodes that took a change (a write, a copy-on-write, a
+/// remove, as primary or replica) in that epoch, each recorded before its first (see the node's
+/// `history`). Present, even empty, once any node of the epoch started: an absent record is an
+/// epoch of which nothing is known.
+pub const CHANGED_PREFIX: &str = "changed/";
+
+pub fn changed(epoch: u32) -> String {
+    format!("{CHANGED_PREFIX}{epoch:010}")
+}
+
 /// The epoch of the last `dog cluster recover --force`.
 pub const FORCED: &str = "recovery-forced";
 

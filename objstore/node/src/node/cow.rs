@@ -29,7 +29,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use super::replicate::Change;
-use super::server::{check_range, io_epoch, not_recovered, Failure};
+use super::server::{change_epoch, check_range, not_recovered, Failure};
 use super::{Epoch, Node};
 use crate::store::Version;
 use objstore_proto::frame::Header;
@@ -46,7 +46,7 @@ pub(super) async fn cow_write(
 ) -> Result<Version, Failure> {
     let target = ObjectId(h.oid);
     let _change = node.enter(h.epoch);
-    let (ep, cfg) = io_epoch(node, h).await?;
+    let (ep, cfg) = change_epoch(node, h).await?;
     let Some((expected, source, data)) = split_cow(&payload) else {
         return Err(Failure::invalid(
             "CowWrite payload shorter than its version and source object",

@@ -16,6 +16,16 @@
 //!
 //! An epoch in which fewer owners are missing than each object has cannot hide any object;
 //! only the others ("uncovered") are checked object by object.
+//!
+//! A node that took no change in an epoch after the base one hides nothing of it: a change
+//! succeeds only once every owner of its epoch applied it, so every object changed in that
+//! epoch has that node among its owners only if it took the change. Each node records in the
+//! cluster store that it takes changes in an epoch (`changed/<epoch>`, its id added) before it
+//! applies the first ([`Node::note_change`]); each node that starts an epoch creates the record
+//! empty. An absent node that is not in the record of an epoch is then not waited for in that
+//! epoch (Ceph's "maybe went read-write" of past intervals). An epoch without a record (one from
+//! before nodes recorded) is judged as before: every absent owner counts. The base epoch is
+//! judged whole: its members hold what was recovered into them, changed or not.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -30,6 +40,8 @@ use objstore_proto::view::View;
 pub(super) struct History {
     /// The newest clean epoch before the current one (0: none).
     pub clean: u32,
+    /// The nodes that recorded taking changes, by epoch (epochs with a record only).
+    pub changed: BTreeMap<u32, HashSet<u64>>,
     /// The epoch of the last forced recovery (0: none).
     pub forced: u32,
     /// The views of the epochs from `max(clean, forced)` (or the first) to `cur - 1`.
@@ -53,6 +65,19 @@ pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError
         let ids: Vec<u64> = serde_json::from_slice(&v).unwrap_or_default();
         records.insert(e, ids.into_iter().collect());
     }
+    let mut changed: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
+    for (k, v) in driver.kv_list(keys::CHANGED_PREFIX)? {
+        let Some(e) = k
+            .strip_prefix(keys::CHANGED_PREFIX)
+            .and_then(|e| e.parse().ok())
+        else {
+            continue;
+        };
+        // An unreadable record is as good as none: every absent owner counts.
+        if let Ok(ids) = serde_json::from_slice::<Vec<u64>>(&v) {
+            changed.insert(e, ids.into_iter().collect());
+        }
+    }
     let mut views = Vec::new();
     let mut clean = 0;
     let mut e = cur.saturating_sub(1);
@@ -75,8 +100,9 @@ pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError
     }
     views.reverse();
     // Records older than the newest clean epoch are never read again.
-    for &e in records.range(..clean).map(|(e, _)| e) {
-        let key = keys::recovered(e);
+    let old = (records.range(..clean).map(|(e, _)| keys::recovered(*e)))
+        .chain(changed.range(..clean).map(|(e, _)| keys::changed(*e)));
+    for key in old.collect::<Vec<_>>() {
         if let Some(raw) = driver.kv_get(&key)? {
             // Best effort: another node may be pruning it too.
             let _ = driver.kv_cas(&key, Some(&raw), None);
@@ -84,9 +110,71 @@ pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError
     }
     Ok(History {
         clean,
+        changed,
         forced,
         views,
     })
+}
+
+/// Adds node `id` to the record of the nodes that take changes in `epoch` (blocking); with
+/// `id` None, creates the record empty if there is none (a node starting the epoch).
+pub(super) fn record_changed(
+    driver: &dyn Driver,
+    epoch: u32,
+    id: Option<u64>,
+) -> Result<(), DriverError> {
+    let key = keys::changed(epoch);
+    loop {
+        let cur = driver.kv_get(&key)?;
+        let mut ids: Vec<u64> = cur
+            .as_deref()
+            .and_then(|v| serde_json::from_slice(v).ok())
+            .unwrap_or_default();
+        match id {
+            None if cur.is_some() => return Ok(()),
+            Some(id) if ids.contains(&id) => return Ok(()),
+            Some(id) => ids.push(id),
+            None => {}
+        }
+        let new = serde_json::to_vec(&ids).expect("serializable");
+        if driver.kv_cas(&key, cur.as_deref(), Some(&new))? {
+            return Ok(());
+        }
+    }
+}
+
+impl super::Node {
+    /// Before this node applies a change checked against epoch `e`: records once per epoch, in
+    /// the cluster store, that it takes changes in `e` (see the module documentation). A
+    /// change is refused (`Busy`: the client retries) while that cannot be recorded.
+    pub(super) async fn note_change(&self, e: u32) -> Result<(), super::server::Failure> {
+        use std::sync::atomic::Ordering;
+        if self.noted.load(Ordering::Acquire) >= e {
+            return Ok(());
+        }
+        let _one = self.noting.lock().await;
+        if self.noted.load(Ordering::Acquire) >= e {
+            return Ok(());
+        }
+        let (d, id) = (self.driver.clone(), self.me.id);
+        let busy = |why: String| {
+            super::server::Failure::new(
+                objstore_proto::frame::ResultCode::Busy,
+                format!("recording that this node takes changes in epoch {e}: {why}"),
+            )
+        };
+        match self
+            .blocking(move || record_changed(&*d, e, Some(id)))
+            .await
+        {
+            Ok(Ok(())) => {
+                self.noted.fetch_max(e, Ordering::AcqRel);
+                Ok(())
+            }
+            Ok(Err(err)) => Err(busy(err.to_string())),
+            Err(err) => Err(busy(err.to_string())),
+        }
+    }
 }
 
 /// Records that node `id` finished recovering `epoch` (blocking).
@@ -156,11 +244,16 @@ impl Safety {
             if !is_base && owners < min_copies {
                 continue;
             }
+            // Past the base epoch, a node that took no change there hides nothing of it.
+            let took = (!is_base)
+                .then(|| history.changed.get(&view.epoch))
+                .flatten();
             let absent: HashSet<u64> = view
                 .nodes
                 .iter()
                 .map(|n| n.id)
                 .filter(|id| !present.contains(id))
+                .filter(|id| took.is_none_or(|t| t.contains(id)))
                 .collect();
             if absent.len() < owners {
                 continue;
@@ -253,6 +346,7 @@ mod tests {
     fn a_node_back_alone_waits_for_the_last_writers() {
         let h = History {
             clean: 2,
+            changed: BTreeMap::new(),
             forced: 0,
             views: vec![view(2, &[2, 3]), view(3, &[1])],
         };
@@ -273,6 +367,7 @@ mod tests {
         // Clean at 2 with B and C; A is back.
         let h = History {
             clean: 2,
+            changed: BTreeMap::new(),
             forced: 0,
             views: vec![view(2, &[2, 3])],
         };
@@ -281,6 +376,7 @@ mod tests {
         // One dead node out of four with three copies: every object keeps an owner.
         let h = History {
             clean: 1,
+            changed: BTreeMap::new(),
             forced: 0,
             views: vec![view(1, &[1, 2, 3, 4])],
         };
@@ -291,6 +387,7 @@ mod tests {
     fn one_copy_waits_per_object_and_force_accepts() {
         let h = History {
             clean: 1,
+            changed: BTreeMap::new(),
             forced: 0,
             views: vec![view(1, &[1, 2])],
         };
@@ -303,5 +400,32 @@ mod tests {
         assert!(safe > 0 && safe < objs.len(), "{safe}");
         let forced = History { forced: 2, ..h };
         assert!(Safety::judge(&forced, 2, &present(&[1]), 1, 1).is_complete());
+    }
+
+    /// Issue 43: a node joins (epoch 2), takes no change, and dies. Epoch 2 is not clean (it
+    /// never recovered there), but it took nothing: nobody waits for it. Had it taken a change
+    /// there, every object it owned in epoch 2 would wait for it, as before.
+    #[test]
+    fn a_node_that_took_no_change_is_not_waited_for() {
+        let oid = |i| ObjectId::data(Vid(1), ObjIndex(i));
+        let h = |took: &[u64]| History {
+            clean: 1,
+            changed: BTreeMap::from([(2, took.iter().copied().collect())]),
+            forced: 0,
+            views: vec![view(1, &[1]), view(2, &[1, 2])],
+        };
+        // One copy: node 2 owned some objects in epoch 2.
+        let s = Safety::judge(&h(&[1]), 3, &present(&[1]), 1, 1);
+        assert!(s.is_complete(), "node 2 took no change in epoch 2");
+        let s = Safety::judge(&h(&[1, 2]), 3, &present(&[1]), 1, 1);
+        assert!(!s.is_complete());
+        let waiting = (0..64).filter(|&i| !s.safe(oid(i))).count();
+        assert!(waiting > 0 && waiting < 64, "{waiting}");
+        // No record of epoch 2 (nodes from before records): judged as before.
+        let none = History {
+            changed: BTreeMap::new(),
+            ..h(&[1])
+        };
+        assert!(!Safety::judge(&none, 3, &present(&[1]), 1, 1).is_complete());
     }
 }

@@ -165,6 +165,10 @@ pub struct Node {
     repairing: std::sync::Mutex<std::collections::HashMap<objstore_proto::oid::ObjectId, u32>>,
     /// Changes in progress, by the epoch they were checked against (see [`Node::enter`]).
     inflight: replicate::Inflight,
+    /// The newest epoch in which this node recorded that it takes changes
+    /// ([`Node::note_change`]), and the lock its recording holds.
+    noted: std::sync::atomic::AtomicU32,
+    noting: tokio::sync::Mutex<()>,
     stop: AtomicBool,
     /// The newest membership tick failure and when it was logged.
     tick_error: Mutex<Option<(String, std::time::Instant)>>,
@@ -380,6 +384,8 @@ impl Node {
             issued: Default::default(),
             repairing: Default::default(),
             inflight: Default::default(),
+            noted: Default::default(),
+            noting: Default::default(),
             stop: AtomicBool::new(false),
             tick_error: Mutex::new(None),
             pull_delay: opts.pull_delay,

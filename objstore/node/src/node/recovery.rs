@@ -417,6 +417,17 @@ impl Node {
                 ..Default::default()
             }
         });
+        // The record of who takes changes in this epoch exists from its start, empty: a node
+        // absent from it took none (see `history`).
+        let d = self.driver.clone();
+        match self
+            .blocking(move || history::record_changed(&*d, e, None))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::debug!("epoch {e}: creating its record of changes: {err}"),
+            Err(err) => tracing::debug!("epoch {e}: creating its record of changes: {err}"),
+        }
         let Some(cfg) = self.config() else {
             // Nothing can be stored before the format.
             *self.recovery.safety.write().unwrap() = Arc::new(Safety::all());

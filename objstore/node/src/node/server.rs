@@ -287,7 +287,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::WriteObj => {
             let _change = node.enter(h.epoch);
-            let (ep, cfg) = io_epoch(node, h).await?;
+            let (ep, cfg) = change_epoch(node, h).await?;
             let Some((expected, payload)) = split_expected(&payload) else {
                 return Err(Failure::invalid(
                     "WriteObj payload shorter than its version",
@@ -317,7 +317,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::FlattenObj => {
             let _change = node.enter(h.epoch);
-            let (ep, cfg) = io_epoch(node, h).await?;
+            let (ep, cfg) = change_epoch(node, h).await?;
             let Some((_, source, _)) = split_cow(&payload) else {
                 return Err(Failure::invalid(
                     "FlattenObj payload shorter than its version and source object",
@@ -332,7 +332,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::RemoveObj => {
             let _change = node.enter(h.epoch);
-            let (ep, cfg) = io_epoch(node, h).await?;
+            let (ep, cfg) = change_epoch(node, h).await?;
             let Some((expected, _)) = split_expected(&payload) else {
                 return Err(Failure::invalid(
                     "RemoveObj payload shorter than its version",
@@ -404,7 +404,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::PeerWrite => {
             let _change = node.enter(h.epoch);
-            let (_, cfg) = io_epoch(node, h).await?;
+            let (_, cfg) = change_epoch(node, h).await?;
             let Some((base, new, sums, data)) = split_peer_write(&payload, h.aux) else {
                 return Err(Failure::invalid(format!(
                     "PeerWrite payload shorter than its versions and {} block sum(s)",
@@ -421,7 +421,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::PeerCow => {
             let _change = node.enter(h.epoch);
-            let (_, cfg) = io_epoch(node, h).await?;
+            let (_, cfg) = change_epoch(node, h).await?;
             let Some((base, new, sums, source, data)) = split_peer_cow(&payload, h.aux) else {
                 return Err(Failure::invalid(format!(
                     "PeerCow payload shorter than its versions, {} block sum(s) and source",
@@ -451,7 +451,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::PeerPut => {
             let _change = node.enter(h.epoch);
-            let (_, cfg) = io_epoch(node, h).await?;
+            let (_, cfg) = change_epoch(node, h).await?;
             let state = ObjState::from_wire(h.offset, h.aux);
             if !state.deleted {
                 // A partial copy-on-write target carries its record past the object size.
@@ -586,6 +586,18 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
 const MAX_LEASE_TTL_SECS: u64 = 86_400;
 
 /// Checks the request's epoch and waits for this epoch's recovery plan.
+/// [`io_epoch`] for a change of an object: the node records that it takes changes in this
+/// epoch before it applies the first ([`Node::note_change`]), so a node that took none is never
+/// waited for once it is gone.
+pub(super) async fn change_epoch(
+    node: &Node,
+    h: &Header,
+) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
+    let (ep, cfg) = io_epoch(node, h).await?;
+    node.note_change(ep.view.epoch).await?;
+    Ok((ep, cfg))
+}
+
 pub(super) async fn io_epoch(
     node: &Node,
     h: &Header,
