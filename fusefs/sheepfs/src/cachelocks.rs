@@ -27,8 +27,18 @@ use objcache::{chain, Cache, CacheError};
 use objstore_client::lock::{self, LockError};
 use objstore_client::{Client, Vdi};
 
-use crate::handles::{hand_over, Disk, Shared};
+use crate::handles::{hand_over, Disk, InUse, Shared};
 use crate::locks::{asked_of, Asked, Away};
+
+/// What to do after a request failed: see [`Shared::again`].
+pub(crate) enum Again {
+    /// Make it again on this handle.
+    Retry(InUse),
+    /// Its error stands (the handle it failed on).
+    Stands(InUse),
+    /// The file was closed meanwhile.
+    Gone(fuser::Errno),
+}
 
 /// The hand-over side of a mount with a cache in cooperative mode.
 pub(crate) struct CacheLocks {
@@ -147,7 +157,7 @@ impl Shared {
     /// held of the VDI ([`Cache::forget_lost`]; not if it holds writes never pushed: those
     /// stay, and the error stands), the file goes on with a plain handle whose next write
     /// asks for the lock back, and true says to make the request again.
-    pub(crate) async fn lost_to_plain(&self, ino: u64, disk: &Disk, e: &CacheError) -> bool {
+    async fn lost_to_plain(&self, ino: u64, disk: &Disk, e: &CacheError) -> bool {
         let (Some(cl), Disk::Cached(c), CacheError::LockLost { name }) =
             (&self.cache_locks, disk, e)
         else {
@@ -186,6 +196,21 @@ impl Shared {
             }
         }
         true
+    }
+
+    /// After a request on `disk` of file `ino` failed with `e`: whether to make it again, on
+    /// the file's new plain handle, because the cache lost the VDI's lock to another mount
+    /// ([`Shared::lost_to_plain`]). `disk` is let go before the new handle is taken (its
+    /// hold on the VDI's gate would stop a hand-over waiting for the gate, and this with it).
+    pub(crate) async fn again(&self, ino: u64, disk: InUse, e: &CacheError) -> Again {
+        if !self.lost_to_plain(ino, &disk, e).await {
+            return Again::Stands(disk);
+        }
+        drop(disk);
+        match self.opened_wait(ino).await {
+            Ok(d) => Again::Retry(d),
+            Err(errno) => Again::Gone(errno),
+        }
     }
 
     /// Gives the lock of `a.vdi` to the mount that asked (see the module doc). Whatever

@@ -30,7 +30,7 @@ use objstore_proto::size::format_size;
 
 use objcache::{Cache, CacheError, Missed};
 
-use crate::cachelocks::CacheLocks;
+use crate::cachelocks::{Again, CacheLocks};
 use crate::errno;
 use crate::handles::{cache_fail, fail, Disk, Shared};
 use crate::handover::Holder;
@@ -419,7 +419,7 @@ impl Filesystem for SheepFs {
             }
             let len = (size as u64).min(end - offset);
             let mut missed = Some(missed);
-            let read = loop {
+            loop {
                 let read = match &*disk {
                     Disk::Plain(v, _) => sh.read_plain(v, offset, len).await,
                     Disk::Cached(c) => {
@@ -428,20 +428,15 @@ impl Filesystem for SheepFs {
                     }
                 };
                 match read {
-                    // The lock was lost to another mount (cooperative mode): again, plain.
-                    Err(e) if sh.lost_to_plain(ino.0, &disk, &e).await => {
-                        drop(disk);
-                        disk = match sh.opened_wait(ino.0).await {
-                            Ok(d) => d,
-                            Err(e) => return reply.error(e),
-                        };
-                    }
-                    r => break r,
+                    Ok(data) => return reply.data(&data),
+                    Err(e) => match sh.again(ino.0, disk, &e).await {
+                        Again::Retry(d) => disk = d,
+                        Again::Stands(d) => {
+                            return reply.error(cache_fail("read", &d.vdi().header().name, &e))
+                        }
+                        Again::Gone(errno) => return reply.error(errno),
+                    },
                 }
-            };
-            match read {
-                Ok(data) => reply.data(&data),
-                Err(e) => reply.error(cache_fail("read", &disk.vdi().header().name, &e)),
             }
         });
     }
@@ -488,17 +483,13 @@ impl Filesystem for SheepFs {
                 let n = (data.len() as u64).min(end - offset) as usize;
                 match disk.write(offset, data.slice(..n)).await {
                     Ok(()) => return reply.written(n as u32),
-                    // The lock was lost to another mount (cooperative mode): again, plain.
-                    Err(e) if sh.lost_to_plain(ino.0, &disk, &e).await => {
-                        drop(disk);
-                        disk = match sh.opened_wait(ino.0).await {
-                            Ok(d) => d,
-                            Err(e) => return reply.error(e),
-                        };
-                    }
-                    Err(e) => {
-                        return reply.error(cache_fail("write", &disk.vdi().header().name, &e))
-                    }
+                    Err(e) => match sh.again(ino.0, disk, &e).await {
+                        Again::Retry(d) => disk = d,
+                        Again::Stands(d) => {
+                            return reply.error(cache_fail("write", &d.vdi().header().name, &e))
+                        }
+                        Again::Gone(errno) => return reply.error(errno),
+                    },
                 }
             }
         });
@@ -546,18 +537,15 @@ impl Filesystem for SheepFs {
             loop {
                 match disk.flush().await {
                     Ok(()) => return reply.ok(),
-                    // Lost to another mount (cooperative mode) with nothing unpushed: every
-                    // write acknowledged here is in the cluster; flushed there, plain.
-                    Err(e) if sh.lost_to_plain(ino.0, &disk, &e).await => {
-                        drop(disk);
-                        disk = match sh.opened_wait(ino.0).await {
-                            Ok(d) => d,
-                            Err(e) => return reply.error(e),
-                        };
-                    }
-                    Err(e) => {
-                        return reply.error(cache_fail("fsync", &disk.vdi().header().name, &e))
-                    }
+                    // Lost to another mount with nothing unpushed: every write acknowledged
+                    // here is in the cluster; flushed there, plain.
+                    Err(e) => match sh.again(ino.0, disk, &e).await {
+                        Again::Retry(d) => disk = d,
+                        Again::Stands(d) => {
+                            return reply.error(cache_fail("fsync", &d.vdi().header().name, &e))
+                        }
+                        Again::Gone(errno) => return reply.error(errno),
+                    },
                 }
             }
         });

@@ -426,3 +426,16 @@ fn a_discard_leaves_an_object_whose_entry_a_crash_lost() {
 fn a_refresh_from_a_replica_left_behind_drops_acknowledged_first_writes() {
     assert_clean_with(3137, Config::default());
 }
+
+/// Two owners of a copy-on-write target each held a suspect copy at v5.1 (different bytes: one
+/// lacked write 45), and each planned while the other's listing had not come; each took its
+/// own copy for the reference (the lowest id of the holders it had seen) and settled it, and
+/// the replicas stayed at one version with different bytes (Divergent, object 1001). Found by
+/// `make sim SEEDS=10000` once listings came in 16 pages (issue 43), which makes a missing
+/// listing likelier; fixed by settling a suspect copy only once every member listed (until
+/// then the object waits and the round plans again). (Seeds 4249 and 5192.)
+#[test]
+fn suspect_copies_are_settled_only_once_every_member_listed() {
+    assert_clean_with(4249, Config::default());
+    assert_clean_with(5192, Config::default());
+}

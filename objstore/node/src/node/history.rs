@@ -54,30 +54,15 @@ pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError
         .kv_get(keys::FORCED)?
         .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok())
         .unwrap_or(0);
-    let mut records: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
-    for (k, v) in driver.kv_list(keys::RECOVERED_PREFIX)? {
-        let Some(e) = k
-            .strip_prefix(keys::RECOVERED_PREFIX)
-            .and_then(|e| e.parse().ok())
-        else {
-            continue;
-        };
-        let ids: Vec<u64> = serde_json::from_slice(&v).unwrap_or_default();
-        records.insert(e, ids.into_iter().collect());
-    }
-    let mut changed: BTreeMap<u32, HashSet<u64>> = BTreeMap::new();
-    for (k, v) in driver.kv_list(keys::CHANGED_PREFIX)? {
-        let Some(e) = k
-            .strip_prefix(keys::CHANGED_PREFIX)
-            .and_then(|e| e.parse().ok())
-        else {
-            continue;
-        };
-        // An unreadable record is as good as none: every absent owner counts.
-        if let Ok(ids) = serde_json::from_slice::<Vec<u64>>(&v) {
-            changed.insert(e, ids.into_iter().collect());
-        }
-    }
+    let records: BTreeMap<u32, HashSet<u64>> = (id_lists(driver, keys::RECOVERED_PREFIX)?)
+        .into_iter()
+        .map(|(e, ids)| (e, ids.unwrap_or_default()))
+        .collect();
+    // An unreadable record of changes is as good as none: every absent owner counts.
+    let changed: BTreeMap<u32, HashSet<u64>> = (id_lists(driver, keys::CHANGED_PREFIX)?)
+        .into_iter()
+        .filter_map(|(e, ids)| Some((e, ids?)))
+        .collect();
     let mut views = Vec::new();
     let mut clean = 0;
     let mut e = cur.saturating_sub(1);
@@ -116,6 +101,21 @@ pub(super) fn load(driver: &dyn Driver, cur: u32) -> Result<History, DriverError
     })
 }
 
+/// The lists of node ids under `prefix`, by the epoch ending their keys (None: unreadable).
+fn id_lists(
+    driver: &dyn Driver,
+    prefix: &str,
+) -> Result<BTreeMap<u32, Option<HashSet<u64>>>, DriverError> {
+    let mut out = BTreeMap::new();
+    for (k, v) in driver.kv_list(prefix)? {
+        if let Some(e) = k.strip_prefix(prefix).and_then(|e| e.parse().ok()) {
+            let ids = serde_json::from_slice::<Vec<u64>>(&v).ok();
+            out.insert(e, ids.map(|ids| ids.into_iter().collect()));
+        }
+    }
+    Ok(out)
+}
+
 /// Adds node `id` to the record of the nodes that take changes in `epoch` (blocking); with
 /// `id` None, creates the record empty if there is none (a node starting the epoch).
 pub(super) fn record_changed(
@@ -123,9 +123,14 @@ pub(super) fn record_changed(
     epoch: u32,
     id: Option<u64>,
 ) -> Result<(), DriverError> {
-    let key = keys::changed(epoch);
+    add_id(driver, &keys::changed(epoch), id)
+}
+
+/// Adds `id` to the list of node ids at `key` (blocking); with `id` None, creates the list
+/// empty if there is none.
+fn add_id(driver: &dyn Driver, key: &str, id: Option<u64>) -> Result<(), DriverError> {
     loop {
-        let cur = driver.kv_get(&key)?;
+        let cur = driver.kv_get(key)?;
         let mut ids: Vec<u64> = cur
             .as_deref()
             .and_then(|v| serde_json::from_slice(v).ok())
@@ -137,7 +142,7 @@ pub(super) fn record_changed(
             None => {}
         }
         let new = serde_json::to_vec(&ids).expect("serializable");
-        if driver.kv_cas(&key, cur.as_deref(), Some(&new))? {
+        if driver.kv_cas(key, cur.as_deref(), Some(&new))? {
             return Ok(());
         }
     }
@@ -183,22 +188,7 @@ pub(super) fn record_recovered(
     epoch: u32,
     id: u64,
 ) -> Result<(), DriverError> {
-    let key = keys::recovered(epoch);
-    loop {
-        let cur = driver.kv_get(&key)?;
-        let mut ids: Vec<u64> = cur
-            .as_deref()
-            .and_then(|v| serde_json::from_slice(v).ok())
-            .unwrap_or_default();
-        if ids.contains(&id) {
-            return Ok(());
-        }
-        ids.push(id);
-        let new = serde_json::to_vec(&ids).expect("serializable");
-        if driver.kv_cas(&key, cur.as_deref(), Some(&new))? {
-            return Ok(());
-        }
-    }
+    add_id(driver, &keys::recovered(epoch), Some(id))
 }
 
 /// An epoch in which some objects may have no owner up now.

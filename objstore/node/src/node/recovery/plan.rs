@@ -255,6 +255,22 @@ impl Node {
                 unsettled += 1;
             }
             match reference(self.me.id, &ids, mine, &holders) {
+                // The reference among suspect copies is the one on the lowest id of every
+                // holder: a node whose listing did not come may hold one. Settled only once
+                // every node listed (seeds 4249 and 5192: two owners, each missing the other's
+                // listing, both settled their own, different, suspect copy); until then its
+                // requests wait and the round plans again.
+                Reference::Mine if mine.is_some_and(|m| m.suspect) && !all_listed => {
+                    waiting += 1;
+                    pending.insert(
+                        oid,
+                        Arc::new(Pull {
+                            want: mine.unwrap_or_default(),
+                            sources: Vec::new(),
+                            result: OnceCell::new(),
+                        }),
+                    );
+                }
                 Reference::Mine => {
                     if mine.is_some_and(|m| m.suspect) {
                         // Every copy of the newest version was being written when its node
