@@ -28,13 +28,13 @@ use objstore_client::vdi;
 use objstore_client::{Client, Vdi};
 use objstore_proto::size::format_size;
 
-use objcache::{Cache, CacheError, Missed};
+use objcache::{Cache, Missed};
 
-use crate::cachelocks::{Again, CacheLocks};
+use crate::cachelocks::Again;
 use crate::errno;
 use crate::handles::{cache_fail, fail, Disk, Shared};
-use crate::handover::Holder;
-use crate::locks::{LockMode, PlainLocks, WriteLocks};
+use crate::handover::lock_sides;
+use crate::locks::WriteLocks;
 use crate::names::is_snapshot;
 
 const TTL: Duration = Duration::from_secs(1);
@@ -45,10 +45,6 @@ const UNLINK_WAIT: Duration = Duration::from_secs(1);
 const MAX_READAHEAD: u32 = 128 << 10;
 /// Requests the kernel keeps in flight (fuser's default is 16; aio depth beyond it queues).
 const MAX_BACKGROUND: u16 = 128;
-
-const FALLOC_KEEP_SIZE: i32 = 0x01;
-const FALLOC_PUNCH_HOLE: i32 = 0x02;
-const FALLOC_ZERO_RANGE: i32 = 0x10;
 
 pub struct SheepFs {
     rt: tokio::runtime::Handle,
@@ -64,8 +60,9 @@ fn utf8(name: &OsStr) -> Result<String, Errno> {
 }
 
 impl SheepFs {
-    /// `locks`: without a cache, take the attachment lock for read-write opens (see
-    /// [`WriteLocks`]); ignored with a cache, which takes the locks itself.
+    /// `locks`: how read-write opens lock their VDIs (see [`WriteLocks`]; None: `--no-lock`).
+    /// With a cache, the cache takes the locks itself and only the lock mode (cooperative:
+    /// hand them over) and the hand-over timeout apply.
     pub fn new(
         client: Arc<Client>,
         cache: Option<Cache>,
@@ -74,24 +71,7 @@ impl SheepFs {
     ) -> SheepFs {
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let cooperative = locks.as_ref().map(|l| l.mode) == Some(LockMode::Cooperative);
-        let (locks, cache_locks) = match (&cache, locks) {
-            (None, Some(l)) => {
-                let locks = Arc::new(PlainLocks::new(client.clone(), &l));
-                rt.spawn(locks.clone().keeper());
-                (Some(locks), None)
-            }
-            (Some(cache), Some(l)) if cooperative => {
-                let cl = CacheLocks::new(cache.clone(), client.clone(), l.handover_timeout);
-                (None, Some(Arc::new(cl)))
-            }
-            _ => (None, None),
-        };
-        let holder = match (&locks, &cache_locks) {
-            (Some(l), _) if cooperative => Some(Holder::Plain(l.clone())),
-            (_, Some(cl)) => Some(Holder::Cache(cl.clone())),
-            _ => None,
-        };
+        let (locks, cache_locks, holder) = lock_sides(&client, cache.as_ref(), locks, &rt);
         let sh = Arc::new(Shared {
             client,
             cache,
@@ -701,31 +681,12 @@ impl Filesystem for SheepFs {
             if let Err(e) = sh.take_lock(&disk).await {
                 return reply.error(cache_fail("fallocate", &disk.vdi().full_name(), &e));
             }
-            let vdi = disk.vdi().clone();
-            let size = vdi.size();
-            let name = vdi.header().name;
-            let res = if mode & (FALLOC_PUNCH_HOLE | FALLOC_ZERO_RANGE) != 0 {
-                // Discard as qemu sends it (discard=unmap): whole objects dropped, parts zeroed.
-                let end = offset.saturating_add(length).min(size);
-                if offset >= end {
-                    Ok(())
-                } else {
-                    disk.discard(offset, end - offset).await
-                }
-            } else if mode & !FALLOC_KEEP_SIZE == 0 {
-                // Preallocation: space is taken on write; grow the VDI unless KEEP_SIZE.
-                let end = offset.saturating_add(length);
-                if mode & FALLOC_KEEP_SIZE == 0 && end > size {
-                    vdi.grow(end).await.map_err(CacheError::from)
-                } else {
-                    Ok(())
-                }
-            } else {
+            let Some(res) = crate::alloc::fallocate(&disk, offset, length, mode).await else {
                 return reply.error(Errno::EOPNOTSUPP);
             };
             match res {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(cache_fail("fallocate", &name, &e)),
+                Err(e) => reply.error(cache_fail("fallocate", &disk.vdi().header().name, &e)),
             }
         });
     }

@@ -11,14 +11,50 @@ use std::time::Instant;
 use objcache::chain;
 use objstore_client::lock;
 
+use objcache::Cache;
+use objstore_client::Client;
+
 use crate::cachelocks::CacheLocks;
 use crate::handles::Shared;
-use crate::locks::{Asked, PlainLocks};
+use crate::locks::{Asked, LockMode, PlainLocks, WriteLocks};
 
 /// Whose locks a mount hands over.
 pub(crate) enum Holder {
     Plain(Arc<PlainLocks>),
     Cache(Arc<CacheLocks>),
+}
+
+/// The mount's lock keeping from its options: without a cache, its own locks (their leases
+/// renewed from now on); with a cache in cooperative mode, the hand-over of the cache's; and
+/// in cooperative mode whose requests [`Shared::answer_requests`] answers.
+pub(crate) fn lock_sides(
+    client: &Arc<Client>,
+    cache: Option<&Cache>,
+    locks: Option<WriteLocks>,
+    rt: &tokio::runtime::Handle,
+) -> (
+    Option<Arc<PlainLocks>>,
+    Option<Arc<CacheLocks>>,
+    Option<Holder>,
+) {
+    let cooperative = locks.as_ref().map(|l| l.mode) == Some(LockMode::Cooperative);
+    match (cache, locks) {
+        (None, Some(l)) => {
+            let locks = Arc::new(PlainLocks::new(client.clone(), &l));
+            rt.spawn(locks.clone().keeper());
+            let holder = cooperative.then(|| Holder::Plain(locks.clone()));
+            (Some(locks), None, holder)
+        }
+        (Some(cache), Some(l)) if cooperative => {
+            let cl = Arc::new(CacheLocks::new(
+                cache.clone(),
+                client.clone(),
+                l.handover_timeout,
+            ));
+            (None, Some(cl.clone()), Some(Holder::Cache(cl)))
+        }
+        _ => (None, None, None),
+    }
 }
 
 impl Shared {

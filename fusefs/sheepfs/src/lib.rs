@@ -14,6 +14,7 @@
 //! - `locks`: without a cache, the attachment locks of the VDIs open read-write, and their
 //!   cooperative hand-over to another mount (`handover`: the holder's side);
 //!   `cachelocks`: the hand-over of the locks the cache holds.
+//! - `alloc`: what `fallocate` does to a VDI.
 //! - `names`: inode numbers, one per name (a VDI or a snapshot `NAME@TAG`, read-only).
 //! - `switch`: a snapshot or rollback asked over the control socket, and the mount going
 //!   on with the VDI's new inode.
@@ -22,6 +23,7 @@
 //! - [`errno`]: the one mapping from library errors to errno values.
 //! - [`mount`]: mount options and the checks made before mounting.
 
+mod alloc;
 mod cachelocks;
 pub mod errno;
 pub mod fs;

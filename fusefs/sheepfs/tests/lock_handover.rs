@@ -15,7 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{block_pattern, cachectl_ok, open_rw, Rig, SHEEPFS};
+use common::{block_pattern, cachectl_ok, fio, fio_verify_args, open_rw, Rig, SHEEPFS};
 use testkit::cluster::Cluster;
 use testkit::mount::Mount;
 
@@ -270,6 +270,34 @@ fn two_mounts_writing_in_turn_hand_the_lock_over_200_times(kind: Kind) {
     );
 }
 
+/// Hand-overs under many requests in flight: fio writes 16 at a time (4 KiB random writes,
+/// crc32c verify headers) on the mount that does not hold the lock, so its first write asks
+/// while 15 more wait behind it, then runs through the VDI handle it took the lock with; the
+/// other mount then verifies every block fio wrote (reads while the lock is away), and the
+/// roles swap. Four hand-overs, each with a new seed over the same 8 MiB.
+fn fio_in_flight_across_hand_overs(kind: Kind) {
+    let h = two_hosts(kind);
+    let files = [
+        h.rig.path("x"),
+        h.b.path("x").to_string_lossy().into_owned(),
+    ];
+    // Both files stay open read-write all along, as two qemu processes would.
+    let _held = [open_rw(&files[0]), open_rw(&files[1])];
+    for round in 0..4 {
+        let (writer, reader) = (&files[(round + 1) % 2], &files[round % 2]);
+        let seed = format!("--randseed={}", 1000 + round);
+        let args = fio_verify_args(writer, "8M", &["--fsync_on_close=1", &seed]);
+        fio(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let args = fio_verify_args(reader, "8M", &["--verify_only", &seed]);
+        let v = fio(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let read = v["jobs"][0]["read"]["io_bytes"].as_u64().unwrap_or(0);
+        assert!(read >= 8 << 20, "round {round}: verified only {read} bytes");
+    }
+    let taken = count(&h.rig.cluster.dir.path().join("sheepfs.log"), TAKEN)
+        + count(&h.tmp.path().join("b.log"), TAKEN);
+    assert!(taken >= 4, "{taken} hand-overs logged for 4 rounds");
+}
+
 /// The holder is stopped (SIGSTOP) while the other mount asks for the lock: the write
 /// waits until the holder's lease ends, then goes on; the holder, resumed, finds its lock
 /// gone, and its own next write asks for it back. No acknowledged write is lost.
@@ -457,5 +485,19 @@ mod hand_overs_go_on_while_a_node_dies {
     #[test]
     fn cached() {
         super::hand_overs_go_on_while_a_node_dies(Kind::Cached);
+    }
+}
+
+mod fio_in_flight_across_hand_overs {
+    use super::*;
+
+    #[test]
+    fn plain() {
+        super::fio_in_flight_across_hand_overs(Kind::Plain);
+    }
+
+    #[test]
+    fn cached() {
+        super::fio_in_flight_across_hand_overs(Kind::Cached);
     }
 }

@@ -23,13 +23,13 @@ use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, Resu
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
 use objstore_proto::payload::{split_cow, split_expected, split_peer_cow, split_peer_write};
-use objstore_proto::version::{encode_list, ListRequest};
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 /// Reads up to this size run on the request's task instead of the blocking pool.
 pub(super) const INLINE_READ: usize = 64 << 10;
 
 mod format;
+mod list;
 use format::format;
 
 pub(super) use super::failure::{blocking, not_recovered, task_failure, Failure};
@@ -214,21 +214,6 @@ fn driver_failure(e: impl std::fmt::Display) -> Failure {
     Failure::new(ResultCode::Io, format!("membership store: {e}"))
 }
 
-/// Epoch `e` (this node's, or an earlier one from the membership store's history): a listing
-/// filtered by who holds what must use the ring of the epoch its asker recovers.
-async fn epoch_at(node: &Node, e: u32) -> Result<Arc<Epoch>, Failure> {
-    let cur = node.epoch();
-    if cur.view.epoch == e {
-        return Ok(cur);
-    }
-    match driver_call(node, move |d| d.view_at(e)).await? {
-        Some(view) => Ok(Epoch::new(view)),
-        None => Err(Failure::invalid(format!(
-            "epoch {e} is not in the membership store's history"
-        ))),
-    }
-}
-
 /// Runs a membership-store call on the blocking pool; its failure as the client sees it.
 async fn driver_call<T: Send + 'static>(
     node: &Node,
@@ -373,35 +358,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             let state = node.repair_copy(oid, req.version, req.source).await?;
             Ok(Reply::json(&RepairReply { state }))
         }
-        Opcode::PeerList => {
-            let cur = node.epoch().view.epoch;
-            if h.epoch > cur {
-                return Err(Failure {
-                    code: ResultCode::NodeBehind,
-                    message: format!("node is at epoch {cur}, listing asked for {}", h.epoch),
-                    aux: cur,
-                    version: None,
-                });
-            }
-            if !node.drain_before(cur).await {
-                return Err(Failure::new(
-                    ResultCode::Busy,
-                    format!("changes of epochs before {cur} are still in progress"),
-                ));
-            }
-            if payload.is_empty() {
-                return Ok(Reply::bytes(encode_list(&node.listing())));
-            }
-            let Some(req) = ListRequest::decode(&payload) else {
-                return Err(Failure::invalid(
-                    "a PeerList request is owner (8 bytes), copies, part, parts, count (4 each), then count object ids (8 each), with part below parts",
-                ));
-            };
-            let ep = epoch_at(node, h.epoch).await?;
-            let list = (node.listing_part(ep, req).await)
-                .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
-            Ok(Reply::bytes(encode_list(&list)))
-        }
+        Opcode::PeerList => list::peer_list(node, h, &payload).await,
         Opcode::PeerWrite => {
             let _change = node.enter(h.epoch);
             let (_, cfg) = change_epoch(node, h).await?;
