@@ -219,6 +219,10 @@ pub struct RecoveryStatus {
     pub plan_requests: u64,
     #[serde(default)]
     pub plan_ms: u64,
+    /// Requests of this epoch answered through a stand-in: an old holder of an object this
+    /// node could not store for lack of space (docs/architecture.md, "Old holders stand in").
+    #[serde(default)]
+    pub relayed: u64,
 }
 
 /// `CheckObj` request flag (`aux` bit 0): report the copy's state only, without reading it.

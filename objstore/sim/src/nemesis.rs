@@ -2,8 +2,9 @@
 //! crashes and restarts nodes (also in the middle of requests: the network has a small base
 //! latency, so operations take simulated time), takes links down or makes them hang (between
 //! two nodes or a client and a node, or all of one node's links), raises delays so messages
-//! overtake each other across connections, resets connections, fills disks and makes
-//! fdatasync fail (losing the dirty pages). Every fault is undone after a random span; all are
+//! overtake each other across connections, resets connections, fills disks (also of nodes as
+//! they restart, so they own objects they cannot store) and makes fdatasync fail (losing the
+//! dirty pages). Every fault is undone after a random span; all are
 //! undone when the clients have finished.
 
 use std::net::SocketAddr;
@@ -36,6 +37,9 @@ pub struct Faults {
     pub resets: bool,
     pub disk_full: bool,
     pub fsync_errors: bool,
+    /// A crashed node restarts with a full disk: it cannot pull the objects it owns again, and
+    /// their old holders stand in for it (issue 43).
+    pub full_restarts: bool,
 }
 
 impl Faults {
@@ -47,6 +51,7 @@ impl Faults {
         resets: true,
         disk_full: true,
         fsync_errors: true,
+        full_restarts: true,
     };
     pub const NONE: Faults = Faults {
         crashes: false,
@@ -56,6 +61,7 @@ impl Faults {
         resets: false,
         disk_full: false,
         fsync_errors: false,
+        full_restarts: false,
     };
 }
 
@@ -63,7 +69,7 @@ impl std::str::FromStr for Faults {
     type Err = String;
 
     /// A comma-separated list of `crashes`, `partitions`, `hangs`, `delays`, `resets`,
-    /// `disk_full`, `fsync_errors`; `all` or `none`.
+    /// `disk_full`, `fsync_errors`, `full_restarts`; `all` or `none`.
     fn from_str(s: &str) -> Result<Faults, String> {
         let mut f = Faults::NONE;
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -77,6 +83,7 @@ impl std::str::FromStr for Faults {
                 "resets" => f.resets = true,
                 "disk_full" => f.disk_full = true,
                 "fsync_errors" => f.fsync_errors = true,
+                "full_restarts" => f.full_restarts = true,
                 other => return Err(format!("unknown fault class '{other}'")),
             }
         }
@@ -122,10 +129,18 @@ pub async fn run(
         let (due, later): (Vec<_>, Vec<_>) = undo.into_iter().partition(|(at, _)| *at <= now);
         undo = later;
         for (_, u) in due {
+            if let Undo::Restart(i) = u {
+                // Drawn only with the fault on: runs without it replay as before it existed.
+                if f.full_restarts && !cluster.nodes[i].is_up() && rng.gen_bool(0.3) {
+                    cluster.nodes[i].store.fail(StoreOp::Write, Fault::NoSpace);
+                    shared.event(format!("node {i} restarts with a full disk"));
+                    undo.push((later_of(now, &mut rng, 200, 4000), Undo::ClearStore(i)));
+                }
+            }
             apply_undo(cluster, u, &mut rng, shared, cfg.vnodes).await?;
         }
         let roll = rng.gen_range(0..100);
-        let later = |rng: &mut StdRng, min, max| now + span(rng, min, max);
+        let later = |rng: &mut StdRng, min, max| later_of(now, rng, min, max);
         match roll {
             0..=14 if f.crashes => {
                 let up = cluster.up();
@@ -201,6 +216,11 @@ pub async fn run(
         apply_undo(cluster, u, &mut rng, shared, cfg.vnodes).await?;
     }
     Ok(())
+}
+
+/// A moment `min_ms` to `max_ms` after `now`.
+fn later_of(now: Duration, rng: &mut StdRng, min_ms: u64, max_ms: u64) -> Duration {
+    now + span(rng, min_ms, max_ms)
 }
 
 /// Two distinct endpoints, at least one of them a node (the first `nodes` endpoints).

@@ -239,6 +239,11 @@ pub fn render(s: &NodeStats) -> String {
             rc.plan_requests,
         ),
         (
+            "sheep_recovery_relayed_requests",
+            "Requests of this epoch answered through a stand-in: an old holder of an object this node could not store.",
+            rc.relayed,
+        ),
+        (
             "sheep_recovery_plan_milliseconds",
             "How long the last plan of this epoch took.",
             rc.plan_ms,

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use super::acting::Acting;
 use super::replicate::Change;
 use super::server::{change_epoch, check_range, not_recovered, Failure};
 use super::{Epoch, Node};
@@ -99,7 +100,8 @@ pub(super) async fn cow_write(
             Change::Put { data: whole }
         }
     };
-    node.change(&ep, target, &others, expected, change).await
+    node.change(&ep, target, &others, expected, change, &Acting::Here)
+        .await
 }
 
 /// Copies into whole objects built at once on a node (each holds an object's worth of memory,

@@ -11,6 +11,7 @@
 //! and driver calls run on the calling task (`Node::blocking`), so a whole cluster runs in one
 //! current-thread runtime under a paused clock (the fault simulator, `objstore/sim`).
 
+mod acting;
 mod check;
 mod collect;
 mod cow;

@@ -72,6 +72,26 @@ impl Node {
         Ok(CowRecord::decode(&raw, object_size))
     }
 
+    /// Whether a plain write of `len` bytes at `offset` may go into the copy of `oid` here: it
+    /// is whole, or a partial copy-on-write target whose touched blocks are all present (as
+    /// the primary decides in [`Node::write_change`]). A plain write into absent blocks would
+    /// leave them read from the source.
+    pub(super) fn plain_write_fits(
+        &self,
+        oid: ObjectId,
+        object_size: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<bool, Failure> {
+        Ok(match self.record_of(oid, object_size)? {
+            None => true,
+            Some(rec) => {
+                let (first, end) = touched(offset, len as u64);
+                rec.all_present(first, end)
+            }
+        })
+    }
+
     /// `len` bytes at `offset` of object `oid` as a client reads them: the bytes here, and a
     /// partial target's absent blocks from its source.
     pub(super) async fn read_data(
@@ -529,6 +549,7 @@ impl Node {
             Change::Put {
                 data: whole.slice(..used),
             },
+            &super::acting::Acting::Here,
         )
         .await
     }

@@ -74,9 +74,9 @@ enum Pulled {
 }
 
 pub(super) struct Pull {
-    want: ObjState,
-    sources: Vec<SocketAddr>,
-    result: OnceCell<Result<(), PullFailed>>,
+    pub(super) want: ObjState,
+    pub(super) sources: Vec<SocketAddr>,
+    pub(super) result: OnceCell<Result<(), PullFailed>>,
 }
 
 /// Why a pending object cannot be used yet.
@@ -98,7 +98,7 @@ pub(super) struct Recovery {
     planned: AtomicU32,
     planned_set: Notify,
     recovered: AtomicU32,
-    pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
+    pub(super) pending: Mutex<HashMap<ObjectId, Arc<Pull>>>,
     /// Copies this node lost with a failed fdatasync and could not restore, with the version
     /// lost: until a copy at least that new is found, they stay pending (their I/O waits) in
     /// every plan, so this node never serves or writes over an older copy as if it were
@@ -318,8 +318,19 @@ impl Node {
             .clone();
         if res.is_ok() {
             let mut pending = self.recovery.pending.lock().unwrap();
-            if pending.get(&oid).is_some_and(|p| Arc::ptr_eq(p, &pull)) {
-                pending.remove(&oid);
+            match pending.get(&oid) {
+                Some(p) if Arc::ptr_eq(p, &pull) => {
+                    pending.remove(&oid);
+                }
+                // A change went through a stand-in while this pull ran (see `acting`): the
+                // copy installed may be older than the change, so the object stays pending
+                // until a pull of the version it made. (Seed 25764 with `full_restarts`: the
+                // round took the earlier pull for the end of the object's recovery, recorded
+                // the epoch recovered and never pulled again; the copy here stayed older.)
+                Some(p) if p.result.get() == Some(&Err(PullFailed::NoSpace)) => {
+                    return Err(PullFailed::NoSpace);
+                }
+                _ => {}
             }
         }
         res

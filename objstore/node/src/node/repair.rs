@@ -70,6 +70,13 @@ impl Node {
             return Ok(());
         }
         let others: Vec<SocketAddr> = owners[1..].iter().map(|n| n.addr).collect();
+        // The copy here is compared and sent only once recovered: a change that went through
+        // a stand-in (this node's disk full, see `acting`) left it older than the stand-in's
+        // until a pull brings that here. (Seed 20382 with `full_restarts`: the primary's
+        // pending copy never took the change its replicas failed, and they kept the older.)
+        self.ensure_recovered(oid)
+            .await
+            .map_err(|why| format!("the copy here is not recovered: {why:?}"))?;
         let _ordered = self.obj_lock(oid).lock().await;
         let mut states = Vec::new();
         for &a in &others {

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::acting::Acting;
 use super::server::Failure;
 use super::{Epoch, Node};
 use crate::store::{sums, ObjState, Version};
@@ -245,6 +246,7 @@ impl Node {
         others: &[SocketAddr],
         expected: Version,
         change: Change,
+        acting: &Acting,
     ) -> Result<Version, Failure> {
         // The primary sums a write of whole blocks once, for its own copy and every replica's.
         let sums = match &change {
@@ -256,8 +258,19 @@ impl Node {
             _ => None,
         };
         let _ordered = self.obj_lock(oid).lock().await;
-        let cur = self.store.meta(oid);
-        let base = cur.map(|c| c.version).unwrap_or_default();
+        // Through a stand-in, the change applies on its copy, not on this node's (see
+        // `acting`); a pull installing here waits until the pull pending wants the change.
+        let (base, _stand_in_order) = match acting {
+            Acting::Here => (
+                self.store.meta(oid).map(|c| c.version).unwrap_or_default(),
+                None,
+            ),
+            Acting::Through(s) => {
+                let order = self.replica_lock(oid).lock().await;
+                self.still_standing_in(oid, s)?;
+                (s.state.version, Some(order))
+            }
+        };
         if expected != base {
             // The client last saw the object at another version (or saw none, and there is
             // one): this is an attempt it gave up on, arriving late, or the object changed
@@ -277,6 +290,29 @@ impl Node {
 
         let store = self.store.clone();
         let local = async {
+            if let Acting::Through(s) = acting {
+                return match self
+                    .forward(s.addr, epoch, oid, (base, new), &change, sums.as_deref())
+                    .await
+                {
+                    Forwarded::Applied => {
+                        let state = match change {
+                            Change::Remove => ObjState::tombstone(new),
+                            _ => ObjState::live(new),
+                        };
+                        self.relayed(oid, state, s.addr);
+                        Ok(())
+                    }
+                    Forwarded::Diverged(_) => Err(Failure::new(
+                        ResultCode::NoSpace,
+                        format!(
+                            "object {oid} is not recovered here (no space left on the node's disk) and its copy on {} is not at {base:?}",
+                            s.addr
+                        ),
+                    )),
+                    Forwarded::Failed(f) => Err(f),
+                };
+            }
             match &change {
                 Change::Write { offset, data } => {
                     self.write_store(oid, *offset, data.clone(), sums.clone(), new)
@@ -450,18 +486,26 @@ impl Node {
         }
     }
 
-    /// A replica's side of `PeerWrite`: apply only on exactly the base version.
+    /// A replica's side of `PeerWrite`: apply only on exactly the base version, and only into
+    /// blocks a plain write may fill (a primary standing in for a full disk has no copy to
+    /// tell a partial copy-on-write target by: see `acting`).
     pub(super) async fn apply_forwarded(
         &self,
         oid: ObjectId,
         offset: u64,
         data: Bytes,
         sums: Option<Arc<[u32]>>,
-        base: Version,
-        new: Version,
+        (base, new): (Version, Version),
+        object_size: u64,
     ) -> Result<(), Failure> {
         let _ordered = self.replica_lock(oid).lock().await;
         self.check_base(oid, base, "write")?;
+        if !self.plain_write_fits(oid, object_size, offset, data.len())? {
+            return Err(Failure::new(
+                ResultCode::Diverged,
+                format!("object {oid} is a partial copy-on-write target here and the write fills absent blocks"),
+            ));
+        }
         self.write_store(oid, offset, data, sums, new).await
     }
 

@@ -11,6 +11,7 @@ use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 
 use objstore_client::transport::{Listener, Reader, Writer};
 
+use super::acting::Acting;
 use super::gate;
 use super::replicate::Change;
 use super::{Epoch, Node};
@@ -247,9 +248,9 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             if !record {
                 check_range(oid, h.offset, h.length, &cfg)?;
             }
-            node.ensure_recovered(oid)
-                .await
-                .map_err(|why| not_recovered(oid, why))?;
+            if let Err(why) = node.ensure_recovered(oid).await {
+                return node.read_through(h, why).await.map(Reply::bytes);
+            }
             if record {
                 return Ok(Reply::bytes(
                     node.record_answer(oid, cfg.object_size as u64)?,
@@ -272,7 +273,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::WriteObj => {
             let _change = node.enter(h.epoch);
-            let (ep, cfg) = change_epoch(node, h).await?;
+            let (ep, cfg) = io_epoch(node, h).await?;
             let Some((expected, payload)) = split_expected(&payload) else {
                 return Err(Failure::invalid(
                     "WriteObj payload shorter than its version",
@@ -287,13 +288,22 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             }
             check_range(oid, h.offset, h.length, &cfg)?;
             let others = node.primary_of(&ep, &cfg, oid)?;
-            node.ensure_recovered(oid)
-                .await
-                .map_err(|why| not_recovered(oid, why))?;
-            let change = node
-                .write_change(&ep, &cfg, oid, expected, h.offset, payload)
+            let acting = node.acting(&ep, &cfg, oid).await?;
+            let change = match acting {
+                Acting::Here => {
+                    node.write_change(&ep, &cfg, oid, expected, h.offset, payload)
+                        .await?
+                }
+                // No copy here to tell a partial copy-on-write target: the stand-in refuses
+                // a plain write into one (`Diverged`).
+                Acting::Through(_) => Change::Write {
+                    offset: h.offset,
+                    data: payload,
+                },
+            };
+            let v = node
+                .change(&ep, oid, &others, expected, change, &acting)
                 .await?;
-            let v = node.change(&ep, oid, &others, expected, change).await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))
         }
         Opcode::CowWrite => {
@@ -317,18 +327,16 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::RemoveObj => {
             let _change = node.enter(h.epoch);
-            let (ep, cfg) = change_epoch(node, h).await?;
+            let (ep, cfg) = io_epoch(node, h).await?;
             let Some((expected, _)) = split_expected(&payload) else {
                 return Err(Failure::invalid(
                     "RemoveObj payload shorter than its version",
                 ));
             };
             let others = node.primary_of(&ep, &cfg, oid)?;
-            node.ensure_recovered(oid)
-                .await
-                .map_err(|why| not_recovered(oid, why))?;
+            let acting = node.acting(&ep, &cfg, oid).await?;
             let v = node
-                .change(&ep, oid, &others, expected, Change::Remove)
+                .change(&ep, oid, &others, expected, Change::Remove, &acting)
                 .await?;
             Ok(Reply::state(Bytes::new(), ObjState::tombstone(v)))
         }
@@ -361,7 +369,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         Opcode::PeerList => list::peer_list(node, h, &payload).await,
         Opcode::PeerWrite => {
             let _change = node.enter(h.epoch);
-            let (_, cfg) = change_epoch(node, h).await?;
+            let (ep, cfg) = io_epoch(node, h).await?;
             let Some((base, new, sums, data)) = split_peer_write(&payload, h.aux) else {
                 return Err(Failure::invalid(format!(
                     "PeerWrite payload shorter than its versions and {} block sum(s)",
@@ -369,11 +377,17 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 )));
             };
             let sums = forwarded(h, &cfg, &data, sums)?;
-            node.ensure_recovered(oid)
-                .await
-                .map_err(|why| not_recovered(oid, why))?;
-            node.apply_forwarded(oid, h.offset, data, sums, base, new)
-                .await?;
+            match node.acting(&ep, &cfg, oid).await? {
+                Acting::Here => {
+                    let os = cfg.object_size as u64;
+                    node.apply_forwarded(oid, h.offset, data, sums, (base, new), os)
+                        .await?
+                }
+                Acting::Through(s) => {
+                    node.forward_through(s, h, payload, ObjState::live(new))
+                        .await?
+                }
+            }
             Ok(Reply::empty())
         }
         Opcode::PeerCow => {
@@ -408,7 +422,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         }
         Opcode::PeerPut => {
             let _change = node.enter(h.epoch);
-            let (_, cfg) = change_epoch(node, h).await?;
+            let (ep, cfg) = io_epoch(node, h).await?;
             let state = ObjState::from_wire(h.offset, h.aux);
             if !state.deleted {
                 // A partial copy-on-write target carries its record past the object size.
@@ -419,6 +433,10 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                     payload.len().saturating_sub(record)
                 };
                 check_range(oid, 0, len as u32, &cfg)?;
+            }
+            if let Acting::Through(s) = node.put_acting(&ep, &cfg, oid).await? {
+                node.forward_through(s, h, payload, state).await?;
+                return Ok(Reply::empty());
             }
             match node.apply_put(oid, payload, state).await {
                 Ok(()) => Ok(Reply::empty()),
