@@ -16,14 +16,19 @@ use objstore_client::{Client, ClientError, ClientOptions};
 
 use crate::health::HealthOptions;
 use crate::node::{NodeError, NodeOptions, NodeParts, Running};
+use crate::store::meta::MetaStore;
 use crate::store::MemStore;
 use crate::Node;
+
+pub mod scale;
 
 /// One node of a [`MemCluster`].
 struct MemNode {
     addr: SocketAddr,
     dir: PathBuf,
     store: Arc<MemStore>,
+    /// A metadata-only store the node runs on instead of `store` ([`MemCluster::start_meta`]).
+    meta: Option<Arc<MetaStore>>,
     /// The runtime its tasks run on and the started node; None while it is down.
     up: Option<(tokio::runtime::Runtime, Running)>,
 }
@@ -36,6 +41,8 @@ pub struct MemCluster {
     /// Every node's fencing (never fenced unless the cluster was started with
     /// [`MemCluster::start_with_health`]).
     health: HealthOptions,
+    /// How long a node stays a member after its last heartbeat (nodes started from now on).
+    pub lease_ttl: std::time::Duration,
     _dir: tempfile::TempDir,
 }
 
@@ -55,23 +62,59 @@ impl MemCluster {
         })?;
         let mut c = MemCluster {
             net: MemNetwork::new(),
-            nodes: (0..n)
-                .map(|i| MemNode {
-                    addr: SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000)),
-                    dir: dir.path().join(format!("node{i}")),
-                    store: Arc::new(MemStore::default()),
-                    up: None,
-                })
-                .collect(),
+            nodes: Vec::new(),
             state: dir.path().join("state"),
             health,
+            lease_ttl: crate::membership::DEFAULT_LEASE_TTL,
             _dir: dir,
         };
-        for i in 0..n {
+        for _ in 0..n {
+            let i = c.add_node();
             c.start_node(i)?;
         }
         c.wait_members(n);
         Ok(c)
+    }
+
+    /// [`MemCluster::start`] of nodes on metadata-only stores (versions, no bytes), node `i` on
+    /// `stores[i]`: the scale harness's clusters of millions of objects.
+    /// `lease_ttl`: how long a node stays a member after its last heartbeat (hundreds of nodes
+    /// on a few cores miss the default's).
+    pub fn start_meta(
+        stores: Vec<Arc<MetaStore>>,
+        lease_ttl: std::time::Duration,
+    ) -> Result<MemCluster, NodeError> {
+        let mut c = MemCluster::start(0)?;
+        c.lease_ttl = lease_ttl;
+        let n = stores.len();
+        for store in stores {
+            let i = c.add_node_on(store);
+            c.start_node(i)?;
+        }
+        c.wait_members_within(n, std::time::Duration::from_secs(120));
+        Ok(c)
+    }
+
+    /// A new node, down (start it with [`MemCluster::start_node`]); returns its index. At
+    /// most 250 nodes.
+    pub fn add_node(&mut self) -> usize {
+        let i = self.nodes.len();
+        assert!(i < 250, "a MemCluster has at most 250 nodes");
+        self.nodes.push(MemNode {
+            addr: SocketAddr::from(([10, 0, 0, i as u8 + 1], 7000)),
+            dir: self._dir.path().join(format!("node{i}")),
+            store: Arc::new(MemStore::default()),
+            meta: None,
+            up: None,
+        });
+        i
+    }
+
+    /// [`MemCluster::add_node`] on a metadata-only store.
+    pub fn add_node_on(&mut self, store: Arc<MetaStore>) -> usize {
+        let i = self.add_node();
+        self.nodes[i].meta = Some(store);
+        i
     }
 
     /// Node `i`'s address on the in-memory network.
@@ -135,13 +178,18 @@ impl MemCluster {
             zone: None,
             vnodes: 128,
             pull_delay: std::time::Duration::ZERO,
-            driver_opts: Default::default(),
+            driver_opts: crate::membership::DriverOptions {
+                lease_ttl: self.lease_ttl,
+            },
             health: self.health,
             scrub: Default::default(),
             access: Default::default(),
         };
         let parts = NodeParts {
-            store: Some(n.store.clone()),
+            store: Some(match &n.meta {
+                Some(m) => m.clone() as Arc<dyn crate::store::ObjectBackend>,
+                None => n.store.clone(),
+            }),
             listener: Some(listener),
             // Connections from this node come from its address: link faults apply to them.
             ..NodeParts::new(Arc::new(self.net.endpoint(n.addr)))
@@ -170,6 +218,9 @@ impl MemCluster {
         let n = &mut self.nodes[i];
         assert!(n.up.is_none(), "node {i} is up: stop it first");
         n.store = Arc::new(MemStore::default());
+        if n.meta.is_some() {
+            n.meta = Some(Arc::default());
+        }
     }
 
     fn stop(&mut self, i: usize, after: fn(&MemStore) -> MemStore) {
@@ -189,7 +240,12 @@ impl MemCluster {
 
     /// Waits until every node that is up sees exactly `n` members; panics after 30 s.
     pub fn wait_members(&self, n: usize) {
-        self.wait("members", || {
+        self.wait_members_within(n, std::time::Duration::from_secs(30));
+    }
+
+    /// [`MemCluster::wait_members`] with a deadline of `within`.
+    pub fn wait_members_within(&self, n: usize, within: std::time::Duration) {
+        self.wait_within("members", within, || {
             self.nodes
                 .iter()
                 .filter_map(|x| x.up.as_ref())
@@ -199,7 +255,12 @@ impl MemCluster {
 
     /// Waits until every node that is up has finished recovery of its current epoch.
     pub fn wait_recovered(&self) {
-        self.wait("recovery", || {
+        self.wait_recovered_within(std::time::Duration::from_secs(30));
+    }
+
+    /// [`MemCluster::wait_recovered`] with a deadline of `within`.
+    pub fn wait_recovered_within(&self, within: std::time::Duration) {
+        self.wait_within("recovery", within, || {
             self.nodes
                 .iter()
                 .filter_map(|x| x.up.as_ref())
@@ -211,8 +272,8 @@ impl MemCluster {
         });
     }
 
-    fn wait(&self, what: &str, mut cond: impl FnMut() -> bool) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    fn wait_within(&self, what: &str, within: std::time::Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + within;
         while !cond() {
             assert!(
                 std::time::Instant::now() < deadline,

@@ -73,5 +73,6 @@ fn a_joining_node_fetches_only_the_entries_of_what_it_will_hold() {
     );
     assert!(st.plan_entries >= owned.len() as u64, "{st:?}");
     assert!(st.plan_entries * 3 < every_copy, "{st:?}");
-    assert_eq!(st.plan_requests, (NODES as u64 - 1) * 16, "{st:?}");
+    // Each peer holds far fewer than a page of them: one request each.
+    assert_eq!(st.plan_requests, NODES as u64 - 1, "{st:?}");
 }

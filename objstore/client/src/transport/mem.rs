@@ -160,22 +160,19 @@ impl NetState {
         self.links.get(&pair(a, b)).copied().unwrap_or(Link::Up)
     }
 
-    fn next_delay(&mut self, a: SocketAddr, b: SocketAddr) -> Duration {
-        let Some(d) = self
+    fn next_delay(&mut self, a: SocketAddr, b: SocketAddr) -> Option<Duration> {
+        let d = self
             .link_delays
             .get(&pair(a, b))
             .or(self.delay.as_ref())
-            .copied()
-        else {
-            return Duration::ZERO;
-        };
+            .copied()?;
         self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.rng;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^= z >> 31;
         let span = d.max.saturating_sub(d.min).as_micros() as u64;
-        d.min + Duration::from_micros(if span == 0 { 0 } else { z % (span + 1) })
+        Some(d.min + Duration::from_micros(if span == 0 { 0 } else { z % (span + 1) }))
     }
 
     /// Resets every open connection `pick` chooses.
@@ -412,12 +409,16 @@ async fn pump(
         if !net.passable(a, b, Some(&ctl)).await {
             return;
         }
+        // No delay set on the link: no timer either (a timer per chunk costs a tick of the
+        // timer wheel, a millisecond, which made a 5 MB answer take a third of a second).
         let delay = net.inner.state.lock().unwrap().next_delay(a, b);
-        due = due.max(Instant::now() + delay);
-        tokio::select! {
-            biased;
-            _ = ctl.fired() => return,
-            _ = tokio::time::sleep_until(due) => {}
+        if let Some(delay) = delay {
+            due = due.max(Instant::now() + delay);
+            tokio::select! {
+                biased;
+                _ = ctl.fired() => return,
+                _ = tokio::time::sleep_until(due) => {}
+            }
         }
         tokio::select! {
             biased;

@@ -34,6 +34,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, OnceCell};
 
 mod plan;
+mod sweep;
 
 use super::history::{self, Safety};
 use super::{Epoch, Node};
@@ -53,12 +54,13 @@ pub(super) const RETRY_MAX: Duration = Duration::from_secs(5);
 const LIST_BEHIND_WAIT: Duration = Duration::from_secs(3);
 /// How long one page of a listing may take. Object I/O of a new epoch waits for its plan,
 /// which waits for every listing: a node that hangs (stopped, not yet dropped) must cost a
-/// short pause, not [`PEER_TIMEOUT`]. A page is 17 bytes per object this node holds of the
-/// peer's, in one of [`LIST_PARTS`]: a million objects fit well inside it.
+/// short pause, not [`PEER_TIMEOUT`]. A page holds at most [`PAGE_ENTRIES`] entries.
 const LIST_TIMEOUT: Duration = Duration::from_secs(2);
-/// Pages of a peer's listing: each its own request and answer, so no answer grows with the
-/// peer's whole store (a page of 10^7 objects all held here is 10.6 MB, under the frame cap).
-const LIST_PARTS: u32 = 16;
+/// The most entries a page of a listing holds (17 bytes each: 17 MiB, under the frame cap).
+/// A peer asked for its whole listing at once answers it when it fits, else says in how many
+/// parts to ask ([`objstore_proto::version::ListRequest`]): a node holding few of this node's
+/// objects costs one request, one holding millions a pass more.
+pub(super) const PAGE_ENTRIES: usize = 1 << 20;
 
 /// How many times a round tries its failed pulls from the same sources before it plans
 /// again (a source may have lost or dropped its copy since the plan).
@@ -490,7 +492,7 @@ impl Node {
                 .collect();
             oids.sort_unstable();
             *self.recovery.pending.lock().unwrap() = pending;
-            *self.recovery.safety.write().unwrap() = Arc::new(safety);
+            *self.recovery.safety.write().unwrap() = safety;
             self.recovery.update(|s| {
                 s.total = total;
                 s.done = 0;

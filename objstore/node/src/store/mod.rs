@@ -40,6 +40,7 @@
 
 pub mod file;
 pub mod mem;
+pub mod meta;
 pub mod sums;
 
 use std::io;

@@ -139,7 +139,9 @@ async fn one_seed_draws_the_same_delays() {
         }));
         let (a, b) = (addr("10.0.0.1:1"), addr("10.0.0.2:1"));
         let mut st = net.inner.state.lock().unwrap();
-        (0..16).map(|_| st.next_delay(a, b)).collect::<Vec<_>>()
+        (0..16)
+            .map(|_| st.next_delay(a, b).expect("a delay is set"))
+            .collect::<Vec<_>>()
     };
     assert_eq!(draw(1), draw(1));
     assert_ne!(draw(1), draw(2));

@@ -12,7 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::OnceCell;
 
-use super::{Pull, LIST_BEHIND_WAIT, LIST_PARTS, LIST_TIMEOUT};
+use super::sweep::{sweep, Input};
+use super::{Pull, LIST_BEHIND_WAIT, LIST_TIMEOUT};
 use crate::node::history::{self, Safety};
 use crate::node::reference::{reference, Reference};
 use crate::node::{Epoch, Node};
@@ -20,6 +21,13 @@ use crate::store::{ObjState, Version};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::version::{decode_list, ListRequest};
+
+/// A peer's answer to one listing request.
+enum Page {
+    Entries(Vec<(ObjectId, ObjState)>),
+    /// Too many for one page: ask in this many parts.
+    Split(u32),
+}
 
 /// What planning gave.
 pub(super) enum Plan {
@@ -29,7 +37,7 @@ pub(super) enum Plan {
     Retry,
     Ready {
         pending: HashMap<ObjectId, Arc<Pull>>,
-        safety: Safety,
+        safety: Arc<Safety>,
         /// Objects held or listed that wait for nodes that are down.
         waiting: u64,
         /// Objects of which another node lost a newer version and has not decided what
@@ -43,40 +51,51 @@ pub(super) enum Plan {
 
 impl Node {
     /// Lists `(oid, state)` from a peer: what `req` asks for (the objects this node holds in
-    /// `epoch`, and its lost copies it no longer holds), in [`LIST_PARTS`] pages, each
-    /// waiting a little for a peer not yet at `epoch`. None if any page did not come.
+    /// `epoch`, and its lost copies it no longer holds). Asked whole first; a peer with more
+    /// than a page of them answers how many parts to ask, each then its own request. With the
+    /// number of requests sent. None if the peer did not answer (not up, or hanging).
     async fn list_peer(
         &self,
         addr: SocketAddr,
         epoch: u32,
         req: &ListRequest,
-    ) -> Option<Vec<(ObjectId, ObjState)>> {
+    ) -> Option<(Vec<(ObjectId, ObjState)>, u64)> {
+        let whole = ListRequest {
+            part: 0,
+            parts: 1,
+            ..req.clone()
+        };
+        let parts = match self.list_page(addr, epoch, whole.encode()).await? {
+            Page::Entries(all) => return Some((all, 1)),
+            Page::Split(parts) => parts,
+        };
         let mut all = Vec::new();
-        for part in 0..LIST_PARTS {
+        for part in 0..parts {
             let req = ListRequest {
                 part,
-                parts: LIST_PARTS,
+                parts,
                 ..req.clone()
             };
-            all.extend(self.list_page(addr, epoch, req.encode()).await?);
+            match self.list_page(addr, epoch, req.encode()).await? {
+                Page::Entries(page) => all.extend(page),
+                Page::Split(_) => return None,
+            }
         }
-        Some(all)
+        Some((all, 1 + u64::from(parts)))
     }
 
     /// One page of [`Node::list_peer`].
-    async fn list_page(
-        &self,
-        addr: SocketAddr,
-        epoch: u32,
-        req: Bytes,
-    ) -> Option<Vec<(ObjectId, ObjState)>> {
+    async fn list_page(&self, addr: SocketAddr, epoch: u32, req: Bytes) -> Option<Page> {
         let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
         loop {
             let h = Header::request(Opcode::PeerList, 0, epoch);
             let conn = self.peers.get(addr, LIST_TIMEOUT).await.ok()?;
             match conn.call(h, req.clone(), LIST_TIMEOUT).await {
                 Ok(f) if f.header.result_code() == ResultCode::Ok => {
-                    return decode_list(&f.payload);
+                    if f.header.aux > 0 {
+                        return Some(Page::Split(f.header.aux));
+                    }
+                    return decode_list(&f.payload).map(Page::Entries);
                 }
                 Ok(f)
                     if matches!(
@@ -124,7 +143,7 @@ impl Node {
             owner: self.me.id,
             copies: copies as u32,
             part: 0,
-            parts: LIST_PARTS,
+            parts: 1,
             extra: (self.recovery.lost_copies().into_iter())
                 .map(|(oid, _)| oid)
                 .filter(|&oid| !ep.ring.holds(self.me.id, oid, copies))
@@ -147,8 +166,8 @@ impl Node {
         if self.epoch().view.epoch != e {
             return Plan::Changed;
         }
-        let entries: usize = listings.iter().flatten().map(Vec::len).sum();
-        let requests = listings.iter().flatten().count() as u64 * u64::from(LIST_PARTS);
+        let entries: usize = listings.iter().flatten().map(|(l, _)| l.len()).sum();
+        let requests: u64 = listings.iter().flatten().map(|(_, r)| r).sum();
         let unlisted: Vec<SocketAddr> = sources
             .iter()
             .zip(&listings)
@@ -156,41 +175,45 @@ impl Node {
             .map(|(a, _)| *a)
             .collect();
         let mut present: HashSet<u64> = HashSet::from([self.me.id]);
-        // oid -> the holders of its newest version, with their states
-        let mut best: HashMap<ObjectId, Vec<(SocketAddr, ObjState)>> = HashMap::new();
-        // oid -> the newest version some other node lost (failed fdatasync) and has not
-        // restored: never a source, but that node may yet keep what remains of it.
-        let mut lost_elsewhere: HashMap<ObjectId, Version> = HashMap::new();
+        let mut listed = Vec::with_capacity(sources.len());
         for (addr, list) in sources.iter().zip(listings) {
-            let Some(list) = list else { continue };
+            let Some((list, _)) = list else { continue };
             present.insert(ids[addr]);
-            for (oid, st) in list {
-                if st.lost {
-                    let w = lost_elsewhere.entry(oid).or_default();
-                    *w = (*w).max(st.version);
-                    continue;
-                }
-                let b = best.entry(oid).or_default();
-                match b.first().map(|(_, s)| s.version) {
-                    Some(v) if v > st.version => continue,
-                    Some(v) if v < st.version => b.clear(),
-                    _ => {}
-                }
-                b.push((*addr, st));
-            }
+            listed.push((*addr, list));
         }
-        let safety = Safety::judge(&hist, e, &present, copies, min_copies);
-        let local: HashMap<ObjectId, ObjState> = self.store.list().into_iter().collect();
-        let mut oids: Vec<ObjectId> = best.keys().chain(local.keys()).copied().collect();
-        oids.sort_unstable();
-        oids.dedup();
+        let safety = Arc::new(Safety::judge(&hist, e, &present, copies, min_copies));
+        let input = Input {
+            me: self.me.id,
+            copies,
+            ring: ep.ring.clone(),
+            safety: safety.clone(),
+            listings: listed,
+            local: Vec::new(),
+            lost_here: self.recovery.lost_copies().into_iter().collect(),
+            extra: req.extra.iter().copied().collect(),
+        };
+        let store = self.store.clone();
+        let found = match self
+            .blocking(move || {
+                sweep(Input {
+                    local: store.list(),
+                    ..input
+                })
+            })
+            .await
+        {
+            Ok(found) => found,
+            Err(err) => {
+                tracing::warn!("epoch {e}: planning: {err}");
+                return Plan::Retry;
+            }
+        };
         let mut pending = HashMap::new();
         let mut waiting = 0;
         let mut unsettled = 0;
         let all_listed = unlisted.is_empty() && safety.is_complete();
-        for oid in oids {
-            let owned = ep.ring.holds(self.me.id, oid, copies);
-            let holders = best.remove(&oid).unwrap_or_default();
+        for f in found {
+            let (oid, owned, holders) = (f.oid, f.owned, f.holders);
             let lost_want = self.recovery.lost(oid);
             if !owned {
                 if let Some(want) = lost_want {
@@ -203,7 +226,7 @@ impl Node {
                 waiting += 1;
                 continue;
             }
-            let mut mine = local.get(&oid).copied();
+            let mut mine = f.mine;
             if let Some(want) = lost_want {
                 // Only a copy at least as new as the one lost will do; none up: it waits,
                 // unless every node that could hold one listed its copies and none has it
@@ -248,9 +271,8 @@ impl Node {
             }
             // Another node lost a version newer than this copy and may yet keep what remains
             // of it: whatever is decided now, plan again once it has.
-            if lost_elsewhere
-                .get(&oid)
-                .is_some_and(|w| mine.is_none_or(|m| m.version < *w))
+            if f.lost_elsewhere
+                .is_some_and(|w| mine.is_none_or(|m| m.version < w))
             {
                 unsettled += 1;
             }

@@ -8,6 +8,7 @@ use objstore_proto::frame::{Header, ResultCode};
 use objstore_proto::version::{encode_list, ListRequest};
 
 use super::{driver_call, Failure, Reply};
+use crate::node::repair::Listing;
 use crate::node::{Epoch, Node};
 
 /// Answers a `PeerList` for epoch `h.epoch` with request `payload`.
@@ -36,9 +37,16 @@ pub(super) async fn peer_list(node: &Node, h: &Header, payload: &[u8]) -> Result
         ));
     };
     let ep = epoch_at(node, h.epoch).await?;
-    let list = (node.listing_part(ep, req).await)
+    let listing = (node.listing_part(ep, req).await)
         .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
-    Ok(Reply::bytes(encode_list(&list)))
+    Ok(match listing {
+        Listing::Entries(list) => Reply::bytes(encode_list(&list)),
+        // Too large for one page: `aux` says in how many parts to ask.
+        Listing::Split(parts) => Reply {
+            aux: parts,
+            ..Reply::empty()
+        },
+    })
 }
 
 /// Epoch `e` (this node's, or an earlier one from the membership store's history): a listing
