@@ -44,9 +44,7 @@ use std::sync::{Mutex, RwLock};
 
 use objstore_proto::oid::ObjectId;
 
-use super::{
-    shard_of, shard_range, sums, ObjState, ObjectBackend, Part, StoreError, Version, INDEX_SHARDS,
-};
+use super::{shard_of, sums, ObjState, ObjectBackend, Part, StoreError, Version, INDEX_SHARDS};
 
 const LOCK_SHARDS: usize = 256;
 
@@ -347,30 +345,15 @@ impl ObjectBackend for FileStore {
     }
 
     fn list(&self) -> Vec<(ObjectId, ObjState)> {
-        let mut v = self.list_part(0, 1);
-        v.sort_unstable_by_key(|(o, _)| *o);
-        v
+        super::shards_list(&self.index, |e: &Entry| e.state)
     }
 
     fn list_part(&self, part: u32, parts: u32) -> Vec<(ObjectId, ObjState)> {
-        let mut v = Vec::new();
-        for shard in &self.index[shard_range(part, parts)] {
-            let shard = shard.lock().unwrap();
-            v.extend(shard.iter().map(|(o, e)| (*o, e.state)));
-        }
-        v
+        super::shards_part(&self.index, part, parts, |e: &Entry| e.state)
     }
 
     fn len(&self) -> usize {
-        (self.index.iter())
-            .map(|s| {
-                s.lock()
-                    .unwrap()
-                    .values()
-                    .filter(|e| !e.state.deleted)
-                    .count()
-            })
-            .sum()
+        super::shards_live(&self.index, |e: &Entry| e.state)
     }
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use objstore_proto::oid::ObjectId;
 
-use super::{shard_of, shard_range, ObjState, ObjectBackend, StoreError, Version, INDEX_SHARDS};
+use super::{shard_of, ObjState, ObjectBackend, StoreError, Version, INDEX_SHARDS};
 
 /// One object: its state and its length in bytes (0 for a tombstone).
 #[derive(Debug, Clone, Copy)]
@@ -85,30 +85,15 @@ impl ObjectBackend for MetaStore {
     }
 
     fn list(&self) -> Vec<(ObjectId, ObjState)> {
-        let mut v = self.list_part(0, 1);
-        v.sort_unstable_by_key(|(o, _)| *o);
-        v
+        super::shards_list(&self.shards, |m: &Meta| m.state)
     }
 
     fn list_part(&self, part: u32, parts: u32) -> Vec<(ObjectId, ObjState)> {
-        let mut v = Vec::new();
-        for shard in &self.shards[shard_range(part, parts)] {
-            let shard = shard.lock().unwrap();
-            v.extend(shard.iter().map(|(o, m)| (*o, m.state)));
-        }
-        v
+        super::shards_part(&self.shards, part, parts, |m: &Meta| m.state)
     }
 
     fn len(&self) -> usize {
-        (self.shards.iter())
-            .map(|s| {
-                s.lock()
-                    .unwrap()
-                    .values()
-                    .filter(|m| !m.state.deleted)
-                    .count()
-            })
-            .sum()
+        super::shards_live(&self.shards, |m: &Meta| m.state)
     }
 
     fn read(&self, oid: ObjectId, _offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {

@@ -166,6 +166,49 @@ pub fn shard_range(part: u32, parts: u32) -> std::ops::Range<usize> {
     part * INDEX_SHARDS / parts..(part + 1) * INDEX_SHARDS / parts
 }
 
+/// An index in [`INDEX_SHARDS`] maps by [`shard_of`], one lock each: the file and the
+/// metadata-only backends' index.
+pub(crate) type Shards<E> = [std::sync::Mutex<std::collections::HashMap<ObjectId, E>>];
+
+/// [`ObjectBackend::list_part`] of a sharded index whose entries have state `state`: one
+/// shard's lock at a time.
+pub(crate) fn shards_part<E>(
+    index: &Shards<E>,
+    part: u32,
+    parts: u32,
+    state: impl Fn(&E) -> ObjState,
+) -> Vec<(ObjectId, ObjState)> {
+    let mut v = Vec::new();
+    for shard in &index[shard_range(part, parts)] {
+        let shard = shard.lock().unwrap();
+        v.extend(shard.iter().map(|(o, e)| (*o, state(e))));
+    }
+    v
+}
+
+/// [`ObjectBackend::list`] of a sharded index.
+pub(crate) fn shards_list<E>(
+    index: &Shards<E>,
+    state: impl Fn(&E) -> ObjState,
+) -> Vec<(ObjectId, ObjState)> {
+    let mut v = shards_part(index, 0, 1, state);
+    v.sort_unstable_by_key(|(o, _)| *o);
+    v
+}
+
+/// [`ObjectBackend::len`] of a sharded index: entries that are not tombstones.
+pub(crate) fn shards_live<E>(index: &Shards<E>, state: impl Fn(&E) -> ObjState) -> usize {
+    (index.iter())
+        .map(|s| {
+            s.lock()
+                .unwrap()
+                .values()
+                .filter(|e| !state(e).deleted)
+                .count()
+        })
+        .sum()
+}
+
 /// Where a node keeps its objects. See the module documentation for the contract.
 pub trait ObjectBackend: Send + Sync + 'static {
     /// The object's state here (tombstones included), if it is held here.
