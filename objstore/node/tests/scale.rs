@@ -73,7 +73,7 @@ fn a_node_joining_100_fetches_to_plan_the_entries_of_what_it_will_own() {
     eprintln!(
         "the joiner owns {owned} objects and fetched {} entries ({:.2} per object owned) in {} requests; \
          all nodes fetched {} entries ({:.2} per object owned) in {} requests; \
-         slowest plan {} ms; recovered in {:?}; a full listing of everything is {} entries",
+         slowest plan {} ms; membership seen in {:?}, recovered in {:?}; a full listing of everything is {} entries",
         plan.plan_entries,
         plan.plan_entries as f64 / owned.max(1) as f64,
         plan.plan_requests,
@@ -81,6 +81,7 @@ fn a_node_joining_100_fetches_to_plan_the_entries_of_what_it_will_own() {
         cost.entries_per_owned(),
         cost.requests(),
         cost.max_plan_ms(),
+        cost.members_in,
         cost.recovered_in,
         shape.objects * copies,
     );

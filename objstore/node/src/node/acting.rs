@@ -207,13 +207,15 @@ impl Node {
         let Some(s) = stand_in else {
             return Err(super::failure::not_recovered(oid, why));
         };
-        self.recovery.update(|st| st.relayed += 1);
         let res = match self.peers.get(s.addr, FORWARD_TIMEOUT).await {
             Ok(c) => c.call(*h, Bytes::new(), FORWARD_TIMEOUT).await,
             Err(e) => Err(e),
         };
         match res {
-            Ok(f) if f.header.result_code() == ResultCode::Ok => Ok(f.payload),
+            Ok(f) if f.header.result_code() == ResultCode::Ok => {
+                self.recovery.update(|st| st.relayed += 1);
+                Ok(f.payload)
+            }
             Ok(f) => Err(stand_in_failure(
                 s.addr,
                 f.header.result_code(),

@@ -53,16 +53,6 @@ impl MetaStore {
         }
     }
 
-    /// (objects, bytes) of the index: each shard's table slots (key, entry and hashbrown's
-    /// control byte) as allocated, full or not.
-    pub fn footprint(&self) -> (u64, u64) {
-        let slot = std::mem::size_of::<(ObjectId, Meta)>() as u64 + 1;
-        (self.shards.iter()).fold((0, 0), |(o, b), s| {
-            let s = s.lock().unwrap();
-            (o + s.len() as u64, b + s.capacity() as u64 * slot)
-        })
-    }
-
     fn get(&self, oid: ObjectId) -> Option<Meta> {
         self.shards[shard_of(oid)]
             .lock()

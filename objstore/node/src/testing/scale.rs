@@ -204,12 +204,4 @@ impl Harness {
             recovered_in,
         }
     }
-
-    /// Bytes of a node's index per object held ([`MetaStore::footprint`]), over all nodes.
-    pub fn index_bytes_per_object(&self) -> f64 {
-        let (objects, bytes) = (self.stores.iter())
-            .map(|s| s.footprint())
-            .fold((0, 0), |(o, b), (o2, b2)| (o + o2, b + b2));
-        bytes as f64 / objects.max(1) as f64
-    }
 }
