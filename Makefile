@@ -30,11 +30,12 @@ guest:
 	./scripts/fetch-guest.sh $(TESTKIT_GUEST_DIR)
 
 ## test: install what is missing, fetch the guest, then run unit and end-to-end tests, and the
-## scale harness's (objstore/node/tests/scale.rs) in a release build.
+## scale harness's (objstore/node/tests/scale.rs, objstore/sim/tests/scale.rs) in a release
+## build.
 test: deps guest
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --lib --bins --tests -- --test-threads=$(TEST_THREADS)
-	$(CARGO) test --release -p objstore-node --test scale -- --test-threads=1
+	$(CARGO) test --release -p objstore-node -p objstore-sim --test scale -- --test-threads=1
 
 ## check: formatting, clippy with warnings denied, docs with broken links denied, quick (unit)
 ## tests.

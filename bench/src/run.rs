@@ -25,6 +25,7 @@ mod plan;
 mod proc;
 mod record;
 mod rig;
+mod scale;
 mod settings;
 mod snapshot;
 mod stages;
@@ -194,6 +195,9 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     if s.runs(Group::Metadata) {
         rec.plan([], metadata::FIGURES);
     }
+    if s.runs(Group::Scale) {
+        rec.plan([], scale::figures(s));
+    }
     // The snapshot group first: its first-write figures create thousands of files, and on
     // ext4 without a journal creating a file is several times slower for minutes after
     // many were deleted (the other groups delete theirs when they end; see NO_JOURNAL). Its
@@ -227,6 +231,9 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
         let dir = work.join("metadata");
         metadata::run(s, bins, &dir, rec)?;
         remove(&dir)?;
+    }
+    if s.runs(Group::Scale) {
+        scale::run(s, rec)?;
     }
     for (group, dir) in [
         (Group::Handover, &handover_dir),

@@ -128,7 +128,8 @@ impl MainPlan {
                 | Group::Scaling
                 | Group::Metadata
                 | Group::Snapshot
-                | Group::Handover => Vec::new(),
+                | Group::Handover
+                | Group::Scale => Vec::new(),
             });
         }
         let mut steps = merge(steps);

@@ -67,6 +67,7 @@ pub enum Group {
     Metadata,
     Snapshot,
     Handover,
+    Scale,
 }
 
 impl Group {
@@ -83,6 +84,7 @@ impl Group {
             Group::Metadata => "metadata",
             Group::Snapshot => "snapshot",
             Group::Handover => "handover",
+            Group::Scale => "scale",
         }
     }
 
@@ -90,7 +92,12 @@ impl Group {
     pub fn on_main_cluster(self) -> bool {
         !matches!(
             self,
-            Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot | Group::Handover
+            Group::Objsize
+                | Group::Scaling
+                | Group::Metadata
+                | Group::Snapshot
+                | Group::Handover
+                | Group::Scale
         )
     }
 
@@ -107,6 +114,7 @@ impl Group {
             Group::Metadata,
             Group::Snapshot,
             Group::Handover,
+            Group::Scale,
         ]
     }
 }
@@ -149,6 +157,15 @@ pub struct Matrix {
     pub handover_dirty: u64,
     /// Hand-overs without dirty data per round of the `handover` group, per kind of mount.
     pub handover_bare: usize,
+    /// Nodes of the `scale` group's simulated clusters, and the entries each holds.
+    pub scale_nodes: Vec<usize>,
+    pub scale_per_node: u64,
+    /// Objects per node of the `scale` group's two-node restarts.
+    pub scale_objects: Vec<u64>,
+    /// Objects in the file store whose index the `scale` group measures.
+    pub scale_file_objects: u64,
+    /// Objects of the node the `scale` group reads while peers list it.
+    pub scale_listed: u64,
 }
 
 impl Matrix {
@@ -180,6 +197,11 @@ impl Matrix {
                     metadata_vdis: 1000,
                     handover_dirty: 256 * MIB,
                     handover_bare: 6,
+                    scale_nodes: vec![10, 50, 200],
+                    scale_per_node: 150_000,
+                    scale_objects: vec![10_000, 100_000, 1_000_000, 10_000_000],
+                    scale_file_objects: 200_000,
+                    scale_listed: 1_000_000,
                 }
             }
             Profile::Quick => Matrix {
@@ -199,6 +221,11 @@ impl Matrix {
                 metadata_vdis: 100,
                 handover_dirty: 64 * MIB,
                 handover_bare: 4,
+                scale_nodes: vec![10, 50],
+                scale_per_node: 30_000,
+                scale_objects: vec![10_000, 100_000],
+                scale_file_objects: 20_000,
+                scale_listed: 100_000,
             },
             Profile::Smoke => Matrix {
                 iops: vec![
@@ -217,6 +244,11 @@ impl Matrix {
                 metadata_vdis: 10,
                 handover_dirty: 16 * MIB,
                 handover_bare: 2,
+                scale_nodes: vec![10],
+                scale_per_node: 3_000,
+                scale_objects: vec![10_000],
+                scale_file_objects: 2_000,
+                scale_listed: 10_000,
             },
         }
     }

@@ -28,10 +28,21 @@ pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
 /// The writing half of a connection.
 pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
+/// The read and write buffer of each side of a connection: 256 KiB, so that a 4 MiB object
+/// moves in a few large reads and writes.
+pub const IO_BUFFER: usize = 256 << 10;
+
 /// Opens connections to nodes.
 pub trait Transport: Send + Sync + 'static {
     /// Connects to `addr`.
     fn connect(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<(Reader, Writer)>>;
+
+    /// The read and write buffer each connection through this transport gets, at both ends
+    /// (a node's server takes its peers' transport's): [`IO_BUFFER`], unless a test of
+    /// hundreds of nodes in one process asks for less ([`MemNetwork::set_io_buffer`]).
+    fn io_buffer(&self) -> usize {
+        IO_BUFFER
+    }
 }
 
 /// TCP, with Nagle off. With a key file, every connection opens with the cluster key's

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use objstore_client::transport::MemNetwork;
 use objstore_node::membership::MemMembership;
+use objstore_node::store::meta::MetaStore;
 use objstore_node::store::{MemStore, ObjectBackend};
 use objstore_node::{Node, NodeError, NodeOptions, NodeParts, RecoveryState, Running};
 use objstore_proto::cowrec::{self, CowRecord};
@@ -23,6 +24,9 @@ pub struct SimNode {
     pub addr: SocketAddr,
     pub id: u64,
     pub store: Arc<MemStore>,
+    /// A metadata-only store the node runs on instead of `store` (the scale runs: versions,
+    /// no bytes; every change durable at once, so a crash keeps it whole).
+    pub meta: Option<Arc<MetaStore>>,
     running: Option<Running>,
 }
 
@@ -60,10 +64,25 @@ impl SimCluster {
                     addr: node_addr(i),
                     id,
                     store: Arc::new(MemStore::default()),
+                    meta: None,
                     running: None,
                 })
                 .collect(),
         }
+    }
+
+    /// A new node with id `id` on the metadata-only `store`, down; returns its index.
+    pub fn add_meta_node(&mut self, id: u64, store: Arc<MetaStore>) -> usize {
+        let i = self.nodes.len();
+        assert!(i < 255, "a simulated cluster has at most 255 nodes");
+        self.nodes.push(SimNode {
+            addr: node_addr(i),
+            id,
+            store: Arc::new(MemStore::default()),
+            meta: Some(store),
+            running: None,
+        });
+        i
     }
 
     pub fn addrs(&self) -> Vec<SocketAddr> {
@@ -101,7 +120,10 @@ impl SimCluster {
             access: Default::default(),
         };
         let parts = NodeParts {
-            store: Some(n.store.clone()),
+            store: Some(match &n.meta {
+                Some(m) => m.clone() as Arc<dyn ObjectBackend>,
+                None => n.store.clone(),
+            }),
             listener: Some(listener),
             driver: Some(Arc::new(self.membership.driver())),
             identity: Some((n.id, incarnation)),

@@ -13,6 +13,7 @@
 //! - [`nemesis`]: the faults.
 //! - [`history`]: what happened; [`checker`]: what a read may return.
 //! - [`run()`]: one seed from start to the final checks.
+//! - [`scale`]: recovery's cost at hundreds of nodes and millions of objects (no faults).
 //!
 //! Replay one seed: `SEED=N cargo test -p objstore-sim --test seeds seeds`.
 
@@ -21,6 +22,7 @@ pub mod cluster;
 pub mod history;
 pub mod nemesis;
 mod run;
+pub mod scale;
 pub mod workload;
 
 use std::time::Duration;

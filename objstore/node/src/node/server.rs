@@ -72,11 +72,12 @@ async fn connection(
     let budget = node.gate.budget();
     // Each request task writes its own response: no hop through a writer task. Request tasks
     // are never cancelled, so a frame is never left half written.
+    // Buffers as large as the node's own connections to peers have.
+    let buffer = node.peers.io_buffer();
     let wr = Arc::new(tokio::sync::Mutex::new(BufWriter::with_capacity(
-        256 << 10,
-        wr,
+        buffer, wr,
     )));
-    let mut r = BufReader::with_capacity(256 << 10, rd);
+    let mut r = BufReader::with_capacity(buffer, rd);
     loop {
         match read_frame(&mut r).await {
             Ok(Some(frame)) => {

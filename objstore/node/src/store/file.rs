@@ -356,6 +356,10 @@ impl ObjectBackend for FileStore {
         super::shards_live(&self.index, |e: &Entry| e.state)
     }
 
+    fn index_bytes(&self) -> Option<u64> {
+        Some(super::shards_bytes(&self.index))
+    }
+
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         let _g = self.lock(oid).read().unwrap();
         self.check_bad(oid)?;

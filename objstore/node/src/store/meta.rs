@@ -86,6 +86,10 @@ impl ObjectBackend for MetaStore {
         super::shards_live(&self.shards, |m: &Meta| m.state)
     }
 
+    fn index_bytes(&self) -> Option<u64> {
+        Some(super::shards_bytes(&self.shards))
+    }
+
     fn read(&self, oid: ObjectId, _offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         self.live(oid)?;
         Ok(vec![0; len])

@@ -209,6 +209,23 @@ pub(crate) fn shards_live<E>(index: &Shards<E>, state: impl Fn(&E) -> ObjState) 
         .sum()
 }
 
+/// The bytes a sharded index's hash tables take: each table's buckets (its capacity is 7/8
+/// of them) times one entry and one control byte. The objects' own bytes are not counted.
+pub(crate) fn shards_bytes<E>(index: &Shards<E>) -> u64 {
+    let slot = std::mem::size_of::<(ObjectId, E)>() as u64 + 1;
+    (index.iter())
+        .map(|s| {
+            let cap = s.lock().unwrap().capacity() as u64;
+            let buckets = if cap == 0 {
+                0
+            } else {
+                (cap * 8 / 7).next_power_of_two()
+            };
+            buckets * slot
+        })
+        .sum()
+}
+
 /// Where a node keeps its objects. See the module documentation for the contract.
 pub trait ObjectBackend: Send + Sync + 'static {
     /// The object's state here (tombstones included), if it is held here.
@@ -227,6 +244,11 @@ pub trait ObjectBackend: Send + Sync + 'static {
     }
     /// How many objects with data are held here (tombstones not counted).
     fn len(&self) -> usize;
+    /// Memory the in-memory index of the objects takes, in bytes (None: the backend keeps
+    /// none of its own). Reported by the scale bench.
+    fn index_bytes(&self) -> Option<u64> {
+        None
+    }
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

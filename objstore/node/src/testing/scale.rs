@@ -7,6 +7,7 @@
 //! Used by `objstore/node/tests/scale.rs` (the bounds that must hold) and `bench run --only
 //! scale` (the figures against nodes and objects per node).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use objstore_proto::{ObjIndex, ObjectId, Vid};
 use super::MemCluster;
 use crate::store::meta::MetaStore;
 use crate::store::{ObjState, Version};
+use crate::{Epoch, Node};
 
 /// A node's membership lease: hundreds of nodes sharing two cores miss heartbeats of the
 /// default 5 s while they plan, and membership then churns (at 100 nodes, hundreds of epochs
@@ -106,31 +108,12 @@ impl Harness {
         h
     }
 
-    /// Every object on the nodes the current ring gives it, at version 1 of the current epoch,
-    /// empty.
     fn fill(&self) {
         let node = self.cluster.node(0).expect("node 0 is up").clone();
-        let ep = node.epoch();
-        let version = Version(((ep.view.epoch as u64) << 32) | 1);
-        let ids: Vec<u64> = ep.view.nodes.iter().map(|n| n.id).collect();
-        let by_addr = |id: u64| {
-            let addr = ep.view.nodes.iter().find(|n| n.id == id).unwrap().addr;
-            (0..self.stores.len())
-                .find(|&i| self.cluster.addr(i) == addr)
-                .expect("a harness node")
-        };
-        let index: Vec<usize> = ids.iter().map(|&id| by_addr(id)).collect();
-        let mut per: Vec<Vec<(ObjectId, ObjState)>> = vec![Vec::new(); self.stores.len()];
-        for i in 0..self.shape.objects {
-            let oid = object(i);
-            for k in ep.ring.replica_indices(oid, self.shape.copies as usize) {
-                per[index[k]].push((oid, ObjState::live(version)));
-            }
-        }
-        // Empty objects: a pull then moves a version, not 4 MiB of zeros.
-        for (store, objs) in self.stores.iter().zip(per) {
-            store.fill(objs, 0);
-        }
+        let addrs: Vec<SocketAddr> = (0..self.stores.len())
+            .map(|i| self.cluster.addr(i))
+            .collect();
+        fill(&self.stores, &addrs, &node.epoch(), self.shape);
     }
 
     /// Adds a node with an empty store and measures the epoch change.
@@ -176,32 +159,67 @@ impl Harness {
         let members_in = started.elapsed();
         self.cluster.wait_recovered_within(within);
         let recovered_in = started.elapsed();
-        let epoch = self.cluster.epoch(up[0]).unwrap();
-        let ep = self.cluster.node(up[0]).unwrap().epoch();
-        let copies = self.shape.copies as usize;
-        let mut by_ring = vec![0u64; ep.ring.nodes().len()];
-        for k in 0..self.shape.objects {
-            for r in ep.ring.replica_indices(object(k), copies) {
-                by_ring[r] += 1;
-            }
+        let nodes: Vec<(SocketAddr, &Node)> = up
+            .iter()
+            .map(|&i| (self.cluster.addr(i), &**self.cluster.node(i).unwrap()))
+            .collect();
+        cost(event, &nodes, self.shape, members_in, recovered_in)
+    }
+}
+
+/// Puts every object of `shape` on the nodes `ep`'s ring gives it, at version 1 of the epoch,
+/// empty (a pull then moves a version, not 4 MiB of zeros). Node `i` of `stores` is the one
+/// at `addrs[i]`.
+pub fn fill(stores: &[Arc<MetaStore>], addrs: &[SocketAddr], ep: &Epoch, shape: Shape) {
+    let version = Version(((ep.view.epoch as u64) << 32) | 1);
+    let index: Vec<usize> = (ep.ring.nodes().iter())
+        .map(|n| {
+            (addrs.iter().position(|&a| a == n.addr))
+                .expect("every node of the ring is a harness node")
+        })
+        .collect();
+    let mut per: Vec<Vec<(ObjectId, ObjState)>> = vec![Vec::new(); stores.len()];
+    for i in 0..shape.objects {
+        let oid = object(i);
+        for k in ep.ring.replica_indices(oid, shape.copies as usize) {
+            per[index[k]].push((oid, ObjState::live(version)));
         }
-        let mut owned = Vec::new();
-        let mut plans = Vec::new();
-        for &i in &up {
-            let node = self.cluster.node(i).unwrap();
-            let addr = self.cluster.addr(i);
-            let r = ep.ring.nodes().iter().position(|n| n.addr == addr);
-            owned.push(r.map_or(0, |r| by_ring[r]));
-            plans.push(node.recovery_status());
+    }
+    for (store, objs) in stores.iter().zip(per) {
+        store.fill(objs, 0);
+    }
+}
+
+/// The cost of the epoch change `nodes` (each node up, by address) have all recovered: each
+/// one's plan, and the objects of `shape` it owns in the epoch.
+pub fn cost(
+    event: &'static str,
+    nodes: &[(SocketAddr, &Node)],
+    shape: Shape,
+    members_in: Duration,
+    recovered_in: Duration,
+) -> EpochCost {
+    let ep = nodes[0].1.epoch();
+    let copies = shape.copies as usize;
+    let mut by_ring = vec![0u64; ep.ring.nodes().len()];
+    for k in 0..shape.objects {
+        for r in ep.ring.replica_indices(object(k), copies) {
+            by_ring[r] += 1;
         }
-        EpochCost {
-            event,
-            epoch,
-            nodes: up.len(),
-            plans,
-            owned,
-            members_in,
-            recovered_in,
-        }
+    }
+    let owned = (nodes.iter())
+        .map(|(addr, _)| {
+            let r = ep.ring.nodes().iter().position(|n| n.addr == *addr);
+            r.map_or(0, |r| by_ring[r])
+        })
+        .collect();
+    EpochCost {
+        event,
+        epoch: ep.view.epoch,
+        nodes: nodes.len(),
+        plans: nodes.iter().map(|(_, n)| n.recovery_status()).collect(),
+        owned,
+        members_in,
+        recovered_in,
     }
 }

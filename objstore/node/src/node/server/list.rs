@@ -40,6 +40,12 @@ pub(super) async fn peer_list(node: &Node, h: &Header, payload: &[u8]) -> Result
     let listing = (node.listing_part(ep, req).await)
         .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
     Ok(match listing {
+        // A large one at the lowest priority, as it was built (see `Node::listing_part`).
+        Listing::Entries(list) if list.len() > 4096 => {
+            let bytes = (node.background(move || encode_list(&list)).await)
+                .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
+            Reply::bytes(bytes)
+        }
         Listing::Entries(list) => Reply::bytes(encode_list(&list)),
         // Too large for one page: `aux` says in how many parts to ask.
         Listing::Split(parts) => Reply {
