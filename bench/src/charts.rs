@@ -11,12 +11,15 @@
 //! | `iops-vs-hit-ratio` | sweep | cache size, % of file | IOPS; cache off as a line |
 //! | `ratio-to-bindfs` | any | ratio to the bindfs figure | a bar per figure |
 //! | `objsize-<read\|write>[-<target>]` | objsize | object size | MiB/s, a bar per block size |
+//! | `scale-vs-nodes` | scale | nodes | entries fetched per object owned (join, kill) |
+//! | `scale-vs-objects` | scale | objects per node | a restarted node's plan, ms |
 
 // Without the feature nothing reads the plotted data but the tests.
 #![cfg_attr(not(feature = "charts"), allow(dead_code))]
 
 #[cfg(feature = "charts")]
 mod draw;
+mod scale;
 
 use std::path::Path;
 
@@ -106,6 +109,8 @@ pub fn plan(r: &Report) -> (Vec<Chart>, Vec<String>) {
     for dir in ["read", "write"] {
         take(objsize(r, dir));
     }
+    take(split(scale::by_nodes(r)));
+    take(split(scale::by_objects(r)));
     (charts, notes)
 }
 
@@ -416,6 +421,8 @@ mod tests {
                 "ratio-to-bindfs",
                 "objsize-read",
                 "objsize-write",
+                "scale-vs-nodes",
+                "scale-vs-objects",
             ]
         );
         assert!(notes.is_empty(), "{notes:?}");

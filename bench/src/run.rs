@@ -80,6 +80,10 @@ pub struct RunArgs {
     /// objsize, scaling and metadata groups check no goal and are left out.
     #[arg(long)]
     pub key_only: bool,
+    /// The cluster sizes of the scale group's join and kill figures, e.g. 10,50,200 (none: 0)
+    /// [profile default: full and quick 10,50; smoke 10].
+    #[arg(long, value_delimiter = ',')]
+    pub scale_nodes: Option<Vec<usize>>,
     /// The membership driver of the clusters: local (a shared state directory) or etcd (a
     /// one-member etcd per cluster, from /usr/bin/etcd): compare the two with `bench compare`.
     #[arg(long, value_enum, default_value = "local")]

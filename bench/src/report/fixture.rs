@@ -265,6 +265,32 @@ fn annotate(figs: &mut [Figure]) {
 }
 
 /// A report with every group the runner writes.
+/// Group "scale": joins and kills at 10, 50 and 200 nodes, restarts at 10^4 to 10^6 objects.
+fn scale_group(figs: &mut Vec<Figure>) {
+    for (nodes, joiner, all) in [(10, 3.0, 2.1), (50, 3.0, 2.0), (200, 3.0, 2.0)] {
+        let p = json!({"nodes": nodes, "objects_per_node": 150000, "copies": 3});
+        for (job, target, v) in [
+            ("join", "joiner", joiner),
+            ("join", "all", all),
+            ("kill", "all", 1.9),
+        ] {
+            let f = fig(
+                "scale",
+                &format!("{job}-{nodes}"),
+                target,
+                "entries/object",
+                v,
+            );
+            figs.push(with_params(f, p.clone()));
+        }
+    }
+    for (objects, ms) in [(10_000, 500.0), (100_000, 540.0), (1_000_000, 900.0)] {
+        let p = json!({"nodes": 2, "objects_per_node": objects});
+        let f = fig("scale", &format!("restart-{objects}"), "plan", "ms", ms);
+        figs.push(with_params(f, p));
+    }
+}
+
 pub fn full() -> Report {
     let mut figs = Vec::new();
     iops_group(&mut figs);
@@ -274,6 +300,7 @@ pub fn full() -> Report {
     other_groups(&mut figs);
     annotate(&mut figs);
     handover_group(&mut figs);
+    scale_group(&mut figs);
     Report {
         figures: figs,
         ..empty()

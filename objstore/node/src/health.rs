@@ -309,6 +309,12 @@ impl ObjectBackend for HealthStore {
     fn len(&self) -> usize {
         self.inner.len()
     }
+    fn created(&self) -> Option<u64> {
+        self.inner.created()
+    }
+    fn index_bytes(&self) -> Option<u64> {
+        self.inner.index_bytes()
+    }
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         self.saw(oid, "read", self.inner.read(oid, offset, len))
     }

@@ -56,13 +56,29 @@ impl Ring {
 
     /// Indices (into [`Ring::nodes`]) of the nodes holding `oid`, primary first.
     pub fn replica_indices(&self, oid: ObjectId, copies: usize) -> Vec<usize> {
+        self.arc_holders(self.arc_of(oid), copies)
+    }
+
+    /// How many arcs the ring has (one a point; at least 1).
+    pub fn arcs(&self) -> usize {
+        self.points.len().max(1)
+    }
+
+    /// The arc `oid` falls in (below [`Ring::arcs`]): every object of one arc has the same
+    /// holders ([`Ring::arc_holders`]), so a node can sort its objects by arc once and then
+    /// find any node's share of them without hashing each again.
+    pub fn arc_of(&self, oid: ObjectId) -> usize {
+        let h = object_point(oid);
+        self.points.partition_point(|&(p, _)| p < h) % self.arcs()
+    }
+
+    /// [`Ring::replica_indices`] of the objects of arc `start`.
+    pub fn arc_holders(&self, start: usize, copies: usize) -> Vec<usize> {
         let want = copies.min(self.nodes.len());
         let mut chosen: Vec<usize> = Vec::with_capacity(want);
         if want == 0 || self.points.is_empty() {
             return chosen;
         }
-        let h = object_point(oid);
-        let start = self.points.partition_point(|&(p, _)| p < h);
         let n = self.points.len();
         let walk = (0..n).map(|k| self.points[(start + k) % n].1 as usize);
         let mut zones: Vec<u32> = Vec::with_capacity(want);

@@ -26,6 +26,7 @@ mod recovery;
 mod reference;
 mod repair;
 mod replicate;
+pub(crate) mod ringorder;
 mod scrub;
 mod server;
 
@@ -150,6 +151,8 @@ pub struct Node {
     scrub: scrub::Scrub,
     /// Slots of [`Node::background`].
     background: tokio::sync::Semaphore,
+    /// This node's objects in the order of an epoch's ring, for its peers' listings.
+    ring_order: ringorder::Cache,
     /// Orders changes of one object as its primary (sharded), held while the replicas apply.
     obj_locks: Vec<tokio::sync::Mutex<()>>,
     /// Taken by a copy-on-write that builds a whole object (see [`cow::WHOLE_COPIES`]): the
@@ -378,6 +381,7 @@ impl Node {
             recovery: recovery::Recovery::default(),
             scrub: Default::default(),
             background: tokio::sync::Semaphore::new(background_slots()),
+            ring_order: Default::default(),
             obj_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),

@@ -12,28 +12,18 @@
 //! Also the repair of a copy a failed `fdatasync` lost: `Flush` restores it from another
 //! owner before answering ([`Node::restore_lost`]), and listings mark it lost meanwhile.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::recovery::PAGE_ENTRIES;
 use super::replicate::FORWARD_TIMEOUT;
 use super::server::Failure;
-use super::{Epoch, Node};
-use crate::store::{shard_of, shard_range, ObjState, StoreError, Version, INDEX_SHARDS};
+use super::Node;
+use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::frame::{Frame, Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
-use objstore_proto::version::ListRequest;
-
-/// A peer's listing as [`Node::listing_part`] answers it.
-pub(super) enum Listing {
-    Entries(Vec<(ObjectId, ObjState)>),
-    /// Too many for one page: ask in this many parts.
-    Split(u32),
-}
 
 const REPAIR_FIRST: Duration = Duration::from_millis(200);
 const REPAIR_MAX: Duration = Duration::from_secs(5);
@@ -347,60 +337,8 @@ impl Node {
         self.with_lost(self.store.list(), |_| true)
     }
 
-    /// Part `req.part` of `req.parts` of what the peer asking `req` holds in epoch `ep` (and
-    /// the extra objects it names), sorted by id. Asked whole (one part), it is answered
-    /// whole only up to [`PAGE_ENTRIES`]: past that, [`Listing::Split`] says in how many parts
-    /// to ask (the scan stops there, so a refused whole listing costs at most a pass).
-    pub(super) async fn listing_part(
-        &self,
-        ep: Arc<Epoch>,
-        req: ListRequest,
-    ) -> std::io::Result<Listing> {
-        let extra: HashSet<ObjectId> = req.extra.iter().copied().collect();
-        let keep = move |oid: ObjectId| {
-            extra.contains(&oid) || ep.ring.holds(req.owner, oid, req.copies as usize)
-        };
-        let store = self.store.clone();
-        let (part, parts) = (req.part, req.parts);
-        let keep2 = keep.clone();
-        // At the lowest priority: ten peers listing a node of a million objects must not
-        // slow its reads (bench `scale/read-4k-p99`).
-        let list = self
-            .background(move || {
-                // A whole listing goes in slices, to stop once it is too large for a page.
-                const SLICES: u32 = 16;
-                let mut l = Vec::new();
-                if parts > 1 {
-                    l = store.list_part(part, parts);
-                    l.retain(|(oid, _)| keep2(*oid));
-                } else {
-                    for slice in 0..SLICES {
-                        let mut s = store.list_part(slice, SLICES);
-                        s.retain(|(oid, _)| keep2(*oid));
-                        l.extend(s);
-                        if l.len() > PAGE_ENTRIES {
-                            // Estimated from the slices seen, with room for uneven ones.
-                            let total = l.len() as u64 * u64::from(SLICES) / u64::from(slice + 1);
-                            let parts = (2 * total).div_ceil(PAGE_ENTRIES as u64);
-                            return Listing::Split(parts.clamp(2, INDEX_SHARDS as u64) as u32);
-                        }
-                    }
-                }
-                l.sort_unstable_by_key(|(o, _)| *o);
-                Listing::Entries(l)
-            })
-            .await?;
-        let Listing::Entries(list) = list else {
-            return Ok(list);
-        };
-        let range = shard_range(part, parts);
-        Ok(Listing::Entries(self.with_lost(list, |oid| {
-            range.contains(&shard_of(oid)) && keep(oid)
-        })))
-    }
-
     /// `list` (sorted by id) with this node's lost copies that `wanted` accepts shown lost.
-    fn with_lost(
+    pub(super) fn with_lost(
         &self,
         mut list: Vec<(ObjectId, ObjState)>,
         wanted: impl Fn(ObjectId) -> bool,

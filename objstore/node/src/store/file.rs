@@ -77,6 +77,8 @@ pub struct FileStore {
     /// Objects unreadable until restored: their last fdatasync failed (None), or a block of
     /// theirs did not match its sum (that block).
     bad: Mutex<HashMap<ObjectId, Option<u64>>>,
+    /// Objects put in the index since the store opened ([`ObjectBackend::created`]).
+    created: std::sync::atomic::AtomicU64,
 }
 
 /// The error a read of a bad copy (see [`FileStore::bad`]) gets.
@@ -110,6 +112,7 @@ impl FileStore {
             locks: (0..LOCK_SHARDS).map(|_| RwLock::new(())).collect(),
             flushing: Mutex::new(()),
             bad: Mutex::default(),
+            created: Default::default(),
         })
     }
 
@@ -120,6 +123,13 @@ impl FileStore {
     /// The index shard that holds `oid`'s entry, locked.
     fn idx(&self, oid: ObjectId) -> std::sync::MutexGuard<'_, HashMap<ObjectId, Entry>> {
         self.index[shard_of(oid)].lock().unwrap()
+    }
+
+    /// Puts `oid`'s entry in the index, counting it in `created` if it was not there.
+    fn put_entry(&self, oid: ObjectId, e: Entry) {
+        if self.idx(oid).insert(oid, e).is_none() {
+            (self.created).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     fn entry(&self, oid: ObjectId) -> Option<Entry> {
@@ -255,7 +265,7 @@ impl FileStore {
             .map_err(|e| StoreError::io(oid, "create", e))?;
         layout::create_parts(&f, oid, parts)?;
         guard.0 = None;
-        self.idx(oid).insert(oid, e);
+        self.put_entry(oid, e);
         self.dirty.lock().unwrap().insert(oid);
         Ok(())
     }
@@ -320,7 +330,7 @@ impl FileStore {
                 let _ = fs::remove_file(old_path);
             }
         }
-        self.idx(oid).insert(
+        self.put_entry(
             oid,
             Entry {
                 state,
@@ -354,6 +364,10 @@ impl ObjectBackend for FileStore {
 
     fn len(&self) -> usize {
         super::shards_live(&self.index, |e: &Entry| e.state)
+    }
+
+    fn created(&self) -> Option<u64> {
+        Some(self.created.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     fn index_bytes(&self) -> Option<u64> {
@@ -535,7 +549,7 @@ impl ObjectBackend for FileStore {
         if from != to {
             fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
         }
-        self.idx(oid).insert(oid, after);
+        self.put_entry(oid, after);
         Ok(())
     }
 
@@ -578,7 +592,7 @@ impl ObjectBackend for FileStore {
             fs::rename(&from, &to).map_err(|err| StoreError::io(oid, "rename", err))?;
             fsync_dir(&self.dir).map_err(|err| StoreError::io(oid, "sync dir", err))?;
         }
-        self.idx(oid).insert(oid, after);
+        self.put_entry(oid, after);
         self.bad.lock().unwrap().remove(&oid);
         Ok(Some(after.state))
     }

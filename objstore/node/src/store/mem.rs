@@ -129,6 +129,17 @@ struct State {
     /// Objects unreadable until restored: their last flush failed (None), or a block of
     /// theirs did not match its sum (that block).
     bad: HashMap<ObjectId, Option<u64>>,
+    /// Objects put in `live` since the store was made ([`ObjectBackend::created`]).
+    created: u64,
+}
+
+impl State {
+    /// Puts `o` in `live`, counting it in `created` if `oid` was not there.
+    fn put_live(&mut self, oid: ObjectId, o: Obj) {
+        if self.live.insert(oid, o).is_none() {
+            self.created += 1;
+        }
+    }
 }
 
 /// Operations held until released, and how many calls wait on them.
@@ -335,7 +346,7 @@ fn lose(st: &mut State, oid: ObjectId) -> Option<(ObjectId, Version)> {
         .get(&oid)
         .cloned()
         .unwrap_or_else(|| Obj::new(Vec::new(), lost));
-    st.live.insert(
+    st.put_live(
         oid,
         Obj {
             state: ObjState {
@@ -375,6 +386,10 @@ impl ObjectBackend for MemStore {
     fn len(&self) -> usize {
         let st = self.state.lock().unwrap();
         st.live.values().filter(|o| !o.state.deleted).count()
+    }
+
+    fn created(&self) -> Option<u64> {
+        Some(self.state.lock().unwrap().created)
     }
 
     fn read(&self, oid: ObjectId, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
@@ -463,8 +478,7 @@ impl ObjectBackend for MemStore {
         let missing = !st.live.contains_key(&oid);
         let created = missing || st.live[&oid].state.deleted;
         if created {
-            st.live
-                .insert(oid, Obj::new(Vec::new(), ObjState::live(version)));
+            st.put_live(oid, Obj::new(Vec::new(), ObjState::live(version)));
         }
         // An edge block that does not check is never given a fresh sum.
         let checked = st.live[&oid].check_edges(oid, offset, data.len());
@@ -512,7 +526,7 @@ impl ObjectBackend for MemStore {
                 ..state
             },
         );
-        st.live.insert(oid, o.clone());
+        st.put_live(oid, o.clone());
         st.durable.insert(oid, o);
         st.dirty.remove(&oid);
         st.bad.remove(&oid);

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use objstore_proto::oid::ObjectId;
@@ -25,12 +26,15 @@ struct Meta {
 /// Versions and lengths in memory, no bytes.
 pub struct MetaStore {
     shards: Vec<Mutex<HashMap<ObjectId, Meta>>>,
+    /// Objects put in the index since the store was made ([`ObjectBackend::created`]).
+    created: AtomicU64,
 }
 
 impl Default for MetaStore {
     fn default() -> Self {
         MetaStore {
             shards: (0..INDEX_SHARDS).map(|_| Mutex::default()).collect(),
+            created: AtomicU64::new(0),
         }
     }
 }
@@ -48,7 +52,9 @@ impl MetaStore {
             m.reserve(objs.len());
             for (oid, state) in objs {
                 let len = if state.deleted { 0 } else { len };
-                m.insert(oid, Meta { state, len });
+                if m.insert(oid, Meta { state, len }).is_none() {
+                    self.created.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
     }
@@ -125,9 +131,12 @@ impl ObjectBackend for MetaStore {
     ) -> Result<(), StoreError> {
         let mut shard = self.shards[shard_of(oid)].lock().unwrap();
         let end = offset + data.len() as u64;
-        let m = shard.entry(oid).or_insert(Meta {
-            state: ObjState::live(version),
-            len: 0,
+        let m = shard.entry(oid).or_insert_with(|| {
+            self.created.fetch_add(1, Ordering::SeqCst);
+            Meta {
+                state: ObjState::live(version),
+                len: 0,
+            }
         });
         let len = if m.state.deleted { end } else { m.len.max(end) };
         *m = Meta {
@@ -153,7 +162,9 @@ impl ObjectBackend for MetaStore {
             ..state
         };
         let len = if state.deleted { 0 } else { data.len() as u64 };
-        shard.insert(oid, Meta { state, len });
+        if shard.insert(oid, Meta { state, len }).is_none() {
+            self.created.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(true)
     }
 

@@ -244,6 +244,13 @@ pub trait ObjectBackend: Send + Sync + 'static {
     }
     /// How many objects with data are held here (tombstones not counted).
     fn len(&self) -> usize;
+    /// How many objects were put in this store's index since it was opened (an object
+    /// removed and put again counts again; a change of one held counts nothing). Two equal
+    /// readings mean no object appeared in between: what a node needs to reuse its objects'
+    /// order on the ring across its peers' listings. None: not counted (never reused).
+    fn created(&self) -> Option<u64> {
+        None
+    }
     /// Memory the in-memory index of the objects takes, in bytes (None: the backend keeps
     /// none of its own). Reported by the scale bench.
     fn index_bytes(&self) -> Option<u64> {

@@ -8,7 +8,7 @@ use objstore_proto::frame::{Header, ResultCode};
 use objstore_proto::version::{encode_list, ListRequest};
 
 use super::{driver_call, Failure, Reply};
-use crate::node::repair::Listing;
+use crate::node::ringorder::Listing;
 use crate::node::{Epoch, Node};
 
 /// Answers a `PeerList` for epoch `h.epoch` with request `payload`.
