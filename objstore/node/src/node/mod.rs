@@ -12,6 +12,7 @@
 //! current-thread runtime under a paused clock (the fault simulator, `objstore/sim`).
 
 mod acting;
+mod background;
 mod check;
 mod collect;
 mod cow;
@@ -380,7 +381,7 @@ impl Node {
             gate: gate::Gate::new(opts.access.clone()),
             recovery: recovery::Recovery::default(),
             scrub: Default::default(),
-            background: tokio::sync::Semaphore::new(background_slots()),
+            background: tokio::sync::Semaphore::new(background::slots()),
             ring_order: Default::default(),
             obj_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
@@ -454,18 +455,6 @@ impl Node {
         f: impl FnOnce() -> T + Send + 'static,
     ) -> Result<T, tokio::task::JoinError> {
         run_blocking(self.inline, f).await
-    }
-
-    /// [`in_background`]: bulk work for peers, at the lowest CPU priority (inline when the
-    /// node runs inline: see [`NodeParts::inline`]).
-    pub(crate) async fn background<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> std::io::Result<T> {
-        if self.inline {
-            return Ok(f());
-        }
-        in_background(&self.background, f).await
     }
 
     /// The membership tick as a task (a node that runs inline).
@@ -670,39 +659,6 @@ impl Running {
             Err(e) => tracing::warn!("leaving the cluster failed: {e}"),
         }
     }
-}
-
-/// Runs `f` on a thread of its own at the lowest CPU priority (nice 19), once one of
-/// `slots` is free: work a node does for its peers in bulk (building their listings) that
-/// must not slow its clients' requests. On a busy node it takes the CPU the requests leave;
-/// on an idle one, what the slots allow. The error: no thread could be started, or `f`
-/// panicked.
-async fn in_background<T: Send + 'static>(
-    slots: &tokio::sync::Semaphore,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::io::Result<T> {
-    let _slot = (slots.acquire().await).map_err(std::io::Error::other)?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("background".into())
-        .spawn(move || {
-            // This thread only (Linux sets the nice value of the calling thread); failing
-            // leaves it at the node's priority, which is only slower for the requests.
-            // SAFETY: setpriority takes no pointer.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-            let _ = tx.send(f());
-        })?;
-    rx.await
-        .map_err(|_| std::io::Error::other("the background thread panicked"))
-}
-
-/// How many [`in_background`] calls run at once: half the CPUs (at least one). Ten peers
-/// listing a node on two cores at once, even at the lowest priority, took the 99th
-/// percentile of its 4 KiB reads from 0.13 ms to 7.4 ms (a low-priority thread preempted
-/// while it holds what a read needs: an index shard's lock, the allocator's); one at a
-/// time, 0.12 ms (bench `scale/read-4k-p99`).
-fn background_slots() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
 
 /// Runs `f` on tokio's blocking pool, or inline (see [`NodeParts::inline`]); the error is the

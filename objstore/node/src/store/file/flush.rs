@@ -1,0 +1,76 @@
+//! The file backend's flush: each object written since the last one is synced and renamed after
+//! the version synced (see the parent module's documentation).
+
+use std::fs::{self, File};
+
+use objstore_proto::oid::ObjectId;
+
+use super::names::fsync_dir;
+use super::{Entry, FileStore};
+use crate::store::StoreError;
+
+impl FileStore {
+    /// [`ObjectBackend::flush`]: every object written since the last flush synced and named
+    /// after the version synced, then the directory.
+    pub(super) fn flush_dirty(&self) -> Result<(), StoreError> {
+        // Flushes one at a time: every write before this call is either still dirty (synced
+        // here) or was taken by an earlier flush, which has finished once this lock is ours.
+        let _one_at_a_time = self.flushing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
+        dirty.sort_unstable();
+        let mut failed = Vec::new();
+        let mut first_err = None;
+        for oid in dirty {
+            // Sync under the read lock (writes wait, so the bytes synced are those of
+            // `synced`), then name the file after that version.
+            let synced = {
+                let _g = self.lock(oid).read().unwrap();
+                let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+                    continue;
+                };
+                if let Err(err) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
+                    // Not retried: after a failed fdatasync the kernel may have dropped the
+                    // dirty pages, so a later sync would succeed without the data.
+                    tracing::error!("fdatasync of object {oid} failed: {err}");
+                    self.bad.lock().unwrap().insert(oid, None);
+                    failed.push((oid, e.state.version));
+                    first_err.get_or_insert(err);
+                    continue;
+                }
+                e.state.version
+            };
+            let _g = self.lock(oid).write().unwrap();
+            let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+                continue;
+            };
+            // The mark stays while the file holds writes newer than its name (written again
+            // since the sync) or while the copy is suspect.
+            let after = Entry {
+                disk: synced,
+                marked: e.state.version != synced || e.state.suspect,
+                ..e
+            };
+            let (from, to) = (self.path(oid, &e), self.path(oid, &after));
+            if from == to {
+                continue;
+            }
+            if let Err(err) = fs::rename(&from, &to) {
+                self.bad.lock().unwrap().insert(oid, None);
+                failed.push((oid, e.state.version));
+                first_err.get_or_insert(err);
+                continue;
+            }
+            if let Some(x) = self.idx(oid).get_mut(&oid) {
+                x.disk = after.disk;
+                x.marked = after.marked;
+            }
+        }
+        if let Some(source) = first_err {
+            return Err(StoreError::SyncFailed {
+                oids: failed,
+                source,
+            });
+        }
+        fsync_dir(&self.dir).map_err(|e| StoreError::io(ObjectId(0), "sync dir", e))
+    }
+}
