@@ -97,6 +97,17 @@ fn by_nodes(rec: &mut Recorder, nodes: usize, per_node: u64) -> Result<()> {
         &fig(&job, "all", unit, params()),
         join.entries_per_owned(),
     )?;
+    // Bytes, digests included, against the 17 an object of a listing entry each.
+    let p = &join.plans[j];
+    let bytes = (17 * p.plan_entries + 24 * p.plan_digests) as f64 / join.owned[j].max(1) as f64;
+    put(rec, &fig(&job, "joiner-bytes", "B/object", params()), bytes)?;
+    let owned = join.owned.iter().sum::<u64>().max(1) as f64;
+    let all_bytes = join.bytes() as f64 / owned;
+    put(
+        rec,
+        &fig(&job, "all-bytes", "B/object", params()),
+        all_bytes,
+    )?;
     let requests = join.plans[j].plan_requests as f64;
     put(rec, &fig(&job, "requests", "requests", params()), requests)?;
     let recovered = join.recovered_in.as_secs_f64();

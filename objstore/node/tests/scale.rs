@@ -9,10 +9,10 @@ use bytes::Bytes;
 use objstore_node::store::ObjectBackend;
 use objstore_node::testing::scale::{object, Harness, Shape};
 
-/// A node holding 5 million objects is listed whole by a peer planning its recovery (a first
-/// request, answered with the parts to ask for, then 10 parts of about 8.5 MB; one frame of
-/// 85 MB before, over the 68 MiB cap, so no epoch change could finish) and the peer pulls
-/// what changed while it was down. (Many nodes: objstore/sim/tests/scale.rs, in simulated
+/// A node holding 5 million objects is listed whole by a peer planning its recovery (a digest
+/// request answered with "more than a page", then a `PeerList` request answered with the
+/// parts to ask for, then 10 parts of about 8.5 MB; one frame of 85 MB before, over the 68 MiB
+/// cap, so no epoch change could finish) and the peer pulls what changed while it was down. (Many nodes: objstore/sim/tests/scale.rs, in simulated
 /// time.)
 #[test]
 #[cfg_attr(
@@ -45,6 +45,8 @@ fn a_node_of_five_million_objects_is_listed_and_recovered() {
         plan.plan_entries, plan.plan_requests, plan.plan_ms, cost.recovered_in
     );
     assert!(plan.plan_entries >= OBJECTS, "{plan:?}");
+    assert_eq!(plan.plan_listed, plan.plan_entries, "{plan:?}");
+    assert!(plan.plan_requests >= 12, "paged: {plan:?}");
     let (zero, one) = (h.store(0), h.store(1));
     for &oid in &changed {
         assert_eq!(one.meta(oid), zero.meta(oid), "{oid} after recovery");

@@ -210,11 +210,17 @@ pub struct RecoveryStatus {
     #[serde(default)]
     pub data_lost: u64,
     /// What the last plan of this epoch fetched from the other nodes: listing entries (17
-    /// bytes each), requests (pages), and how long the plan took (milliseconds). A plan asks
-    /// each node only for the objects this node holds in the epoch (docs/architecture.md,
+    /// bytes each), digests of arcs of the ring (24 bytes each), requests, and how long the
+    /// plan took (milliseconds); and how many entries the other nodes' listings held in all
+    /// (those fetched, and those found equal to this node's own by digest). A plan asks each
+    /// node only for the objects this node holds in the epoch (docs/architecture.md,
     /// "Recovery's cost").
     #[serde(default)]
     pub plan_entries: u64,
+    #[serde(default)]
+    pub plan_digests: u64,
+    #[serde(default)]
+    pub plan_listed: u64,
     #[serde(default)]
     pub plan_requests: u64,
     #[serde(default)]

@@ -87,6 +87,8 @@ opcodes! {
     PeerWrite = 0x84, Peer;
     PeerPut = 0x85, Peer;
     PeerCow = 0x86, Peer;
+    PeerDigest = 0x87, Peer;
+    PeerArcs = 0x88, Peer;
 }
 
 impl Opcode {

@@ -10,10 +10,12 @@
 //! - [`frame`]: frames and opcodes of the wire protocol; [`api`]: its JSON bodies;
 //!   [`pagebuf`]: the page-aligned buffers large payloads are received into.
 //! - [`version`]: object versions, which decide which copy of an object is current;
-//!   [`payload`]: the version prefixes of the payloads that change an object.
+//!   [`payload`]: the version prefixes of the payloads that change an object; [`arcs`]: a
+//!   peer's copies by ring arc, as digests and as listings, for recovery's plans.
 //! - [`check`]: which copies of an object are good and which to repair (check and scrub).
 
 pub mod api;
+pub mod arcs;
 pub mod auth;
 pub mod check;
 pub mod cowrec;

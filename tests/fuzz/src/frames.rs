@@ -14,6 +14,7 @@ use objstore_proto::api::{
     CopyCheck, FormatRequest, KvCasLeasedRequest, KvCasRequest, LeaseGrantRequest, LeaseId,
     NodeStats, NodeStatus, RepairReply, RepairRequest,
 };
+use objstore_proto::arcs::{decode_arcs, decode_digests, encode_arcs, encode_digests, ARC_DIGEST};
 use objstore_proto::frame::{
     read_frame, Frame, FrameError, Header, Opcode, ResultCode, HEADER_LEN,
 };
@@ -185,6 +186,15 @@ fn check_answer(op: Opcode, p: &Bytes) -> Result<(), TestCaseError> {
             }
             None => prop_assert!(!p.len().is_multiple_of(17)),
         },
+        Opcode::PeerDigest => match decode_digests(p) {
+            Some(ds) => prop_assert_eq!(decode_digests(&encode_digests(&ds)), Some(ds)),
+            None => prop_assert!(!p.len().is_multiple_of(ARC_DIGEST)),
+        },
+        Opcode::PeerArcs => {
+            if let Some(arcs) = decode_arcs(p) {
+                prop_assert_eq!(decode_arcs(&encode_arcs(&arcs)), Some(arcs));
+            }
+        }
         _ => {}
     }
     Ok(())

@@ -234,8 +234,18 @@ pub fn render(s: &NodeStats) -> String {
             rc.plan_entries,
         ),
         (
+            "sheep_recovery_plan_digests",
+            "Digests of ring arcs (24 bytes each) the last plan of this epoch fetched from the other nodes.",
+            rc.plan_digests,
+        ),
+        (
+            "sheep_recovery_plan_listed_entries",
+            "Entries the other nodes' listings held for the last plan of this epoch: fetched, or found equal to this node's own by digest.",
+            rc.plan_listed,
+        ),
+        (
             "sheep_recovery_plan_requests",
-            "Listing requests (pages) the last plan of this epoch sent.",
+            "Listing requests (digests, arcs, pages) the last plan of this epoch sent.",
             rc.plan_requests,
         ),
         (

@@ -15,6 +15,21 @@ impl Node {
         }
         in_background(&self.background, f).await
     }
+
+    /// Bulk work of this node's own recovery plan (its copies by arc, to compare with its
+    /// peers'): at the lowest priority too, so that it does not starve the listings it waits
+    /// for from its peers (built at that priority, also by this node for them), nor its
+    /// clients; but outside [`Node::background`]'s slots, which its peers' requests need
+    /// meanwhile. One plan runs at a time.
+    pub(crate) async fn low_priority<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<T> {
+        if self.inline {
+            return Ok(f());
+        }
+        in_background(&tokio::sync::Semaphore::new(1), f).await
+    }
 }
 
 /// Runs `f` on a thread of its own at the lowest CPU priority (nice 19), once one of

@@ -33,6 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{Notify, OnceCell};
 
+mod listing;
 mod plan;
 mod sweep;
 

@@ -18,6 +18,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
+use objstore_proto::arcs::ArcList;
 use objstore_proto::oid::ObjectId;
 use objstore_proto::placement::Ring;
 use objstore_proto::version::ListRequest;
@@ -74,11 +75,79 @@ impl Order {
     }
 }
 
-/// The order last read (one epoch's; the next epoch's replaces it).
+/// The order last read (one epoch's; the next epoch's replaces it), and a lock taken to read
+/// it, so that requests arriving together read it once.
 #[derive(Default)]
-pub(crate) struct Cache(Mutex<Option<Arc<Order>>>);
+pub(crate) struct Cache {
+    last: Mutex<Option<Arc<Order>>>,
+    reading: tokio::sync::Mutex<()>,
+}
+
+/// Who [`Node::in_ring_order`] works for: a peer ([`Node::background`]) or this node's own
+/// plan ([`Node::low_priority`]: it must not take the slots its peers' requests wait for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum For {
+    Peer,
+    Me,
+}
 
 impl Node {
+    /// Runs `f` on `who`'s thread on the store and its objects in the order of epoch `ep`'s
+    /// ring with `copies` copies: the order last read if nothing entered the index since,
+    /// else read again (and kept for the next asker).
+    async fn in_ring_order<T: Send + 'static>(
+        &self,
+        who: For,
+        ep: Arc<Epoch>,
+        copies: usize,
+        f: impl FnOnce(&dyn ObjectBackend, &Ring, &Order) -> T + Send + 'static,
+    ) -> std::io::Result<T> {
+        let key = (ep.view.epoch, copies);
+        let current = || {
+            let created = self.store.created()?;
+            let last = self.ring_order.last.lock().unwrap();
+            last.clone()
+                .filter(|o| (o.epoch, o.copies) == key && o.created == created)
+        };
+        let order = match current() {
+            Some(o) => o,
+            None => {
+                let _one = self.ring_order.reading.lock().await;
+                match current() {
+                    Some(o) => o,
+                    None => {
+                        let (store, ep) = (self.store.clone(), ep.clone());
+                        let read = move || {
+                            let created = store.created();
+                            let o = Order::read(&*store, &ep.ring, key, created.unwrap_or(0));
+                            (Arc::new(o), created.is_some())
+                        };
+                        let (order, counted) = self.run_for(who, read).await?;
+                        if counted {
+                            *self.ring_order.last.lock().unwrap() = Some(order.clone());
+                        }
+                        order
+                    }
+                }
+            }
+        };
+        let store = self.store.clone();
+        self.run_for(who, move || f(&*store, &ep.ring, &order))
+            .await
+    }
+
+    /// Runs `f` on `who`'s thread (see [`For`]).
+    async fn run_for<T: Send + 'static>(
+        &self,
+        who: For,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<T> {
+        match who {
+            For::Peer => self.background(f).await,
+            For::Me => self.low_priority(f).await,
+        }
+    }
+
     /// Part `req.part` of `req.parts` of what the peer asking `req` holds in epoch `ep` (and
     /// the extra objects it names), sorted by id. Asked whole (one part), it is answered whole
     /// only up to [`PAGE_ENTRIES`]: past that, [`Listing::Split`] says in how many parts to
@@ -89,40 +158,29 @@ impl Node {
         ep: Arc<Epoch>,
         req: ListRequest,
     ) -> std::io::Result<Listing> {
-        let store = self.store.clone();
-        let cached = self.ring_order.0.lock().unwrap().clone();
-        let (ep2, req2) = (ep.clone(), req.clone());
-        let (listing, fresh) = self
-            .background(move || {
-                let (ep, req) = (ep2, req2);
-                if req.parts > 1 {
-                    // A part of a listing too large for one page (a node holding over a
-                    // million of the asker's objects: a cluster of few nodes): a pass over
-                    // that part's shards only, as cheap as reading the order's part.
-                    let extra: HashSet<ObjectId> = req.extra.iter().copied().collect();
-                    let mut l = store.list_part(req.part, req.parts);
-                    l.retain(|(oid, _)| {
-                        extra.contains(oid) || ep.ring.holds(req.owner, *oid, req.copies as usize)
-                    });
-                    l.sort_unstable_by_key(|(o, _)| *o);
-                    return (Listing::Entries(l), None);
-                }
-                let created = store.created();
-                let key = (ep.view.epoch, req.copies as usize);
-                let order = match (cached, created) {
-                    (Some(o), Some(c)) if (o.epoch, o.copies) == key && o.created == c => o,
-                    _ => Arc::new(Order::read(&*store, &ep.ring, key, created.unwrap_or(0))),
-                };
-                let listing = answer(&*store, &ep.ring, &order, &req);
-                (listing, created.is_some().then_some(order))
+        let listing = if req.parts > 1 {
+            // A part of a listing too large for one page (a node holding over a million of
+            // the asker's objects: a cluster of few nodes): a pass over that part's shards
+            // only, as cheap as reading the order's part.
+            let (store, ep, req) = (self.store.clone(), ep.clone(), req.clone());
+            self.background(move || {
+                let extra: HashSet<ObjectId> = req.extra.iter().copied().collect();
+                let mut l = store.list_part(req.part, req.parts);
+                l.retain(|(oid, _)| {
+                    extra.contains(oid) || ep.ring.holds(req.owner, *oid, req.copies as usize)
+                });
+                l.sort_unstable_by_key(|(o, _)| *o);
+                Listing::Entries(l)
             })
-            .await?;
-        if let Some(order) = fresh {
-            let mut c = self.ring_order.0.lock().unwrap();
-            if c.as_ref().is_none_or(|o| !Arc::ptr_eq(o, &order)) {
-                *c = Some(order);
-            }
-        }
+            .await?
+        } else {
+            let req = req.clone();
+            let copies = req.copies as usize;
+            (self.in_ring_order(For::Peer, ep.clone(), copies, move |store, ring, order| {
+                answer(store, ring, order, &req)
+            }))
+            .await?
+        };
         let Listing::Entries(list) = listing else {
             return Ok(listing);
         };
@@ -132,6 +190,157 @@ impl Node {
             range.contains(&shard_of(oid))
                 && (extra.contains(&oid) || ep.ring.holds(req.owner, oid, req.copies as usize))
         })))
+    }
+
+    /// What this node holds of each arc of epoch `ep`'s ring that node `owner` holds with
+    /// `copies` copies, each arc's entries sorted by id and exactly those a `PeerList` from
+    /// `owner` would answer in that arc (lost copies shown lost): see [`Arcs`]. None for
+    /// [`Arcs::Part`] of one part when that holds over [`PAGE_ENTRIES`] entries: how many
+    /// parts to ask instead.
+    pub(crate) async fn arc_lists(
+        &self,
+        who: For,
+        ep: Arc<Epoch>,
+        owner: u64,
+        copies: usize,
+        which: Arcs,
+    ) -> std::io::Result<Result<Vec<(u32, ArcList)>, u32>> {
+        let lost = self.recovery.lost_copies();
+        self.in_ring_order(who, ep, copies, move |store, ring, order| {
+            if let Arcs::Part(_, 1) = which {
+                let n = order
+                    .held_by(ring, owner)
+                    .map(|(at, _)| at.len())
+                    .sum::<usize>();
+                if n > PAGE_ENTRIES {
+                    return Err(parts_for(n));
+                }
+            }
+            let mut out = by_arc(store, ring, order, owner, &which);
+            for (oid, want) in lost {
+                if !ring.holds(owner, oid, copies) {
+                    continue;
+                }
+                let arc = ring.arc_of(oid) as u32;
+                let at = match (out.binary_search_by_key(&arc, |(a, _)| *a), &which) {
+                    (Ok(i), Arcs::All | Arcs::Part(..)) => i,
+                    (Err(i), Arcs::All | Arcs::Part(..)) if which.has(ring, arc) => {
+                        out.insert(i, (arc, Vec::new()));
+                        i
+                    }
+                    (Err(_), Arcs::All | Arcs::Part(..)) => continue,
+                    (_, Arcs::These(_)) => match out.iter().position(|(a, _)| *a == arc) {
+                        Some(i) => i,
+                        None => continue,
+                    },
+                };
+                let list = &mut out[at].1;
+                let lost = ObjState {
+                    lost: true,
+                    ..ObjState::live(want)
+                };
+                match list.binary_search_by_key(&oid, |(o, _)| *o) {
+                    Ok(i) => list[i].1 = lost,
+                    Err(i) => list.insert(i, (oid, lost)),
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// Which arcs [`Node::arc_lists`] answers.
+#[derive(Debug, Clone)]
+pub(crate) enum Arcs {
+    /// Every arc with something here, ascending.
+    All,
+    /// `Part(p, n)`: of the arcs numbered from `p·A/n` up to `(p+1)·A/n` (`A`: the ring's
+    /// arcs), those with something here, ascending.
+    Part(u32, u32),
+    /// These arcs, in this order, even empty.
+    These(Vec<u32>),
+}
+
+impl Arcs {
+    /// Whether `Part` covers `arc`.
+    fn has(&self, ring: &Ring, arc: u32) -> bool {
+        match self {
+            Arcs::All => true,
+            Arcs::Part(p, n) => part_of_arcs(ring, *p, *n).contains(&arc),
+            Arcs::These(a) => a.contains(&arc),
+        }
+    }
+}
+
+/// The arcs of part `p` of `n`.
+fn part_of_arcs(ring: &Ring, p: u32, n: u32) -> std::ops::Range<u32> {
+    let a = ring.arcs() as u64;
+    let at = |k: u32| (a * u64::from(k) / u64::from(n.max(1))) as u32;
+    at(p)..at(p + 1)
+}
+
+/// How many parts to ask for `n` entries: about half a page each, so that uneven parts still
+/// fit.
+fn parts_for(n: usize) -> u32 {
+    let parts = (2 * n as u64).div_ceil(PAGE_ENTRIES as u64);
+    parts.clamp(2, INDEX_SHARDS as u64) as u32
+}
+
+impl Order {
+    /// The arcs with objects here that node `owner` holds: where they are in `by_arc`, and
+    /// the arc.
+    fn held_by<'a>(
+        &'a self,
+        ring: &Ring,
+        owner: u64,
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, u32)> + 'a {
+        let owner = ring.nodes().iter().position(|n| n.id == owner);
+        (self.arcs.iter())
+            .filter(move |(_, holders)| owner.is_some_and(|i| holders.contains(&i)))
+            .map(|(at, _)| (at.clone(), self.by_arc[at.start].0))
+    }
+}
+
+/// [`Node::arc_lists`] without the lost copies: from `order`, states read now.
+fn by_arc(
+    store: &dyn ObjectBackend,
+    ring: &Ring,
+    order: &Order,
+    owner: u64,
+    which: &Arcs,
+) -> Vec<(u32, ArcList)> {
+    let list = |at: std::ops::Range<usize>| -> ArcList {
+        (order.by_arc[at].iter())
+            .filter_map(|&(_, oid)| Some((oid, store.meta(oid)?)))
+            .collect()
+    };
+    match which {
+        Arcs::All | Arcs::Part(..) => {
+            let part = match which {
+                Arcs::Part(p, n) => part_of_arcs(ring, *p, *n),
+                _ => 0..u32::MAX,
+            };
+            (order.held_by(ring, owner))
+                .filter(|(_, arc)| part.contains(arc))
+                .map(|(at, arc)| (arc, list(at)))
+                .filter(|(_, l)| !l.is_empty())
+                .collect()
+        }
+        Arcs::These(arcs) => {
+            let held: std::collections::HashMap<u32, std::ops::Range<usize>> = order
+                .held_by(ring, owner)
+                .map(|(at, arc)| (arc, at))
+                .collect();
+            (arcs.iter())
+                .map(|arc| {
+                    (
+                        *arc,
+                        held.get(arc).map(|at| list(at.clone())).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        }
     }
 }
 
@@ -154,9 +363,7 @@ fn answer(store: &dyn ObjectBackend, ring: &Ring, order: &Order, req: &ListReque
         }
     }
     if whole && oids.len() > PAGE_ENTRIES {
-        // About half a page a part, so that uneven parts still fit.
-        let parts = (2 * oids.len() as u64).div_ceil(PAGE_ENTRIES as u64);
-        return Listing::Split(parts.clamp(2, INDEX_SHARDS as u64) as u32);
+        return Listing::Split(parts_for(oids.len()));
     }
     oids.sort_unstable();
     oids.dedup();
@@ -255,5 +462,47 @@ mod tests {
             (1, 3),
             store.created().unwrap(),
         ));
+    }
+
+    /// The arcs of a listing hold, together, what the listing holds: whole, in parts, or
+    /// asked by name (an arc not held or empty answers nothing).
+    #[test]
+    fn arcs_hold_what_the_listing_holds() {
+        let store = MemStore::default();
+        let ring = ring(7);
+        for i in 0..3000 {
+            store.write(oid(i), 0, &[1], None, Version(1)).unwrap();
+        }
+        let order = Order::read(&store, &ring, (1, 3), store.created().unwrap());
+        for owner in [1, 4, 99] {
+            let req = ListRequest {
+                owner,
+                copies: 3,
+                part: 0,
+                parts: 1,
+                extra: vec![],
+            };
+            let all = by_arc(&store, &ring, &order, owner, &Arcs::All);
+            let mut flat: Vec<_> = all.iter().flat_map(|(_, l)| l.clone()).collect();
+            flat.sort_unstable_by_key(|(o, _)| *o);
+            assert_eq!(flat, by_pass(&store, &ring, &req), "owner {owner}");
+            for (arc, l) in &all {
+                assert!(!l.is_empty());
+                assert!(l.iter().all(|(o, _)| ring.arc_of(*o) as u32 == *arc));
+                assert!(l.windows(2).all(|w| w[0].0 < w[1].0), "sorted by id");
+            }
+            let parts: Vec<_> = (0..5)
+                .flat_map(|p| by_arc(&store, &ring, &order, owner, &Arcs::Part(p, 5)))
+                .collect();
+            assert_eq!(parts, all);
+            let mut names: Vec<u32> = all.iter().map(|(a, _)| *a).rev().collect();
+            names.push(u32::MAX);
+            let named = by_arc(&store, &ring, &order, owner, &Arcs::These(names.clone()));
+            assert_eq!(named.len(), names.len());
+            assert_eq!(named.last(), Some(&(u32::MAX, Vec::new())));
+            let mut back = named[..named.len() - 1].to_vec();
+            back.reverse();
+            assert_eq!(back, all);
+        }
     }
 }

@@ -368,6 +368,8 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             Ok(Reply::json(&RepairReply { state }))
         }
         Opcode::PeerList => list::peer_list(node, h, &payload).await,
+        Opcode::PeerDigest => list::peer_digest(node, h, &payload).await,
+        Opcode::PeerArcs => list::peer_arcs(node, h, &payload).await,
         Opcode::PeerWrite => {
             let _change = node.enter(h.epoch);
             let (ep, cfg) = io_epoch(node, h).await?;

@@ -96,6 +96,10 @@ impl ObjectBackend for MetaStore {
         Some(super::shards_bytes(&self.shards))
     }
 
+    fn created(&self) -> Option<u64> {
+        Some(self.created.load(Ordering::SeqCst))
+    }
+
     fn read(&self, oid: ObjectId, _offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         self.live(oid)?;
         Ok(vec![0; len])

@@ -58,6 +58,14 @@ impl EpochCost {
     pub fn entries(&self) -> u64 {
         self.plans.iter().map(|p| p.plan_entries).sum()
     }
+    /// Arc digests fetched by all nodes.
+    pub fn digests(&self) -> u64 {
+        self.plans.iter().map(|p| p.plan_digests).sum()
+    }
+    /// Bytes of listings fetched by all nodes: entries of 17 bytes, digests of 24.
+    pub fn bytes(&self) -> u64 {
+        17 * self.entries() + 24 * self.digests()
+    }
     /// Listing requests sent by all nodes.
     pub fn requests(&self) -> u64 {
         self.plans.iter().map(|p| p.plan_requests).sum()

@@ -253,6 +253,8 @@ fn opcode_table() {
         (0x84, Opcode::PeerWrite, Peer),
         (0x85, Opcode::PeerPut, Peer),
         (0x86, Opcode::PeerCow, Peer),
+        (0x87, Opcode::PeerDigest, Peer),
+        (0x88, Opcode::PeerArcs, Peer),
     ];
     assert_eq!(all_opcodes().len(), want.len());
     for (v, op, proto) in want {
@@ -368,7 +370,7 @@ async fn refuses_bad_magic() {
 
 #[tokio::test]
 async fn refuses_unknown_opcode() {
-    for op in [0x00, 0x08, 0x3f, 0x40, 0x80, 0x87, 0xff] {
+    for op in [0x00, 0x08, 0x3f, 0x40, 0x80, 0x89, 0xff] {
         let mut b = GOLDEN_REQUEST;
         b[3] = op;
         assert_eq!(

@@ -7,27 +7,17 @@
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::OnceCell;
 
 use super::sweep::{sweep, Input};
-use super::{Pull, LIST_BEHIND_WAIT, LIST_TIMEOUT};
+use super::Pull;
 use crate::node::history::{self, Safety};
 use crate::node::reference::{reference, Reference};
 use crate::node::{Epoch, Node};
 use crate::store::{ObjState, Version};
-use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
-use objstore_proto::version::{decode_list, ListRequest};
-
-/// A peer's answer to one listing request.
-enum Page {
-    Entries(Vec<(ObjectId, ObjState)>),
-    /// Too many for one page: ask in this many parts.
-    Split(u32),
-}
+use objstore_proto::version::ListRequest;
 
 /// What planning gave.
 pub(super) enum Plan {
@@ -50,72 +40,8 @@ pub(super) enum Plan {
 }
 
 impl Node {
-    /// Lists `(oid, state)` from a peer: what `req` asks for (the objects this node holds in
-    /// `epoch`, and its lost copies it no longer holds). Asked whole first; a peer with more
-    /// than a page of them answers how many parts to ask, each then its own request. With the
-    /// number of requests sent. None if the peer did not answer (not up, or hanging).
-    async fn list_peer(
-        &self,
-        addr: SocketAddr,
-        epoch: u32,
-        req: &ListRequest,
-    ) -> Option<(Vec<(ObjectId, ObjState)>, u64)> {
-        let whole = ListRequest {
-            part: 0,
-            parts: 1,
-            ..req.clone()
-        };
-        let parts = match self.list_page(addr, epoch, whole.encode()).await? {
-            Page::Entries(all) => return Some((all, 1)),
-            Page::Split(parts) => parts,
-        };
-        let mut all = Vec::new();
-        for part in 0..parts {
-            let req = ListRequest {
-                part,
-                parts,
-                ..req.clone()
-            };
-            match self.list_page(addr, epoch, req.encode()).await? {
-                Page::Entries(page) => all.extend(page),
-                Page::Split(_) => return None,
-            }
-        }
-        Some((all, 1 + u64::from(parts)))
-    }
-
-    /// One page of [`Node::list_peer`].
-    async fn list_page(&self, addr: SocketAddr, epoch: u32, req: Bytes) -> Option<Page> {
-        let deadline = tokio::time::Instant::now() + LIST_BEHIND_WAIT;
-        loop {
-            let h = Header::request(Opcode::PeerList, 0, epoch);
-            let conn = self.peers.get(addr, LIST_TIMEOUT).await.ok()?;
-            match conn.call(h, req.clone(), LIST_TIMEOUT).await {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => {
-                    if f.header.aux > 0 {
-                        return Some(Page::Split(f.header.aux));
-                    }
-                    return decode_list(&f.payload).map(Page::Entries);
-                }
-                Ok(f)
-                    if matches!(
-                        f.header.result_code(),
-                        ResultCode::NodeBehind | ResultCode::Busy
-                    ) && tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Ok(_) => return None,
-                Err(_) => {
-                    self.peers.drop_conn(addr).await;
-                    return None;
-                }
-            }
-        }
-    }
-
     /// Builds the pending set for `ep` and judges which objects must wait.
-    pub(super) async fn plan(&self, ep: &Epoch, copies: usize, min_copies: usize) -> Plan {
+    pub(super) async fn plan(&self, ep: &Arc<Epoch>, copies: usize, min_copies: usize) -> Plan {
         let started = std::time::Instant::now();
         let e = ep.view.epoch;
         let d = self.driver.clone();
@@ -149,8 +75,7 @@ impl Node {
                 .filter(|&oid| !ep.ring.holds(self.me.id, oid, copies))
                 .collect(),
         };
-        let listings =
-            futures::future::join_all(sources.iter().map(|&a| self.list_peer(a, e, &req))).await;
+        let got = self.list_peers(ep, &sources, &req).await;
         let d = self.driver.clone();
         let hist = match self.blocking(move || history::load(&*d, e)).await {
             Ok(Ok(h)) => h,
@@ -166,8 +91,8 @@ impl Node {
         if self.epoch().view.epoch != e {
             return Plan::Changed;
         }
-        let entries: usize = listings.iter().flatten().map(|(l, _)| l.len()).sum();
-        let requests: u64 = listings.iter().flatten().map(|(_, r)| r).sum();
+        let listings = got.lists;
+        let known: u64 = listings.iter().flatten().map(|l| l.len() as u64).sum();
         let unlisted: Vec<SocketAddr> = sources
             .iter()
             .zip(&listings)
@@ -177,7 +102,7 @@ impl Node {
         let mut present: HashSet<u64> = HashSet::from([self.me.id]);
         let mut listed = Vec::with_capacity(sources.len());
         for (addr, list) in sources.iter().zip(listings) {
-            let Some((list, _)) = list else { continue };
+            let Some(list) = list else { continue };
             present.insert(ids[addr]);
             listed.push((*addr, list));
         }
@@ -317,8 +242,10 @@ impl Node {
             }
         }
         self.recovery.update(|s| {
-            s.plan_entries = entries as u64;
-            s.plan_requests = requests;
+            s.plan_entries = got.entries;
+            s.plan_digests = got.digests;
+            s.plan_listed = known;
+            s.plan_requests = got.requests;
             s.plan_ms = started.elapsed().as_millis() as u64;
         });
         Plan::Ready {
