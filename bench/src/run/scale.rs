@@ -43,7 +43,7 @@ const READ_WINDOW: Duration = Duration::from_secs(3);
 
 /// Figures this group records, for the progress count.
 pub fn figures(s: &Settings) -> usize {
-    s.matrix.scale_nodes.len() * 6 + s.matrix.scale_objects.len() * 4 + 1 + 2
+    s.matrix.scale_nodes.len() * 8 + s.matrix.scale_objects.len() * 4 + 1 + 2
 }
 
 fn fig(job: &str, target: &str, unit: &str, params: Vec<(&str, Value)>) -> Figure {

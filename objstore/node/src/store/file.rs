@@ -48,27 +48,13 @@ use super::{shard_of, sums, ObjState, ObjectBackend, Part, StoreError, Version, 
 
 const LOCK_SHARDS: usize = 256;
 
-/// What the store knows of one object.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    /// The current state (the version of the last write, durable or not).
-    state: ObjState,
-    /// The version in the file's name; [`Version::NONE`] for a data object created since the
-    /// last flush (`<oid>.0.n`), of which nothing is durable yet.
-    disk: Version,
-    /// The file's name carries the "being written" marker.
-    marked: bool,
-    /// The object's length in bytes, once known (None: not looked up since the store opened).
-    len: Option<u64>,
-}
-
 /// Objects as files in a directory (see the module documentation).
 pub struct FileStore {
     dir: PathBuf,
     tmp: PathBuf,
     /// The objects' entries, in [`INDEX_SHARDS`] maps by [`shard_of`]: a listing holds one
     /// shard's lock at a time, never the whole index.
-    index: Vec<Mutex<HashMap<ObjectId, Entry>>>,
+    index: Vec<Mutex<HashMap<ObjectId, Packed>>>,
     dirty: Mutex<HashSet<ObjectId>>,
     locks: Vec<RwLock<()>>,
     /// Held for the whole of a flush: a flush that finds nothing dirty because an earlier one
@@ -99,10 +85,13 @@ impl FileStore {
             let _ = fs::remove_file(e?.path());
         }
         layout::open_format(dir, &tmp)?;
-        let mut index: Vec<Mutex<HashMap<ObjectId, Entry>>> =
+        let mut index: Vec<Mutex<HashMap<ObjectId, Packed>>> =
             (0..INDEX_SHARDS).map(|_| Mutex::default()).collect();
         for (oid, e) in names::read_index(dir)? {
-            index[shard_of(oid)].get_mut().unwrap().insert(oid, e);
+            index[shard_of(oid)]
+                .get_mut()
+                .unwrap()
+                .insert(oid, e.into());
         }
         Ok(FileStore {
             dir: dir.to_path_buf(),
@@ -121,19 +110,28 @@ impl FileStore {
     }
 
     /// The index shard that holds `oid`'s entry, locked.
-    fn idx(&self, oid: ObjectId) -> std::sync::MutexGuard<'_, HashMap<ObjectId, Entry>> {
+    fn idx(&self, oid: ObjectId) -> std::sync::MutexGuard<'_, HashMap<ObjectId, Packed>> {
         self.index[shard_of(oid)].lock().unwrap()
     }
 
     /// Puts `oid`'s entry in the index, counting it in `created` if it was not there.
     fn put_entry(&self, oid: ObjectId, e: Entry) {
-        if self.idx(oid).insert(oid, e).is_none() {
+        if self.idx(oid).insert(oid, e.into()).is_none() {
             (self.created).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
     }
 
     fn entry(&self, oid: ObjectId) -> Option<Entry> {
-        self.idx(oid).get(&oid).copied()
+        self.idx(oid).get(&oid).map(Packed::unpack)
+    }
+
+    /// Changes `oid`'s entry in the index with `f`, if it has one.
+    fn update(&self, oid: ObjectId, f: impl FnOnce(&mut Entry)) {
+        if let Some(p) = self.idx(oid).get_mut(&oid) {
+            let mut e = p.unpack();
+            f(&mut e);
+            *p = e.into();
+        }
     }
 
     /// A bad copy (see [`FileStore::bad`]) is not read: its error.
@@ -204,9 +202,7 @@ impl FileStore {
                     fs::rename(self.path(oid, &e), self.path(oid, &marked))
                         .map_err(|err| StoreError::io(oid, "rename", err))?;
                     e = marked;
-                    if let Some(x) = self.idx(oid).get_mut(&oid) {
-                        x.marked = true;
-                    }
+                    self.update(oid, |x| x.marked = true);
                 }
                 let f = OpenOptions::new()
                     .read(true)
@@ -216,11 +212,11 @@ impl FileStore {
                 // A corrupt copy is written too (it stays bad until replaced), but an edge
                 // block that does not check is never given a fresh sum.
                 self.note_corrupt(layout::write(&f, oid, offset, data, sums, !e.state.suspect))?;
-                if let Some(e) = self.idx(oid).get_mut(&oid) {
+                let end = offset + data.len() as u64;
+                self.update(oid, |e| {
                     e.state.version = version;
-                    let end = offset + data.len() as u64;
                     e.len = e.len.map(|l| l.max(end));
-                }
+                });
                 self.dirty.lock().unwrap().insert(oid);
                 Ok(())
             }
@@ -355,15 +351,15 @@ impl ObjectBackend for FileStore {
     }
 
     fn list(&self) -> Vec<(ObjectId, ObjState)> {
-        super::shards_list(&self.index, |e: &Entry| e.state)
+        super::shards_list(&self.index, |e: &Packed| e.state())
     }
 
     fn list_part(&self, part: u32, parts: u32) -> Vec<(ObjectId, ObjState)> {
-        super::shards_part(&self.index, part, parts, |e: &Entry| e.state)
+        super::shards_part(&self.index, part, parts, |e: &Packed| e.state())
     }
 
     fn len(&self) -> usize {
-        super::shards_live(&self.index, |e: &Entry| e.state)
+        super::shards_live(&self.index, |e: &Packed| e.state())
     }
 
     fn created(&self) -> Option<u64> {
@@ -396,9 +392,7 @@ impl ObjectBackend for FileStore {
             .ok()?
             .len()
             .saturating_sub(sums::HEADER_LEN);
-        if let Some(x) = self.idx(oid).get_mut(&oid) {
-            x.len = Some(len);
-        }
+        self.update(oid, |x| x.len = Some(len));
         Some(len)
     }
 
@@ -631,9 +625,11 @@ impl ObjectBackend for FileStore {
     }
 }
 
+mod entry;
 mod flush;
 mod layout;
 mod names;
+use entry::{Entry, Packed};
 use layout::DeleteOnDrop;
 use names::{file_name, fsync_dir, parse_name};
 

@@ -60,10 +60,10 @@ impl FileStore {
                 first_err.get_or_insert(err);
                 continue;
             }
-            if let Some(x) = self.idx(oid).get_mut(&oid) {
+            self.update(oid, |x| {
                 x.disk = after.disk;
                 x.marked = after.marked;
-            }
+            });
         }
         if let Some(source) = first_err {
             return Err(StoreError::SyncFailed {
