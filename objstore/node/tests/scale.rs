@@ -10,7 +10,7 @@ use objstore_node::store::ObjectBackend;
 use objstore_node::testing::scale::{object, Harness, Shape};
 
 /// A node holding 5 million objects is listed whole by a peer planning its recovery (a digest
-/// request answered with "more than a page", then a `PeerList` request answered with the
+/// request answered with "too many for digests", then a `PeerList` request answered with the
 /// parts to ask for, then 10 parts of about 8.5 MB; one frame of 85 MB before, over the 68 MiB
 /// cap, so no epoch change could finish) and the peer pulls what changed while it was down. (Many nodes: objstore/sim/tests/scale.rs, in simulated
 /// time.)

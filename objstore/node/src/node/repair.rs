@@ -344,18 +344,22 @@ impl Node {
         wanted: impl Fn(ObjectId) -> bool,
     ) -> Vec<(ObjectId, ObjState)> {
         for (oid, want) in self.recovery.lost_copies() {
-            if !wanted(oid) {
-                continue;
-            }
-            let lost = ObjState {
-                lost: true,
-                ..ObjState::live(want)
-            };
-            match list.binary_search_by_key(&oid, |(o, _)| *o) {
-                Ok(i) => list[i].1 = lost,
-                Err(i) => list.insert(i, (oid, lost)),
+            if wanted(oid) {
+                show_lost(&mut list, oid, want);
             }
         }
         list
+    }
+}
+
+/// Shows `oid` lost at version `want` in `list` (sorted by id): its entry replaced, or added.
+pub(super) fn show_lost(list: &mut Vec<(ObjectId, ObjState)>, oid: ObjectId, want: Version) {
+    let lost = ObjState {
+        lost: true,
+        ..ObjState::live(want)
+    };
+    match list.binary_search_by_key(&oid, |(o, _)| *o) {
+        Ok(i) => list[i].1 = lost,
+        Err(i) => list.insert(i, (oid, lost)),
     }
 }

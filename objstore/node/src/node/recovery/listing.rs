@@ -168,11 +168,11 @@ impl Node {
     }
 
     /// The digests of the arcs `addr` holds copies of, of those this node holds in `epoch`.
-    /// A peer with more than a page of such entries is listed whole, in parts, instead
-    /// ([`Digests::Whole`]): its arcs hold hundreds of thousands of entries each (a cluster of
-    /// few nodes of millions of objects), so one changed object costs a whole arc to fetch,
-    /// and digests of every part on top cost more than they save (a node of 5 million
-    /// objects planned in 5.6 s with them, 2.9 s without).
+    /// A peer with more than `ringorder::DIGEST_ENTRIES` such entries is listed whole (in parts past a
+    /// page) instead ([`Digests::Whole`]): its arcs hold hundreds of thousands of entries each
+    /// (a cluster of few nodes of millions of objects), so one changed object costs a whole
+    /// arc to fetch, and digests on top cost more than they save (a node of 5 million objects
+    /// planned in 5.6 s with them, 2.9 s without).
     async fn peer_digests(&self, addr: SocketAddr, epoch: u32, req: &ListRequest) -> Digests {
         match self
             .ask_peer(addr, Opcode::PeerDigest, epoch, req.encode())
