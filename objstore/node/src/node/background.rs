@@ -10,10 +10,7 @@ impl Node {
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<T> {
-        if self.inline {
-            return Ok(f());
-        }
-        in_background(&self.background, f).await
+        self.at_nice_19(Some(&self.background), f).await
     }
 
     /// Bulk work of this node's own recovery plan (its copies by arc, to compare with its
@@ -25,23 +22,35 @@ impl Node {
         &self,
         f: impl FnOnce() -> T + Send + 'static,
     ) -> std::io::Result<T> {
+        self.at_nice_19(None, f).await
+    }
+
+    /// [`in_background`], or `f` at once when the node runs inline.
+    async fn at_nice_19<T: Send + 'static>(
+        &self,
+        slots: Option<&tokio::sync::Semaphore>,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<T> {
         if self.inline {
             return Ok(f());
         }
-        in_background(&tokio::sync::Semaphore::new(1), f).await
+        in_background(slots, f).await
     }
 }
 
 /// Runs `f` on a thread of its own at the lowest CPU priority (nice 19), once one of
-/// `slots` is free: work a node does for its peers in bulk (building their listings) that
+/// `slots` (if any) is free: work a node does for its peers in bulk (building their listings) that
 /// must not slow its clients' requests. On a busy node it takes the CPU the requests leave;
 /// on an idle one, what the slots allow. The error: no thread could be started, or `f`
 /// panicked.
 async fn in_background<T: Send + 'static>(
-    slots: &tokio::sync::Semaphore,
+    slots: Option<&tokio::sync::Semaphore>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<T> {
-    let _slot = (slots.acquire().await).map_err(std::io::Error::other)?;
+    let _slot = match slots {
+        Some(s) => Some(s.acquire().await.map_err(std::io::Error::other)?),
+        None => None,
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("background".into())

@@ -195,8 +195,8 @@ impl Node {
     /// What this node holds of each arc of epoch `ep`'s ring that node `owner` holds with
     /// `copies` copies, each arc's entries sorted by id and exactly those a `PeerList` from
     /// `owner` would answer in that arc (lost copies shown lost): see [`Arcs`]. For
-    /// [`Arcs::Part`] of one part holding over [`DIGEST_ENTRIES`] entries, none: the error is
-    /// how many parts of about half a page to ask instead.
+    /// [`Arcs::AllUpTo`] holding more entries than it allows, none: the error is in how many
+    /// parts a `PeerList` of them would be asked.
     pub(crate) async fn arc_lists(
         &self,
         who: For,
@@ -207,12 +207,9 @@ impl Node {
     ) -> std::io::Result<Result<Vec<(u32, ArcList)>, u32>> {
         let lost = self.recovery.lost_copies();
         self.in_ring_order(who, ep, copies, move |store, ring, order| {
-            if let Arcs::Part(_, 1) = which {
-                let n = order
-                    .held_by(ring, owner)
-                    .map(|(at, _)| at.len())
-                    .sum::<usize>();
-                if n > DIGEST_ENTRIES {
+            if let Arcs::AllUpTo(cap) = which {
+                let n: usize = order.held_by(ring, owner).map(|(at, _)| at.len()).sum();
+                if n > cap {
                     return Err(parts_for(n));
                 }
             }
@@ -222,19 +219,23 @@ impl Node {
                     continue;
                 }
                 let arc = ring.arc_of(oid) as u32;
-                let at = match (out.binary_search_by_key(&arc, |(a, _)| *a), &which) {
-                    (Ok(i), Arcs::All | Arcs::Part(..)) => i,
-                    (Err(i), Arcs::All | Arcs::Part(..)) if which.has(ring, arc) => {
-                        out.insert(i, (arc, Vec::new()));
-                        i
+                let at = match &which {
+                    // Every arc asked is in the answer, in the order asked.
+                    Arcs::These(_) => out.iter().position(|(a, _)| *a == arc),
+                    // Sorted by arc; one with nothing but the lost copy is added.
+                    Arcs::All | Arcs::AllUpTo(_) => {
+                        match out.binary_search_by_key(&arc, |(a, _)| *a) {
+                            Ok(i) => Some(i),
+                            Err(i) => {
+                                out.insert(i, (arc, Vec::new()));
+                                Some(i)
+                            }
+                        }
                     }
-                    (Err(_), Arcs::All | Arcs::Part(..)) => continue,
-                    (_, Arcs::These(_)) => match out.iter().position(|(a, _)| *a == arc) {
-                        Some(i) => i,
-                        None => continue,
-                    },
                 };
-                super::repair::show_lost(&mut out[at].1, oid, want);
+                if let Some(at) = at {
+                    super::repair::show_lost(&mut out[at].1, oid, want);
+                }
             }
             Ok(out)
         })
@@ -254,29 +255,10 @@ pub(crate) const DIGEST_ENTRIES: usize = PAGE_ENTRIES / 4;
 pub(crate) enum Arcs {
     /// Every arc with something here, ascending.
     All,
-    /// `Part(p, n)`: of the arcs numbered from `p·A/n` up to `(p+1)·A/n` (`A`: the ring's
-    /// arcs), those with something here, ascending.
-    Part(u32, u32),
+    /// The same, unless they hold more than this many entries.
+    AllUpTo(usize),
     /// These arcs, in this order, even empty.
     These(Vec<u32>),
-}
-
-impl Arcs {
-    /// Whether `Part` covers `arc`.
-    fn has(&self, ring: &Ring, arc: u32) -> bool {
-        match self {
-            Arcs::All => true,
-            Arcs::Part(p, n) => part_of_arcs(ring, *p, *n).contains(&arc),
-            Arcs::These(a) => a.contains(&arc),
-        }
-    }
-}
-
-/// The arcs of part `p` of `n`.
-fn part_of_arcs(ring: &Ring, p: u32, n: u32) -> std::ops::Range<u32> {
-    let a = ring.arcs() as u64;
-    let at = |k: u32| (a * u64::from(k) / u64::from(n.max(1))) as u32;
-    at(p)..at(p + 1)
 }
 
 /// How many parts to ask for `n` entries: about half a page each, so that uneven parts still
@@ -315,17 +297,10 @@ fn by_arc(
             .collect()
     };
     match which {
-        Arcs::All | Arcs::Part(..) => {
-            let part = match which {
-                Arcs::Part(p, n) => part_of_arcs(ring, *p, *n),
-                _ => 0..u32::MAX,
-            };
-            (order.held_by(ring, owner))
-                .filter(|(_, arc)| part.contains(arc))
-                .map(|(at, arc)| (arc, list(at)))
-                .filter(|(_, l)| !l.is_empty())
-                .collect()
-        }
+        Arcs::All | Arcs::AllUpTo(_) => (order.held_by(ring, owner))
+            .map(|(at, arc)| (arc, list(at)))
+            .filter(|(_, l)| !l.is_empty())
+            .collect(),
         Arcs::These(arcs) => {
             let held: std::collections::HashMap<u32, std::ops::Range<usize>> = order
                 .held_by(ring, owner)
@@ -463,8 +438,8 @@ mod tests {
         ));
     }
 
-    /// The arcs of a listing hold, together, what the listing holds: whole, in parts, or
-    /// asked by name (an arc not held or empty answers nothing).
+    /// The arcs of a listing hold, together, what the listing holds: all of them, or asked by
+    /// name (an arc not held or empty answers nothing).
     #[test]
     fn arcs_hold_what_the_listing_holds() {
         let store = MemStore::default();
@@ -490,10 +465,8 @@ mod tests {
                 assert!(l.iter().all(|(o, _)| ring.arc_of(*o) as u32 == *arc));
                 assert!(l.windows(2).all(|w| w[0].0 < w[1].0), "sorted by id");
             }
-            let parts: Vec<_> = (0..5)
-                .flat_map(|p| by_arc(&store, &ring, &order, owner, &Arcs::Part(p, 5)))
-                .collect();
-            assert_eq!(parts, all);
+            let capped = by_arc(&store, &ring, &order, owner, &Arcs::AllUpTo(usize::MAX));
+            assert_eq!(capped, all);
             let mut names: Vec<u32> = all.iter().map(|(a, _)| *a).rev().collect();
             names.push(u32::MAX);
             let named = by_arc(&store, &ring, &order, owner, &Arcs::These(names.clone()));

@@ -283,7 +283,6 @@ impl Node {
         }
         // Groups that agree on an arc: one member, in turn by arc, is asked for it.
         let mut groups: BTreeMap<(u32, [u8; 16]), Vec<usize>> = BTreeMap::new();
-        let mut asks: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
         for (i, a) in arcs.iter().enumerate() {
             for k in a.iter().flat_map(|a| a.values()) {
                 if let Known::Digest(d) = k {
@@ -291,10 +290,13 @@ impl Node {
                 }
             }
         }
+        let asked = |arc: u32, members: &[usize]| members[arc as usize % members.len()];
+        // Peer `i`'s arc, with the entries its digest says it has.
+        let ask = |i: usize, arc: u32| (arc, arcs[i].as_ref().map_or(0, |a| a[&arc].count()));
+        let mut asks: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
         for ((arc, _), members) in &groups {
-            let who = members[*arc as usize % members.len()];
-            let count = arcs[who].as_ref().map_or(0, |a| a[arc].count());
-            asks.entry(who).or_default().push((*arc, count));
+            let who = asked(*arc, members);
+            asks.entry(who).or_default().push(ask(who, *arc));
         }
         let whole_lists =
             futures::future::join_all(whole.iter().map(|&i| self.list_peer(sources[i], e, req)));
@@ -306,28 +308,23 @@ impl Node {
         let mut again: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
         let mut down = vec![false; sources.len()];
         for ((arc, digest), members) in &groups {
-            let who = members[*arc as usize % members.len()];
-            let got = fetched[who]
-                .0
-                .as_mut()
-                .and_then(|l| l.remove(arc))
-                .map(Arc::new);
-            let Some(got) = got else {
+            let who = asked(*arc, members);
+            let got = fetched[who].0.as_mut().and_then(|l| l.remove(arc));
+            let got = got.map(Arc::new);
+            if got.is_none() {
                 down[who] = true;
-                for &m in members.iter().filter(|&&m| m != who) {
-                    let count = arcs[m].as_ref().map_or(0, |a| a[arc].count());
-                    again.entry(m).or_default().push((*arc, count));
-                }
-                continue;
-            };
-            listed.entries += got.len() as u64;
-            let stands = digest_of(&got) == *digest;
+            }
+            if let Some(got) = &got {
+                listed.entries += got.len() as u64;
+            }
+            let stands = got.as_ref().is_some_and(|l| digest_of(l) == *digest);
             for &m in members {
-                if stands || m == who {
-                    own.insert((m, *arc), got.clone());
-                } else {
-                    let count = arcs[m].as_ref().map_or(0, |a| a[arc].count());
-                    again.entry(m).or_default().push((*arc, count));
+                match &got {
+                    Some(l) if stands || m == who => {
+                        own.insert((m, *arc), l.clone());
+                    }
+                    _ if m == who => {}
+                    _ => again.entry(m).or_default().push(ask(m, *arc)),
                 }
             }
         }

@@ -11,7 +11,7 @@ use objstore_proto::frame::{Header, ResultCode};
 use objstore_proto::version::{encode_list, ListRequest, LIST_ENTRY};
 
 use super::{driver_call, Failure, Reply};
-use crate::node::ringorder::{Arcs, For, Listing};
+use crate::node::ringorder::{Arcs, For, Listing, DIGEST_ENTRIES};
 use crate::node::{Epoch, Node};
 
 /// Answers a `PeerList` for epoch `h.epoch` with request `payload`.
@@ -26,13 +26,11 @@ pub(super) async fn peer_list(node: &Node, h: &Header, payload: &[u8]) -> Result
         ));
     };
     let ep = epoch_at(node, h.epoch).await?;
-    let listing = (node.listing_part(ep, req).await)
-        .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
+    let listing = (node.listing_part(ep, req).await).map_err(failed)?;
     Ok(match listing {
         // A large one at the lowest priority, as it was built (see `Node::listing_part`).
         Listing::Entries(list) if list.len() > 4096 => {
-            let bytes = (node.background(move || encode_list(&list)).await)
-                .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
+            let bytes = (node.background(move || encode_list(&list)).await).map_err(failed)?;
             Reply::bytes(bytes)
         }
         Listing::Entries(list) => Reply::bytes(encode_list(&list)),
@@ -45,24 +43,24 @@ pub(super) async fn peer_list(node: &Node, h: &Header, payload: &[u8]) -> Result
 }
 
 /// Answers a `PeerDigest` for epoch `h.epoch`: the digest of each arc the asker holds with
-/// something here, of the part asked. The payload is a [`ListRequest`] with no extra objects;
-/// asked whole (one part) with more than a page of entries, `aux` says in how many parts to
-/// ask, as for `PeerList`.
+/// something here. The payload is a [`ListRequest`] of one part with no extra objects. With
+/// more than [`DIGEST_ENTRIES`] entries for the asker, none: `aux` says in how many parts a
+/// `PeerList` of them would be asked, and the asker lists this node that way.
 pub(super) async fn peer_digest(node: &Node, h: &Header, payload: &[u8]) -> Result<Reply, Failure> {
     ready_to_list(node, h).await?;
     let req = ListRequest::decode(payload)
-        .filter(|r| r.extra.is_empty())
+        .filter(|r| r.parts == 1 && r.extra.is_empty())
         .ok_or_else(|| {
             Failure::invalid(
-                "a PeerDigest request is owner (8 bytes), copies, part, parts and count 0 (4 each), with part below parts",
+                "a PeerDigest request is owner (8 bytes), copies, part 0, parts 1 and count 0 (4 each)",
             )
         })?;
     let ep = epoch_at(node, h.epoch).await?;
-    let which = Arcs::Part(req.part, req.parts);
+    let which = Arcs::AllUpTo(DIGEST_ENTRIES);
     let lists = match (node
         .arc_lists(For::Peer, ep, req.owner, req.copies as usize, which)
         .await)
-        .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?
+        .map_err(failed)?
     {
         Ok(lists) => lists,
         Err(parts) => {
@@ -76,9 +74,7 @@ pub(super) async fn peer_digest(node: &Node, h: &Header, payload: &[u8]) -> Resu
         let ds: Vec<_> = lists.iter().map(|(a, l)| arc_digest(*a, l)).collect();
         encode_digests(&ds)
     });
-    let bytes = digests
-        .await
-        .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
+    let bytes = digests.await.map_err(failed)?;
     Ok(Reply::bytes(bytes))
 }
 
@@ -95,7 +91,7 @@ pub(super) async fn peer_arcs(node: &Node, h: &Header, payload: &[u8]) -> Result
     let lists = (node
         .arc_lists(For::Peer, ep, req.owner, req.copies as usize, which)
         .await)
-        .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?
+        .map_err(failed)?
         .unwrap_or_default();
     let entries: usize = lists.iter().map(|(_, l)| l.len()).sum();
     if entries * LIST_ENTRY > MAX_PAYLOAD as usize / 2 {
@@ -103,9 +99,13 @@ pub(super) async fn peer_arcs(node: &Node, h: &Header, payload: &[u8]) -> Result
             "the arcs asked hold {entries} entries here: ask for fewer at a time"
         )));
     }
-    let bytes = (node.background(move || encode_arcs(&lists)).await)
-        .map_err(|e| Failure::new(ResultCode::Io, format!("listing: {e}")))?;
+    let bytes = (node.background(move || encode_arcs(&lists)).await).map_err(failed)?;
     Ok(Reply::bytes(bytes))
+}
+
+/// A listing that could not be built (its thread did not start, or panicked).
+fn failed(e: std::io::Error) -> Failure {
+    Failure::new(ResultCode::Io, format!("listing: {e}"))
 }
 
 /// What every listing checks first: the node has reached epoch `h.epoch`, and its changes of
