@@ -13,6 +13,8 @@
 //!   [`payload`]: the version prefixes of the payloads that change an object; [`arcs`]: a
 //!   peer's copies by ring arc, as digests and as listings, for recovery's plans.
 //! - [`check`]: which copies of an object are good and which to repair (check and scrub).
+//! - [`redundancy`]: copies or `x:y` erasure coding; [`ec`]: the erasure code's strips, and how
+//!   a stripe a crash left mixed is resolved.
 
 pub mod api;
 pub mod arcs;
@@ -20,6 +22,7 @@ pub mod auth;
 pub mod check;
 pub mod cowrec;
 pub mod duration;
+pub mod ec;
 pub mod extent;
 pub mod frame;
 pub mod keys;
@@ -28,6 +31,7 @@ pub mod oid;
 pub mod pagebuf;
 pub mod payload;
 pub mod placement;
+pub mod redundancy;
 pub mod rlimit;
 pub mod size;
 pub mod version;

@@ -1,11 +1,13 @@
 //! Object ids: the 64-bit name of every object in the cluster.
 //!
 //! ```text
-//!  63  62..56   55..32          31..0
-//! [ I | 0000000 | vid (24 bits) | index (32 bits) ]
+//!  63  62..61  60..56    55..32          31..0
+//! [ I |  00   | strip  | vid (24 bits) | index (32 bits) ]
 //! ```
 //! `I` marks a VDI's inode object (its index bits are zero); otherwise the id names data object
-//! `index` of VDI `vid`.
+//! `index` of VDI `vid`. `strip` is 0 in every id a client names; a node stores strip `k` of an
+//! erasure-coded data object under the object's id with `k + 1` there ([`ObjectId::strip`]), so
+//! one node can hold two strips of one object while they move.
 
 use std::fmt;
 
@@ -16,6 +18,10 @@ pub const INODE_BIT: u64 = 1 << 63;
 /// Largest VDI id (24 bits).
 pub const MAX_VID: u32 = (1 << 24) - 1;
 const VID_SHIFT: u32 = 32;
+const STRIP_SHIFT: u32 = 56;
+const STRIP_MASK: u64 = 0x1f << STRIP_SHIFT;
+/// Most strips an erasure-coded object has (16 data and 8 parity).
+pub const MAX_STRIPS: usize = 24;
 /// Bytes of an inode object before its allocation map.
 pub const INODE_HEADER_LEN: usize = 4096;
 /// Most data objects one VDI can have (its allocation map has one u32 per index).
@@ -107,6 +113,25 @@ impl ObjectId {
     pub fn index(self) -> ObjIndex {
         ObjIndex(self.0 as u32)
     }
+
+    /// The key strip `k` of this erasure-coded data object is stored under.
+    pub fn strip(self, k: usize) -> ObjectId {
+        debug_assert!(k < MAX_STRIPS && !self.is_inode());
+        ObjectId((self.0 & !STRIP_MASK) | ((k as u64 + 1) << STRIP_SHIFT))
+    }
+
+    /// Which strip this key stores, if it is a strip's key.
+    pub fn strip_index(self) -> Option<usize> {
+        match (self.0 & STRIP_MASK) >> STRIP_SHIFT {
+            0 => None,
+            k => Some(k as usize - 1),
+        }
+    }
+
+    /// The object a strip key belongs to (itself for any other id): where it is placed.
+    pub fn base(self) -> ObjectId {
+        ObjectId(self.0 & !STRIP_MASK)
+    }
 }
 
 impl fmt::Display for ObjectId {
@@ -137,5 +162,22 @@ mod tests {
         assert_eq!(i.vid(), Vid(0xabcdef));
         assert_eq!(serde_json::to_string(&Vid(7)).unwrap(), "7");
         assert_eq!(i.to_string(), "80abcdef00000000");
+    }
+
+    #[test]
+    fn strip_keys_keep_the_object_and_name_the_strip() {
+        let d = ObjectId::data(Vid(0xabcdef), ObjIndex(7));
+        assert_eq!(d.strip_index(), None);
+        assert_eq!(d.base(), d);
+        assert_eq!(d.strip(0).0, 0x01ab_cdef_0000_0007);
+        for k in 0..MAX_STRIPS {
+            let s = d.strip(k);
+            assert_eq!((s.strip_index(), s.base()), (Some(k), d));
+            assert_eq!(
+                (s.vid(), s.index(), s.is_inode()),
+                (d.vid(), d.index(), false)
+            );
+            assert_eq!(s.strip(3), d.strip(3));
+        }
     }
 }

@@ -30,9 +30,10 @@ pub fn vnode_point(id: u64, i: u32) -> u64 {
     hash64(&b)
 }
 
-/// Position of an object on the ring.
+/// Position of an object on the ring; every strip key of an object ([`ObjectId::strip`]) sits
+/// where the object does.
 pub fn object_point(oid: ObjectId) -> u64 {
-    hash64(&oid.0.to_be_bytes())
+    hash64(&oid.base().0.to_be_bytes())
 }
 
 impl Ring {
@@ -101,6 +102,15 @@ impl Ring {
             }
         }
         chosen
+    }
+
+    /// Index (into [`Ring::nodes`]) of the node holding strip `k` of erasure-coded object
+    /// `oid`: the `k`-th holder of its walk (None with `k` nodes or fewer). The walk of `k + 1`
+    /// holders is a prefix of any longer one, so this does not depend on how many strips the
+    /// object has, strips of one object are on distinct nodes, and on distinct zones while the
+    /// ring has at least `k + 1` zones.
+    pub fn strip_holder(&self, oid: ObjectId, k: usize) -> Option<usize> {
+        self.arc_holders(self.arc_of(oid), k + 1).get(k).copied()
     }
 
     /// The nodes holding `oid`, primary first.
@@ -206,6 +216,34 @@ mod tests {
             (0u32..=MAX_VID, any::<u32>()).prop_map(|(v, i)| ObjectId::data(Vid(v), ObjIndex(i))),
             (0u32..=MAX_VID).prop_map(|v| ObjectId::inode(Vid(v))),
         ]
+    }
+
+    #[test]
+    fn strips_go_to_distinct_zones_along_the_walk() {
+        let mut nodes = cluster(44, 12, 64);
+        for (i, n) in nodes.iter_mut().enumerate() {
+            n.zone = (i % 8) as u32;
+        }
+        let ring = Ring::new(&nodes);
+        for i in 0..2000u32 {
+            let oid = ObjectId::data(Vid(3), ObjIndex(i));
+            let walk = ring.replica_indices(oid, 8);
+            let strips: Vec<usize> = (0..6).map(|k| ring.strip_holder(oid, k).unwrap()).collect();
+            assert_eq!(strips[..], walk[..6]);
+            let mut zones: Vec<u32> = strips.iter().map(|&i| nodes[i].zone).collect();
+            zones.sort_unstable();
+            zones.dedup();
+            assert_eq!(zones.len(), 6, "{oid}");
+            // A strip's key is placed where its object is.
+            assert_eq!(ring.arc_of(oid.strip(5)), ring.arc_of(oid));
+            assert_eq!(ring.strip_holder(oid.strip(2), 4), Some(walk[4]));
+        }
+        // Fewer zones than strips: still distinct nodes; more strips than nodes: none.
+        let ring = Ring::new(&nodes[..3]);
+        let oid = ObjectId::data(Vid(3), ObjIndex(1));
+        assert_eq!(ring.strip_holder(oid, 3), None);
+        let three: Vec<usize> = (0..3).map(|k| ring.strip_holder(oid, k).unwrap()).collect();
+        assert_eq!(three, ring.replica_indices(oid, 3));
     }
 
     proptest! {

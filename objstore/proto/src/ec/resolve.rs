@@ -1,0 +1,213 @@
+//! Which version a stripe stands at when its strips disagree: rule 4 of the invariant of
+//! erasure-coded objects (docs/architecture.md, "Erasure-coded objects").
+//!
+//! Rules 1 to 3 make this decidable: every change moves every strip to its version and
+//! records the version it was made on (`base`) and the set `T` of strips whose bytes it
+//! touched; a change starts only on a stripe whose strips all hold its base; and a holder keeps
+//! what returns its strip to the base until the next change. So with `new` the newest version
+//! present and `old` its base,
+//!
+//! - a strip is valid at `new` if it holds `new`, or holds `old` and is not in `T` (the change
+//!   left its bytes alone);
+//! - a strip is valid at `old` if it holds `old`, or holds `new` and is not in `T` or can go
+//!   back;
+//! - a strip at any other version is stale (its holder missed changes: it was down) and is
+//!   rebuilt, like a missing one.
+//!
+//! The stripe goes forward when x strips are valid at `new`, else back when x are valid at
+//! `old`; each way it decodes to exactly the bytes of one version, never a mix. Going back is
+//! written as a new change of every strip, so a strip still at `new` whose holder was away is
+//! stale afterwards and never brings the change back. Fewer than x valid strips either way
+//! leaves it undecided: its I/O waits for the holders that are down.
+//!
+//! What is at hand is the caller's to judge: a holder that is down may hold a newer version
+//! only if the history says one could have been acknowledged without the holders up (the
+//! rule of "Consistency"); `resolve` decides among the strips it is given.
+
+use std::fmt;
+
+use crate::oid::MAX_STRIPS;
+use crate::version::Version;
+
+/// A set of strips of one stripe: bit `k` for strip `k`.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StripSet(pub u32);
+
+impl StripSet {
+    /// Strips `0 .. n`.
+    pub fn first(n: usize) -> StripSet {
+        debug_assert!(n <= MAX_STRIPS);
+        StripSet(((1u64 << n) - 1) as u32)
+    }
+
+    pub fn contains(self, k: usize) -> bool {
+        k < 32 && self.0 & (1 << k) != 0
+    }
+
+    pub fn insert(&mut self, k: usize) {
+        debug_assert!(k < MAX_STRIPS);
+        self.0 |= 1 << k;
+    }
+
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn union(self, o: StripSet) -> StripSet {
+        StripSet(self.0 | o.0)
+    }
+
+    pub fn minus(self, o: StripSet) -> StripSet {
+        StripSet(self.0 & !o.0)
+    }
+
+    pub fn and(self, o: StripSet) -> StripSet {
+        StripSet(self.0 & o.0)
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = usize> {
+        (0..32).filter(move |&k| self.contains(k))
+    }
+}
+
+impl fmt::Debug for StripSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+/// What the holder of one strip says of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strip {
+    /// Not at hand: its holder is down, or the strip failed its checksums.
+    Missing,
+    /// The strip at `version` (`Version(0)`: the holder has nothing of the object, which reads
+    /// as zeros), made by a change on `base` that touched the bytes of `touched`; `back`: the
+    /// holder kept what returns it to `base` (rule 3).
+    At {
+        version: Version,
+        base: Version,
+        touched: StripSet,
+        back: bool,
+    },
+}
+
+/// How a stripe is made whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// Every strip present holds `version` but `rebuild` (missing or stale), which are decoded
+    /// from the others.
+    Whole { version: Version, rebuild: StripSet },
+    /// The newest change stands: decode from `sources`; `rebuild` (strips of `T` still at the
+    /// base, stale and missing ones) get their bytes at `version`; `relabel` (untouched, at
+    /// the base) only its number.
+    Forward {
+        version: Version,
+        sources: StripSet,
+        rebuild: StripSet,
+        relabel: StripSet,
+    },
+    /// The newest change goes: `sources` hold `version` (the base) once `roll_back` returned
+    /// to it from what they kept; the stripe is then written whole at a new version.
+    Back {
+        version: Version,
+        sources: StripSet,
+        roll_back: StripSet,
+    },
+    /// Fewer than `need` strips are valid at either version: wait for the missing holders.
+    Undecided { valid: usize, need: usize },
+    /// The strips break the invariant (two changes say they made one version).
+    Inconsistent(String),
+}
+
+/// Resolves a stripe of `data` data strips from what each of its holders says (`strips[k]`
+/// for strip `k`).
+pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
+    let mut newest: Option<(Version, Version, StripSet)> = None;
+    for s in strips {
+        if let Strip::At {
+            version,
+            base,
+            touched,
+            ..
+        } = *s
+        {
+            match newest {
+                Some((v, b, t)) if v == version && (b, t) != (base, touched) => {
+                    return Resolution::Inconsistent(format!(
+                        "two changes made version {version}: on {b} touching {t:?}, and on {base} touching {touched:?}"
+                    ));
+                }
+                Some((v, ..)) if v >= version => {}
+                _ => newest = Some((version, base, touched)),
+            }
+        }
+    }
+    let Some((new, old, t)) = newest else {
+        return Resolution::Undecided {
+            valid: 0,
+            need: data,
+        };
+    };
+    let (mut at_new, mut at_old, mut back) = (
+        StripSet::default(),
+        StripSet::default(),
+        StripSet::default(),
+    );
+    for (k, s) in strips.iter().enumerate() {
+        if let Strip::At {
+            version, back: b, ..
+        } = *s
+        {
+            if version == new {
+                at_new.insert(k);
+                if b {
+                    back.insert(k);
+                }
+            } else if version == old {
+                at_old.insert(k);
+            }
+        }
+    }
+    // Missing or stale: neither version's bytes are known to be there.
+    let lost = StripSet::first(strips.len()).minus(at_new.union(at_old));
+    if at_old.is_empty() {
+        return if at_new.len() >= data {
+            Resolution::Whole {
+                version: new,
+                rebuild: lost,
+            }
+        } else {
+            Resolution::Undecided {
+                valid: at_new.len(),
+                need: data,
+            }
+        };
+    }
+    let valid_new = at_new.union(at_old.minus(t));
+    if valid_new.len() >= data {
+        return Resolution::Forward {
+            version: new,
+            sources: valid_new,
+            rebuild: at_old.and(t).union(lost),
+            relabel: at_old.minus(t),
+        };
+    }
+    let roll_back = at_new.and(t).and(back);
+    let valid_old = at_old.union(at_new.minus(t)).union(roll_back);
+    if valid_old.len() >= data {
+        return Resolution::Back {
+            version: old,
+            sources: valid_old,
+            roll_back,
+        };
+    }
+    Resolution::Undecided {
+        valid: valid_new.len().max(valid_old.len()),
+        need: data,
+    }
+}
