@@ -412,6 +412,12 @@ impl ObjectBackend for HealthStore {
     fn flush(&self) -> Result<(), StoreError> {
         self.saw(ObjectId(0), "sync", self.inner.flush())
     }
+    fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
+        self.inner.note(oid)
+    }
+    fn set_note(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
+        self.saw(oid, "write", self.inner.set_note(oid, note))
+    }
     fn capacity(&self) -> io::Result<(u64, u64)> {
         self.inner.capacity()
     }

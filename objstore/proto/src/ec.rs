@@ -14,6 +14,7 @@
 //! decoded from the same range of any x strips ([`Codec::reconstruct`] on sub-slices).
 
 pub mod resolve;
+pub mod wire;
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -64,6 +64,9 @@ opcodes! {
     StatObj = 0x05, Client;
     CowWrite = 0x06, Client;
     FlattenObj = 0x07, Client;
+    EcRead = 0x08, Client;
+    EcWrite = 0x09, Client;
+    EcRemove = 0x0a, Client;
     ClusterInfo = 0x10, Client;
     Format = 0x11, Client;
     KvGet = 0x12, Client;
@@ -89,6 +92,8 @@ opcodes! {
     PeerCow = 0x86, Peer;
     PeerDigest = 0x87, Peer;
     PeerArcs = 0x88, Peer;
+    PeerStrip = 0x89, Peer;
+    PeerStripRead = 0x8a, Peer;
 }
 
 impl Opcode {

@@ -55,9 +55,24 @@ impl Ring {
         &self.nodes
     }
 
-    /// Indices (into [`Ring::nodes`]) of the nodes holding `oid`, primary first.
+    /// Indices (into [`Ring::nodes`]) of the nodes holding `oid`, primary first: `copies` of
+    /// them, or for a strip's key ([`ObjectId::strip`]) the one node holding that strip.
     pub fn replica_indices(&self, oid: ObjectId, copies: usize) -> Vec<usize> {
-        self.arc_holders(self.arc_of(oid), copies)
+        self.holders_of(self.arc_of(oid), oid.strip_index(), copies)
+    }
+
+    /// The holders of the objects of arc `start` with `copies` copies, or of strip `k` of
+    /// them ([`Ring::strip_holder`]).
+    pub fn holders_of(&self, start: usize, strip: Option<usize>, copies: usize) -> Vec<usize> {
+        match strip {
+            None => self.arc_holders(start, copies),
+            Some(k) => self
+                .arc_holders(start, k + 1)
+                .get(k)
+                .copied()
+                .into_iter()
+                .collect(),
+        }
     }
 
     /// How many arcs the ring has (one a point; at least 1).
@@ -110,7 +125,9 @@ impl Ring {
     /// object has, strips of one object are on distinct nodes, and on distinct zones while the
     /// ring has at least `k + 1` zones.
     pub fn strip_holder(&self, oid: ObjectId, k: usize) -> Option<usize> {
-        self.arc_holders(self.arc_of(oid), k + 1).get(k).copied()
+        self.holders_of(self.arc_of(oid), Some(k), 0)
+            .first()
+            .copied()
     }
 
     /// The nodes holding `oid`, primary first.
@@ -234,9 +251,12 @@ mod tests {
             zones.sort_unstable();
             zones.dedup();
             assert_eq!(zones.len(), 6, "{oid}");
-            // A strip's key is placed where its object is.
+            // A strip's key is placed where its object is, on its strip's one holder.
             assert_eq!(ring.arc_of(oid.strip(5)), ring.arc_of(oid));
             assert_eq!(ring.strip_holder(oid.strip(2), 4), Some(walk[4]));
+            assert_eq!(ring.replica_indices(oid.strip(4), 3), vec![walk[4]]);
+            assert!(ring.holds(nodes[walk[4]].id, oid.strip(4), 1));
+            assert!(!ring.holds(nodes[walk[0]].id, oid.strip(4), 3));
         }
         // Fewer zones than strips: still distinct nodes; more strips than nodes: none.
         let ring = Ring::new(&nodes[..3]);

@@ -195,6 +195,12 @@ fn check_answer(op: Opcode, p: &Bytes) -> Result<(), TestCaseError> {
                 prop_assert_eq!(decode_arcs(&encode_arcs(&arcs)), Some(arcs));
             }
         }
+        Opcode::PeerStripRead => {
+            if let Some((head, rest)) = objstore_proto::ec::wire::split(p) {
+                let again = head.with(&rest);
+                prop_assert_eq!(&again[..], &p[..]);
+            }
+        }
         _ => {}
     }
     Ok(())

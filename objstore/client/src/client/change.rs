@@ -4,9 +4,11 @@
 use bytes::Bytes;
 
 use super::{answer, targets, Answer, Client, ClientError, ClusterView, Step};
+use objstore_proto::ec::wire;
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::payload;
+use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::Version;
 
 impl Client {
@@ -106,8 +108,73 @@ impl Client {
         offset: u64,
         data: Bytes,
     ) -> Result<(), ClientError> {
-        self.write_via_primary(Opcode::WriteObj, oid, None, offset, data)
+        self.write_via_primary(Opcode::WriteObj, oid, None, offset, data, 0)
             .await
+    }
+
+    /// Writes `data` at `offset` of erasure-coded object `oid` of scheme `scheme` (`x:y`): its
+    /// primary cuts the change into its strips and parity. Ordered and retried as
+    /// [`Client::write_obj`].
+    pub async fn ec_write_obj(
+        &self,
+        oid: ObjectId,
+        scheme: Redundancy,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        let aux = wire::scheme_aux(scheme);
+        self.write_via_primary(Opcode::EcWrite, oid, None, offset, data, aux)
+            .await
+    }
+
+    /// Removes erasure-coded object `oid` (every strip keeps a tombstone at a new version).
+    pub async fn ec_remove_obj(
+        &self,
+        oid: ObjectId,
+        scheme: Redundancy,
+    ) -> Result<(), ClientError> {
+        let _order = self.order_lock(oid).lock().await;
+        let mut h = Header::request(Opcode::EcRemove, 0, 0);
+        h.oid = oid.0;
+        h.aux = wire::scheme_aux(scheme);
+        self.retry(|v| async move { self.to_primary(&v, h, None, Bytes::new()).await })
+            .await
+    }
+
+    /// Reads `len` bytes at `offset` of erasure-coded object `oid` from its primary, which
+    /// reads them from the strips that hold them, or decodes them from any x strips when one
+    /// of those fails. An object never written reads as zeros.
+    pub async fn ec_read_obj(
+        &self,
+        oid: ObjectId,
+        scheme: Redundancy,
+        offset: u64,
+        len: u32,
+    ) -> Result<Bytes, ClientError> {
+        let mut h = Header::request(Opcode::EcRead, 0, 0);
+        h.oid = oid.0;
+        h.offset = offset;
+        h.length = len;
+        h.aux = wire::scheme_aux(scheme);
+        self.retry(|v| async move {
+            let primary = match targets(&v, oid) {
+                Ok(t) => t[0],
+                Err(step) => return step,
+            };
+            let mut h = h;
+            h.epoch = v.epoch();
+            match answer(primary, self.call(primary, h, Bytes::new()).await) {
+                Answer::Ok(f) if f.payload.len() == len as usize => Step::Done(f.payload),
+                Answer::Ok(f) => Step::Retry(format!(
+                    "{primary} sent {} bytes, not {len}",
+                    f.payload.len()
+                )),
+                Answer::NotFound => Step::Retry(format!("{primary}: object {oid} not found")),
+                Answer::Retry(why) => Step::Retry(why),
+                Answer::Fatal(e) => Step::Fatal(e),
+            }
+        })
+        .await
     }
 
     /// Writes `data` at `offset` of object `oid`, which is copied first from object `source`
@@ -126,7 +193,7 @@ impl Client {
         offset: u64,
         data: Bytes,
     ) -> Result<(), ClientError> {
-        self.write_via_primary(Opcode::CowWrite, oid, Some(source), offset, data)
+        self.write_via_primary(Opcode::CowWrite, oid, Some(source), offset, data, 0)
             .await
     }
 
@@ -139,12 +206,14 @@ impl Client {
         source: Option<ObjectId>,
         offset: u64,
         data: Bytes,
+        aux: u32,
     ) -> Result<(), ClientError> {
         let _order = self.order_lock(oid).lock().await;
         let mut h = Header::request(op, 0, 0);
         h.oid = oid.0;
         h.offset = offset;
         h.length = data.len() as u32;
+        h.aux = aux;
         self.retry(|v| {
             let data = data.clone();
             async move { self.to_primary(&v, h, source, data).await }
@@ -156,7 +225,7 @@ impl Client {
     /// only the blocks written since its copy and reads the others from `source`): done
     /// before `source` is freed. Anything else is left as it is.
     pub async fn flatten_obj(&self, target: ObjectId, source: ObjectId) -> Result<(), ClientError> {
-        self.write_via_primary(Opcode::FlattenObj, target, Some(source), 0, Bytes::new())
+        self.write_via_primary(Opcode::FlattenObj, target, Some(source), 0, Bytes::new(), 0)
             .await
     }
 

@@ -16,6 +16,7 @@ mod background;
 mod check;
 mod collect;
 mod cow;
+mod ec;
 mod failure;
 mod fence;
 pub mod gate;
@@ -163,6 +164,8 @@ pub struct Node {
     /// calls, never while waiting for another node, so primaries waiting for replicas can
     /// never wait for each other.
     replica_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Erasure-coded objects this node, as their primary, knows decided in the epoch.
+    ec_known: ec::Decided,
     /// Versions given to changes that failed somewhere; the next change goes above them.
     issued: std::sync::Mutex<
         std::collections::HashMap<objstore_proto::oid::ObjectId, objstore_proto::version::Version>,
@@ -390,6 +393,7 @@ impl Node {
             replica_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),
+            ec_known: Default::default(),
             issued: Default::default(),
             repairing: Default::default(),
             inflight: Default::default(),

@@ -42,8 +42,10 @@ struct Order {
     created: u64,
     /// (arc, object), sorted.
     by_arc: Vec<(u32, ObjectId)>,
-    /// Each arc with objects here: where its objects are in `by_arc`, and its holders (node
-    /// indexes of the ring, `copies` of them).
+    /// Each run of objects here with the same holders: where it is in `by_arc`, and its
+    /// holders (node indexes of the ring: `copies` of them, or one for the keys of one strip,
+    /// which sort after the arc's plain objects and before its inodes). An arc has one run, or
+    /// more when it holds strips.
     arcs: Vec<(std::ops::Range<usize>, Vec<usize>)>,
 }
 
@@ -60,9 +62,10 @@ impl Order {
         by_arc.sort_unstable();
         let mut arcs = Vec::new();
         let mut start = 0;
-        for run in by_arc.chunk_by(|a, b| a.0 == b.0) {
+        for run in by_arc.chunk_by(|a, b| (a.0, a.1.strip_index()) == (b.0, b.1.strip_index())) {
             let arc = run[0].0 as usize;
-            arcs.push((start..start + run.len(), ring.arc_holders(arc, copies)));
+            let holders = ring.holders_of(arc, run[0].1.strip_index(), copies);
+            arcs.push((start..start + run.len(), holders));
             start += run.len();
         }
         Order {
@@ -296,23 +299,21 @@ fn by_arc(
             .filter_map(|&(_, oid)| Some((oid, store.meta(oid)?)))
             .collect()
     };
+    // An arc's runs held by `owner` follow each other in `by_arc`: their lists, joined, are
+    // the arc's sorted by id.
+    let mut held: Vec<(u32, ArcList)> = Vec::new();
+    for (at, arc) in order.held_by(ring, owner) {
+        match held.last_mut() {
+            Some((a, l)) if *a == arc => l.extend(list(at)),
+            _ => held.push((arc, list(at))),
+        }
+    }
     match which {
-        Arcs::All | Arcs::AllUpTo(_) => (order.held_by(ring, owner))
-            .map(|(at, arc)| (arc, list(at)))
-            .filter(|(_, l)| !l.is_empty())
-            .collect(),
+        Arcs::All | Arcs::AllUpTo(_) => held.into_iter().filter(|(_, l)| !l.is_empty()).collect(),
         Arcs::These(arcs) => {
-            let held: std::collections::HashMap<u32, std::ops::Range<usize>> = order
-                .held_by(ring, owner)
-                .map(|(at, arc)| (arc, at))
-                .collect();
+            let held: std::collections::HashMap<u32, ArcList> = held.into_iter().collect();
             (arcs.iter())
-                .map(|arc| {
-                    (
-                        *arc,
-                        held.get(arc).map(|at| list(at.clone())).unwrap_or_default(),
-                    )
-                })
+                .map(|arc| (*arc, held.get(arc).cloned().unwrap_or_default()))
                 .collect()
         }
     }
@@ -375,6 +376,15 @@ mod tests {
         ObjectId::data(Vid(1 + i / 1000), ObjIndex(i % 1000))
     }
 
+    /// Plain data objects, strips' keys (whose holders differ within an arc) and inodes.
+    fn key(i: u32) -> ObjectId {
+        match i % 4 {
+            0 => oid(i).strip((i as usize / 4) % 7),
+            1 => ObjectId::inode(Vid(10 + i)),
+            _ => oid(i),
+        }
+    }
+
     /// What a pass over the whole index keeps for `req`, as the listing was built before.
     fn by_pass(store: &MemStore, ring: &Ring, req: &ListRequest) -> Vec<(ObjectId, ObjState)> {
         let range = shard_range(req.part, req.parts);
@@ -401,13 +411,13 @@ mod tests {
         let store = MemStore::default();
         let ring = ring(7);
         for i in 0..3000 {
-            store.write(oid(i), 0, &[1], None, Version(1)).unwrap();
+            store.write(key(i), 0, &[1], None, Version(1)).unwrap();
         }
         let order = Order::read(&store, &ring, (1, 3), store.created().unwrap());
         let check = |order: &Order| {
             for owner in [1, 4, 7, 99] {
                 for (part, parts) in [(0, 1), (0, 3), (2, 3)] {
-                    for extra in [vec![], vec![oid(5), oid(2999), oid(7777)]] {
+                    for extra in [vec![], vec![key(5), key(2999), oid(7777), key(8)]] {
                         let req = ListRequest {
                             owner,
                             copies: 3,
@@ -423,8 +433,9 @@ mod tests {
         };
         check(&order);
         // Removed objects are skipped at once; a changed state is read fresh.
-        store.forget(oid(10)).unwrap();
-        store.write(oid(11), 0, &[2], None, Version(3)).unwrap();
+        store.forget(key(10)).unwrap();
+        store.write(key(11), 0, &[2], None, Version(3)).unwrap();
+        store.write(key(12), 0, &[2], None, Version(3)).unwrap();
         assert_eq!(store.created(), Some(order.created), "nothing entered");
         check(&order);
         // A new object: the count says the order is stale, and read again it answers right.
@@ -445,7 +456,7 @@ mod tests {
         let store = MemStore::default();
         let ring = ring(7);
         for i in 0..3000 {
-            store.write(oid(i), 0, &[1], None, Version(1)).unwrap();
+            store.write(key(i), 0, &[1], None, Version(1)).unwrap();
         }
         let order = Order::read(&store, &ring, (1, 3), store.created().unwrap());
         for owner in [1, 4, 99] {

@@ -65,6 +65,8 @@ pub struct FileStore {
     bad: Mutex<HashMap<ObjectId, Option<u64>>>,
     /// Objects put in the index since the store opened ([`ObjectBackend::created`]).
     created: std::sync::atomic::AtomicU64,
+    /// The objects' notes ([`ObjectBackend::set_note`]).
+    notes: Notes,
 }
 
 /// The error a read of a bad copy (see [`FileStore::bad`]) gets.
@@ -102,6 +104,7 @@ impl FileStore {
             flushing: Mutex::new(()),
             bad: Mutex::default(),
             created: Default::default(),
+            notes: Notes::open(dir)?,
         })
     }
 
@@ -520,6 +523,7 @@ impl ObjectBackend for FileStore {
             return Ok(false);
         }
         self.install(oid, 0, data, None, state, old)?;
+        self.notes.remove(oid)?;
         Ok(true)
     }
 
@@ -602,12 +606,23 @@ impl ObjectBackend for FileStore {
         let Some(e) = self.entry(oid) else {
             return Ok(());
         };
+        self.notes.remove(oid)?;
         self.drop_copy(oid, &e)?;
         fsync_dir(&self.dir).map_err(|e| StoreError::io(oid, "sync dir", e))
     }
 
     fn flush(&self) -> Result<(), StoreError> {
+        // Notes first: after a crash a note is never older than the bytes it describes.
+        self.notes.sync()?;
         self.flush_dirty()
+    }
+
+    fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
+        self.notes.get(oid)
+    }
+
+    fn set_note(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
+        self.notes.set(oid, note)
     }
 
     /// (total, free) bytes of the file system holding the store.
@@ -629,9 +644,11 @@ mod entry;
 mod flush;
 mod layout;
 mod names;
+mod notes;
 use entry::{Entry, Packed};
 use layout::DeleteOnDrop;
 use names::{file_name, fsync_dir, parse_name};
+use notes::Notes;
 
 #[cfg(test)]
 mod checks;

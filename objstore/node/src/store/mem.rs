@@ -131,6 +131,9 @@ struct State {
     bad: HashMap<ObjectId, Option<u64>>,
     /// Objects put in `live` since the store was made ([`ObjectBackend::created`]).
     created: u64,
+    /// Notes ([`ObjectBackend::set_note`]) as readers see them, and as a crash leaves them.
+    notes: HashMap<ObjectId, Vec<u8>>,
+    durable_notes: HashMap<ObjectId, Vec<u8>>,
 }
 
 impl State {
@@ -185,6 +188,8 @@ impl MemStore {
             state: Mutex::new(State {
                 live: st.durable.clone(),
                 durable: st.durable.clone(),
+                notes: st.durable_notes.clone(),
+                durable_notes: st.durable_notes.clone(),
                 ..State::default()
             }),
             capacity: self.capacity,
@@ -219,10 +224,14 @@ impl MemStore {
                 }
             }
         }
+        // Notes are in the page cache too.
+        let notes = st.notes.clone();
         MemStore {
             state: Mutex::new(State {
                 durable: live.clone(),
                 live,
+                durable_notes: notes.clone(),
+                notes,
                 ..State::default()
             }),
             capacity: self.capacity,
@@ -528,6 +537,8 @@ impl ObjectBackend for MemStore {
         );
         st.put_live(oid, o.clone());
         st.durable.insert(oid, o);
+        st.notes.remove(&oid);
+        st.durable_notes.remove(&oid);
         st.dirty.remove(&oid);
         st.bad.remove(&oid);
         Ok(true)
@@ -587,6 +598,8 @@ impl ObjectBackend for MemStore {
         st.durable.remove(&oid);
         st.dirty.remove(&oid);
         st.bad.remove(&oid);
+        st.notes.remove(&oid);
+        st.durable_notes.remove(&oid);
         Ok(())
     }
 
@@ -606,6 +619,19 @@ impl ObjectBackend for MemStore {
                 st.durable.insert(oid, o);
             }
         }
+        st.durable_notes = st.notes.clone();
+        Ok(())
+    }
+
+    fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
+        self.state.lock().unwrap().notes.get(&oid).cloned()
+    }
+
+    fn set_note(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
+        self.pass(Op::Write, oid);
+        let mut st = self.state.lock().unwrap();
+        MemStore::check(&st, Op::Write, oid)?;
+        st.notes.insert(oid, note.to_vec());
         Ok(())
     }
 

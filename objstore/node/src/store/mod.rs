@@ -380,6 +380,22 @@ pub trait ObjectBackend: Send + Sync + 'static {
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError>;
     /// Makes every write before this call durable.
     fn flush(&self) -> Result<(), StoreError>;
+    /// The note kept with `oid` ([`ObjectBackend::set_note`]), if any.
+    fn note(&self, _oid: ObjectId) -> Option<Vec<u8>> {
+        None
+    }
+    /// Keeps `note` with `oid` in place of the one before: a few bytes the node keeps beside an
+    /// object's own (an erasure-coded strip's last change and what undoes it). A note set
+    /// before a write lasts at least as long as that write's bytes: a kill keeps both, a
+    /// crash keeps the note as of the last flush, which syncs notes before objects; a note torn
+    /// by a crash reads as none. `put_if_newer` (when it installs) and `forget` drop the note.
+    fn set_note(&self, oid: ObjectId, _note: &[u8]) -> Result<(), StoreError> {
+        Err(StoreError::Io {
+            oid,
+            op: "note",
+            source: io::Error::new(io::ErrorKind::Unsupported, "this store keeps no notes"),
+        })
+    }
     /// (total, free) bytes of the medium.
     fn capacity(&self) -> io::Result<(u64, u64)>;
 }

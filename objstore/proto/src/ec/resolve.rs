@@ -86,12 +86,13 @@ pub enum Strip {
     /// Not at hand: its holder is down, or the strip failed its checksums.
     Missing,
     /// The strip at `version` (`Version(0)`: the holder has nothing of the object, which reads
-    /// as zeros), made by a change on `base` that touched the bytes of `touched`; `back`: the
-    /// holder kept what returns it to `base` (rule 3).
+    /// as zeros). `change`: the base of the change that made `version` and the strips whose
+    /// bytes it touched (None when the holder lost that record in a crash: the strip is
+    /// trusted at `version`, but says nothing of other versions); `back`: the holder kept what
+    /// returns it to the base (rule 3).
     At {
         version: Version,
-        base: Version,
-        touched: StripSet,
+        change: Option<(Version, StripSet)>,
         back: bool,
     },
 }
@@ -127,32 +128,41 @@ pub enum Resolution {
 /// Resolves a stripe of `data` data strips from what each of its holders says (`strips[k]`
 /// for strip `k`).
 pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
-    let mut newest: Option<(Version, Version, StripSet)> = None;
-    for s in strips {
-        if let Strip::At {
-            version,
-            base,
-            touched,
-            ..
-        } = *s
-        {
-            match newest {
-                Some((v, b, t)) if v == version && (b, t) != (base, touched) => {
-                    return Resolution::Inconsistent(format!(
-                        "two changes made version {version}: on {b} touching {t:?}, and on {base} touching {touched:?}"
-                    ));
-                }
-                Some((v, ..)) if v >= version => {}
-                _ => newest = Some((version, base, touched)),
-            }
-        }
-    }
-    let Some((new, old, t)) = newest else {
+    let Some(new) = strips
+        .iter()
+        .filter_map(|s| match s {
+            Strip::At { version, .. } => Some(*version),
+            Strip::Missing => None,
+        })
+        .max()
+    else {
         return Resolution::Undecided {
             valid: 0,
             need: data,
         };
     };
+    let mut change: Option<(Version, StripSet)> = None;
+    for s in strips {
+        if let Strip::At {
+            version,
+            change: Some(c),
+            ..
+        } = *s
+        {
+            if version != new {
+                continue;
+            }
+            match change {
+                Some(seen) if seen != c => {
+                    return Resolution::Inconsistent(format!(
+                        "two changes made version {new}: on {} touching {:?}, and on {} touching {:?}",
+                        seen.0, seen.1, c.0, c.1
+                    ));
+                }
+                _ => change = Some(c),
+            }
+        }
+    }
     let (mut at_new, mut at_old, mut back) = (
         StripSet::default(),
         StripSet::default(),
@@ -168,14 +178,14 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
                 if b {
                     back.insert(k);
                 }
-            } else if version == old {
+            } else if change.is_some_and(|(base, _)| version == base) {
                 at_old.insert(k);
             }
         }
     }
     // Missing or stale: neither version's bytes are known to be there.
     let lost = StripSet::first(strips.len()).minus(at_new.union(at_old));
-    if at_old.is_empty() {
+    let Some((old, t)) = change.filter(|_| !at_old.is_empty()) else {
         return if at_new.len() >= data {
             Resolution::Whole {
                 version: new,
@@ -187,7 +197,7 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
                 need: data,
             }
         };
-    }
+    };
     let valid_new = at_new.union(at_old.minus(t));
     if valid_new.len() >= data {
         return Resolution::Forward {

@@ -242,6 +242,9 @@ fn opcode_table() {
         (0x17, Opcode::LeaseKeepalive, Client),
         (0x18, Opcode::LeaseRevoke, Client),
         (0x19, Opcode::KvCasLeased, Client),
+        (0x08, Opcode::EcRead, Client),
+        (0x09, Opcode::EcWrite, Client),
+        (0x0a, Opcode::EcRemove, Client),
         (0x1a, Opcode::NodeStat, Client),
         (0x1b, Opcode::CheckObj, Client),
         (0x1c, Opcode::RepairObj, Client),
@@ -255,6 +258,8 @@ fn opcode_table() {
         (0x86, Opcode::PeerCow, Peer),
         (0x87, Opcode::PeerDigest, Peer),
         (0x88, Opcode::PeerArcs, Peer),
+        (0x89, Opcode::PeerStrip, Peer),
+        (0x8a, Opcode::PeerStripRead, Peer),
     ];
     assert_eq!(all_opcodes().len(), want.len());
     for (v, op, proto) in want {
@@ -370,7 +375,7 @@ async fn refuses_bad_magic() {
 
 #[tokio::test]
 async fn refuses_unknown_opcode() {
-    for op in [0x00, 0x08, 0x3f, 0x40, 0x80, 0x89, 0xff] {
+    for op in [0x00, 0x0b, 0x3f, 0x40, 0x80, 0x8b, 0xff] {
         let mut b = GOLDEN_REQUEST;
         b[3] = op;
         assert_eq!(

@@ -69,7 +69,7 @@ pub(super) fn read_index(dir: &Path) -> io::Result<HashMap<ObjectId, Entry>> {
         let e = e?;
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name == ".tmp" || name == layout::FORMAT_FILE {
+        if name == ".tmp" || name == super::notes::DIR || name == layout::FORMAT_FILE {
             continue;
         }
         if name.ends_with(&format!(".0.{CREATED}")) {

@@ -43,8 +43,8 @@ fn write_read_version_tombstone() {
     assert!(s.list().is_empty());
     assert_eq!(
         fs::read_dir(d.path()).unwrap().count(),
-        2,
-        "only .tmp and the format marker are left"
+        3,
+        "only .tmp, .notes and the format marker are left"
     );
 }
 
@@ -336,4 +336,35 @@ fn parts_failing_halfway_lose_the_copy() {
         Err(StoreError::Io { .. })
     ));
     assert_eq!(s.read(other, 0, 3).unwrap(), b"old");
+}
+
+/// A note is read back until the object is forgotten or installed whole; it survives a
+/// reopen; a torn one reads as none.
+#[test]
+fn notes_last_with_their_object() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let a = ObjectId::data(Vid(1), ObjIndex(0)).strip(2);
+    assert_eq!(s.note(a), None);
+    s.set_note(a, b"first note").unwrap();
+    s.write(a, 0, b"x", None, v(1)).unwrap();
+    s.set_note(a, b"2nd").unwrap();
+    assert_eq!(s.note(a).as_deref(), Some(&b"2nd"[..]));
+    s.flush().unwrap();
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(s.note(a).as_deref(), Some(&b"2nd"[..]));
+    assert_eq!(s.list().len(), 1, "the notes are not objects");
+    // Torn: its sum no longer matches.
+    let path = d.path().join(".notes").join(a.to_string());
+    let mut b = fs::read(&path).unwrap();
+    b[8] ^= 1;
+    fs::write(&path, &b).unwrap();
+    assert_eq!(s.note(a), None);
+    s.set_note(a, b"again").unwrap();
+    assert!(s.put_if_newer(a, b"whole", ObjState::live(v(5))).unwrap());
+    assert_eq!(s.note(a), None, "installed whole: the note went");
+    s.set_note(a, b"n").unwrap();
+    s.forget(a).unwrap();
+    assert_eq!(s.note(a), None, "forgotten: the note went");
 }

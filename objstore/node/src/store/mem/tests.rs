@@ -163,3 +163,23 @@ fn a_hold_keeps_a_write_waiting_until_released() {
     assert_eq!(s.read(a, 0, 1).unwrap(), b"y");
     assert_eq!(s.meta(a).unwrap().version, Version(2));
 }
+
+/// Notes as the file backend keeps them: a kill keeps them, a crash keeps them as of the last
+/// flush, an install or a forget drops them.
+#[test]
+fn notes_follow_kills_crashes_and_flushes() {
+    let s = MemStore::default();
+    let a = ObjectId::data(Vid(1), ObjIndex(0)).strip(0);
+    s.set_note(a, b"flushed").unwrap();
+    s.write(a, 0, b"x", None, Version(1)).unwrap();
+    s.flush().unwrap();
+    s.set_note(a, b"later").unwrap();
+    assert_eq!(s.killed().note(a).as_deref(), Some(&b"later"[..]));
+    assert_eq!(s.crashed().note(a).as_deref(), Some(&b"flushed"[..]));
+    assert!(s.put_if_newer(a, b"y", ObjState::live(Version(2))).unwrap());
+    assert_eq!(s.note(a), None);
+    assert_eq!(s.crashed().note(a), None);
+    s.set_note(a, b"n").unwrap();
+    s.forget(a).unwrap();
+    assert_eq!(s.note(a), None);
+}

@@ -1,0 +1,310 @@
+//! Erasure-coded objects on the node: the primary's side (`EcRead`, `EcWrite`, `EcRemove`:
+//! [`primary`]) and each strip holder's (`PeerStrip`, `PeerStripRead`: [`holder`]).
+//!
+//! The invariant they keep is docs/architecture.md's "Erasure-coded objects": one version
+//! names one stripe, at most one change is undecided, every strip can go back one version (its
+//! note keeps what undoes the last change), and a stripe left mixed is resolved by
+//! [`objstore_proto::ec::resolve`]. Here:
+//!
+//! - A strip's note ([`Note`], kept with the strip's key by the store) holds the change that
+//!   made its version (scheme, base, the strips it touched) and the undo: the bytes it
+//!   overwrote, the whole strip it replaced, or nothing (a change that left it alone). The note
+//!   is set before the strip's bytes change.
+//! - The primary (holder of strip 0) orders changes under the object's lock. The first time
+//!   it serves an object in an epoch, and after any change that failed somewhere, it asks
+//!   every holder for its strip's state and resolves the stripe before it reads or changes it
+//!   ([`Node::ec_decided`]).
+
+mod holder;
+mod primary;
+
+pub(super) use primary::EcChange;
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use objstore_proto::ec::resolve::StripSet;
+use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_KNOWN, HEAD_LEN};
+use objstore_proto::ec::Codec;
+use objstore_proto::oid::ObjectId;
+use objstore_proto::redundancy::Redundancy;
+use objstore_proto::version::Version;
+use objstore_proto::view::{ClusterConfig, NodeInfo};
+
+use super::server::Failure;
+use super::Epoch;
+use objstore_proto::frame::ResultCode;
+
+/// The objects this node, as their primary, knows to be decided in one epoch.
+#[derive(Default)]
+pub(super) struct Decided {
+    state: Mutex<(u32, HashSet<ObjectId>)>,
+}
+
+impl Decided {
+    pub(super) fn contains(&self, epoch: u32, oid: ObjectId) -> bool {
+        let st = self.state.lock().unwrap();
+        st.0 == epoch && st.1.contains(&oid)
+    }
+
+    pub(super) fn insert(&self, epoch: u32, oid: ObjectId) {
+        let mut st = self.state.lock().unwrap();
+        if st.0 != epoch {
+            *st = (epoch, HashSet::new());
+        }
+        st.1.insert(oid);
+    }
+
+    pub(super) fn remove(&self, oid: ObjectId) {
+        self.state.lock().unwrap().1.remove(&oid);
+    }
+}
+
+/// What the metrics count of erasure-coded objects (`sheep_ec_*`, docs/operations.md).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum EcEvent {
+    /// A stripe a change left mixed went forward to it.
+    Forward,
+    /// A stripe a change left mixed went back to the version before it.
+    Back,
+    /// Strips missing or stale were rebuilt from the others.
+    Rebuilt,
+    /// A piece of a read was decoded from other strips.
+    Decoded,
+}
+
+impl super::Node {
+    pub(super) fn ec_count(&self, e: EcEvent) {
+        let r = self.metrics().registry();
+        let c = match e {
+            EcEvent::Decoded => r.counter(
+                "sheep_ec_decoded_reads_total",
+                "Pieces of reads of erasure-coded objects this node (their primary) decoded from other strips than the ones holding them",
+                &[],
+            ),
+            e => {
+                let way = match e {
+                    EcEvent::Forward => "forward",
+                    EcEvent::Back => "back",
+                    _ => "rebuilt",
+                };
+                r.counter(
+                    "sheep_ec_resolved_total",
+                    "Stripes of erasure-coded objects this node (their primary) made whole: a change left mixed went forward or back, or missing strips were rebuilt",
+                    &[("way", way)],
+                )
+            }
+        };
+        c.inc();
+    }
+}
+
+/// One erasure-coded object in one epoch: its code and the nodes holding its strips.
+pub(super) struct Stripe {
+    pub(super) oid: ObjectId,
+    pub(super) scheme: Redundancy,
+    pub(super) codec: Codec,
+    /// `holders[k]` holds strip `k`.
+    pub(super) holders: Vec<NodeInfo>,
+}
+
+impl Stripe {
+    /// The stripe of data object `oid` of scheme `scheme` in `ep`.
+    pub(super) fn new(
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        oid: ObjectId,
+        scheme: Redundancy,
+    ) -> Result<Stripe, Failure> {
+        if oid.is_inode() || oid.strip_index().is_some() {
+            return Err(Failure::invalid(format!(
+                "object {oid} is not a data object: only data objects are erasure-coded"
+            )));
+        }
+        let codec = Codec::new(scheme, cfg.object_size as u64).map_err(Failure::invalid)?;
+        let holders: Vec<NodeInfo> = (0..codec.strips())
+            .filter_map(|k| ep.ring.strip_holder(oid, k))
+            .map(|i| ep.ring.nodes()[i].clone())
+            .collect();
+        if holders.len() < codec.strips() {
+            return Err(Failure::new(
+                ResultCode::Busy,
+                format!(
+                    "object {oid} is erasure-coded {scheme} and needs {} nodes; {} are up",
+                    codec.strips(),
+                    ep.ring.nodes().len()
+                ),
+            ));
+        }
+        Ok(Stripe {
+            oid,
+            scheme,
+            codec,
+            holders,
+        })
+    }
+
+    pub(super) fn key(&self, k: usize) -> ObjectId {
+        self.oid.strip(k)
+    }
+
+    pub(super) fn width(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// A head for a change of this stripe.
+    pub(super) fn head(
+        &self,
+        op: StripOp,
+        base: Version,
+        version: Version,
+        t: StripSet,
+    ) -> StripHead {
+        let Redundancy::Ec { data, parity } = self.scheme else {
+            unreachable!("a stripe's scheme is an erasure code")
+        };
+        StripHead {
+            data,
+            parity,
+            op,
+            flags: 0,
+            touched: t,
+            base,
+            version,
+        }
+    }
+}
+
+/// What undoes a strip's last change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Undo {
+    /// The change left the strip's bytes alone.
+    Nothing,
+    /// It overwrote these bytes at this offset.
+    Range { offset: u64, old: Vec<u8> },
+    /// It replaced (or removed) the whole strip, which held these bytes.
+    Whole(Vec<u8>),
+    /// The strip did not exist before.
+    Absent,
+    /// The strip was a tombstone before.
+    Tombstone,
+}
+
+/// The note a holder keeps with a strip: the change that made its version, and its undo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Note {
+    /// Its version and, with [`FLAG_KNOWN`], the change's base and touched strips.
+    pub(super) head: StripHead,
+    pub(super) undo: Undo,
+}
+
+impl Note {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut b = self.head.encode().to_vec();
+        let (kind, offset, bytes): (u8, u64, &[u8]) = match &self.undo {
+            Undo::Nothing => (0, 0, &[]),
+            Undo::Range { offset, old } => (1, *offset, old),
+            Undo::Whole(old) => (2, 0, old),
+            Undo::Absent => (3, 0, &[]),
+            Undo::Tombstone => (4, 0, &[]),
+        };
+        b.push(kind);
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        b.extend_from_slice(bytes);
+        b
+    }
+
+    pub(super) fn decode(b: &[u8]) -> Option<Note> {
+        let head = StripHead::decode(b)?;
+        let rest = b.get(HEAD_LEN..)?;
+        let kind = *rest.first()?;
+        let offset = u64::from_be_bytes(rest.get(1..9)?.try_into().ok()?);
+        let len = u32::from_be_bytes(rest.get(9..13)?.try_into().ok()?) as usize;
+        let bytes = rest.get(13..13usize.checked_add(len)?)?.to_vec();
+        let undo = match kind {
+            0 => Undo::Nothing,
+            1 => Undo::Range { offset, old: bytes },
+            2 => Undo::Whole(bytes),
+            3 => Undo::Absent,
+            4 => Undo::Tombstone,
+            _ => return None,
+        };
+        Some(Note { head, undo })
+    }
+
+    /// A note for a strip at `version` whose change is not known (installed whole, rolled
+    /// back): it can go back nowhere.
+    pub(super) fn bare(like: &StripHead, version: Version) -> Note {
+        Note {
+            head: StripHead {
+                op: StripOp::Put,
+                flags: 0,
+                touched: StripSet::default(),
+                base: Version::NONE,
+                version,
+                ..*like
+            },
+            undo: Undo::Nothing,
+        }
+    }
+
+    /// The head a holder answers for its strip at `version` with this note.
+    pub(super) fn answer(note: Option<&Note>, like: &StripHead, version: Version) -> StripHead {
+        match note {
+            Some(n) if n.head.version == version && n.head.flags & FLAG_KNOWN != 0 => StripHead {
+                op: StripOp::Write,
+                ..n.head
+            },
+            _ => StripHead {
+                op: StripOp::Write,
+                flags: 0,
+                touched: StripSet::default(),
+                base: Version::NONE,
+                version,
+                ..*like
+            },
+        }
+    }
+}
+
+/// A strip's bytes and the head its holder answered them with.
+pub(super) struct StripRead {
+    pub(super) head: StripHead,
+    pub(super) bytes: Bytes,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_round_trip() {
+        let head = StripHead {
+            data: 4,
+            parity: 2,
+            op: StripOp::Xor,
+            flags: FLAG_KNOWN,
+            touched: StripSet(0b110001),
+            base: Version(5),
+            version: Version(6),
+        };
+        for undo in [
+            Undo::Nothing,
+            Undo::Range {
+                offset: 4096,
+                old: vec![7; 100],
+            },
+            Undo::Whole(vec![1, 2, 3]),
+            Undo::Absent,
+            Undo::Tombstone,
+        ] {
+            let n = Note { head, undo };
+            assert_eq!(Note::decode(&n.encode()), Some(n.clone()));
+            let b = n.encode();
+            assert_eq!(Note::decode(&b[..b.len() - 1]), None, "{n:?}");
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! A strip holder's side: `PeerStrip` applies one change to one strip (its note first, then its
+//! bytes), `PeerStripRead` answers a range of a strip with what its note says of it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{Note, StripRead, Undo};
+use crate::node::acting::Acting;
+use crate::node::server::Failure;
+use crate::node::{Epoch, Node};
+use crate::store::{ObjState, StoreError};
+use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_BACK, FLAG_KNOWN};
+use objstore_proto::ec::{xor_into, Codec};
+use objstore_proto::frame::ResultCode;
+use objstore_proto::oid::ObjectId;
+use objstore_proto::version::Version;
+use objstore_proto::view::ClusterConfig;
+
+/// Where a strip's change lands in it, checked against the strip's length.
+fn fits(codec: &Codec, key: ObjectId, offset: u64, len: usize) -> Result<(), Failure> {
+    if offset.saturating_add(len as u64) > codec.strip_len() as u64 {
+        return Err(Failure::invalid(format!(
+            "bytes {offset}..{} are past the end of strip {key} ({} bytes)",
+            offset + len as u64,
+            codec.strip_len()
+        )));
+    }
+    Ok(())
+}
+
+impl Node {
+    /// Checks that `key` is the key of a strip this node holds in `ep` under `head`'s scheme;
+    /// the scheme's code.
+    pub(super) fn own_strip(
+        &self,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        key: ObjectId,
+        head: &StripHead,
+    ) -> Result<Codec, Failure> {
+        let codec = Codec::new(head.scheme(), cfg.object_size as u64).map_err(Failure::invalid)?;
+        let Some(k) = key.strip_index().filter(|&k| k < codec.strips()) else {
+            return Err(Failure::invalid(format!(
+                "{key} is not the key of a strip of a {} object",
+                head.scheme()
+            )));
+        };
+        let holder = ep
+            .ring
+            .strip_holder(key.base(), k)
+            .map(|i| ep.ring.nodes()[i].id);
+        if holder != Some(self.me.id) {
+            return Err(Failure::invalid(format!(
+                "{} does not hold strip {k} of object {} in epoch {}",
+                self.me.addr,
+                key.base(),
+                ep.view.epoch
+            )));
+        }
+        Ok(codec)
+    }
+
+    /// `PeerStrip`: applies `head`'s change to strip `key` here (see the module doc).
+    pub(in crate::node) async fn apply_strip(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        key: ObjectId,
+        head: StripHead,
+        offset: u64,
+        bytes: Bytes,
+    ) -> Result<(), Failure> {
+        let codec = self.own_strip(ep, cfg, key, &head)?;
+        fits(&codec, key, offset, bytes.len())?;
+        if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
+            return Err(Failure::new(
+                ResultCode::NoSpace,
+                format!("strip {key} is not recovered here: no space left on the node's disk"),
+            ));
+        }
+        let _ordered = self.replica_lock(key).lock().await;
+        let node = self.clone();
+        in_store(self, move || {
+            node.apply_strip_here(key, head, offset, &bytes)
+        })
+        .await
+    }
+
+    /// [`Node::apply_strip`] with the strip's replica lock held, on the blocking pool.
+    fn apply_strip_here(
+        &self,
+        key: ObjectId,
+        head: StripHead,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), Failure> {
+        let store = &self.store;
+        let cur = store.meta(key);
+        let state = cur.unwrap_or_default();
+        if state.lost || state.suspect {
+            return Err(Failure::new(
+                ResultCode::Diverged,
+                format!(
+                    "strip {key} is {} here",
+                    if state.lost { "lost" } else { "suspect" }
+                ),
+            ));
+        }
+        if head.op == StripOp::Back {
+            return self.undo_strip(key, head, state);
+        }
+        if head.op == StripOp::Put {
+            // A strip installed whole (rebuilt, or the stripe written again after going back):
+            // over any older copy.
+            if state.version >= head.version && cur.is_some() {
+                return Ok(());
+            }
+            // What it replaces undoes the change only if it was at the change's base.
+            let at_base = state.version == head.base && head.base != Version::NONE;
+            let undo = self.whole_undo(key, cur)?;
+            store.put_if_newer(key, bytes, ObjState::live(head.version))?;
+            let flags = if at_base {
+                FLAG_KNOWN | FLAG_BACK
+            } else {
+                FLAG_KNOWN
+            };
+            let known = head.base != Version::NONE || !head.touched.is_empty();
+            let head = StripHead {
+                flags: if known { flags } else { 0 },
+                ..head
+            };
+            store.set_note(key, &Note { head, undo }.encode())?;
+            return Ok(());
+        }
+        if state.version == head.version && cur.is_some() {
+            return Ok(()); // a retry of a change applied already
+        }
+        if state.version != head.base {
+            let mut f = Failure::new(
+                ResultCode::Diverged,
+                format!(
+                    "strip {key} is at {:?} here, the change applies on {:?}",
+                    state.version, head.base
+                ),
+            );
+            f.version = Some(state.version);
+            return Err(f);
+        }
+        let live = cur.is_some_and(|s| !s.deleted);
+        let len = bytes.len();
+        let old = if live && matches!(head.op, StripOp::Write | StripOp::Xor) {
+            read_or_zeros(store.read(key, offset, len), len)?
+        } else {
+            vec![0u8; len]
+        };
+        let undo = match (head.op, cur) {
+            (StripOp::Remove, _) => self.whole_undo(key, cur)?,
+            (_, None) => Undo::Absent,
+            (_, Some(s)) if s.deleted => Undo::Tombstone,
+            (StripOp::Bump, _) => Undo::Nothing,
+            _ => Undo::Range {
+                offset,
+                old: old.clone(),
+            },
+        };
+        let head = StripHead {
+            flags: FLAG_KNOWN | FLAG_BACK,
+            ..head
+        };
+        let note = Note { head, undo }.encode();
+        match head.op {
+            StripOp::Remove => {
+                store.put_if_newer(key, &[], ObjState::tombstone(head.version))?;
+                store.set_note(key, &note)?;
+            }
+            StripOp::Write | StripOp::Xor | StripOp::Bump => {
+                store.set_note(key, &note)?;
+                if !live && cur.is_some() {
+                    // Over a tombstone: the strip starts again from zeros.
+                    store.forget(key)?;
+                }
+                let data = match head.op {
+                    StripOp::Xor => {
+                        let mut new = old;
+                        xor_into(&mut new, bytes);
+                        new
+                    }
+                    StripOp::Write => bytes.to_vec(),
+                    _ => Vec::new(),
+                };
+                let at = if head.op == StripOp::Bump { 0 } else { offset };
+                store.write(key, at, &data, None, head.version)?;
+            }
+            StripOp::Put | StripOp::Back => unreachable!("handled above"),
+        }
+        Ok(())
+    }
+
+    /// What undoes replacing strip `key` whole, from its state `cur` here.
+    fn whole_undo(&self, key: ObjectId, cur: Option<ObjState>) -> Result<Undo, Failure> {
+        Ok(match cur {
+            None => Undo::Absent,
+            Some(s) if s.deleted => Undo::Tombstone,
+            Some(_) => Undo::Whole(self.store.read_whole(key)?.0),
+        })
+    }
+
+    /// `PeerStrip` of op `Back`: strip `key`, at `head.version` by a change on `head.base`,
+    /// returns to `head.base` from its note (a stripe resolved back). Already there: done.
+    fn undo_strip(&self, key: ObjectId, head: StripHead, state: ObjState) -> Result<(), Failure> {
+        let store = &self.store;
+        if state.version == head.base {
+            return Ok(());
+        }
+        let note = store.note(key).and_then(|b| Note::decode(&b));
+        let Some(note) = note.filter(|n| {
+            n.head.flags & FLAG_BACK != 0
+                && n.head.version == state.version
+                && state.version == head.version
+                && n.head.base == head.base
+        }) else {
+            return Err(Failure::new(
+                ResultCode::Diverged,
+                format!(
+                    "strip {key} is at {:?} here and keeps nothing to return to {:?}",
+                    state.version, head.base
+                ),
+            ));
+        };
+        let base = head.base;
+        match &note.undo {
+            Undo::Nothing => store.write(key, 0, &[], None, base)?,
+            Undo::Range { offset, old } => store.write(key, *offset, old, None, base)?,
+            Undo::Whole(old) => {
+                store.forget(key)?;
+                store.put_if_newer(key, old, ObjState::live(base))?;
+            }
+            Undo::Absent => store.forget(key)?,
+            Undo::Tombstone => {
+                store.forget(key)?;
+                store.put_if_newer(key, &[], ObjState::tombstone(base))?;
+            }
+        }
+        if store.meta(key).is_some() {
+            store.set_note(key, &Note::bare(&head, base).encode())?;
+        }
+        Ok(())
+    }
+
+    /// `PeerStripRead`: bytes `offset .. offset + len` of strip `key` here (zeros where it has
+    /// none), with what its note says of its version.
+    pub(in crate::node) async fn read_strip(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        key: ObjectId,
+        like: StripHead,
+        offset: u64,
+        len: usize,
+    ) -> Result<StripRead, Failure> {
+        let codec = self.own_strip(ep, cfg, key, &like)?;
+        fits(&codec, key, offset, len)?;
+        self.ensure_recovered(key)
+            .await
+            .map_err(|why| crate::node::failure::not_recovered(key, why))?;
+        let store = self.store.clone();
+        in_store(self, move || {
+            let state = store.meta(key);
+            let version = state.map_or(Version::NONE, |s| s.version);
+            if state.is_some_and(|s| s.lost || s.suspect) {
+                return Err(Failure::new(
+                    ResultCode::Busy,
+                    format!("strip {key} is not settled here"),
+                ));
+            }
+            let bytes = match state {
+                Some(s) if !s.deleted && len > 0 => {
+                    read_or_zeros(store.read(key, offset, len), len)?
+                }
+                _ => vec![0u8; len],
+            };
+            let note = store.note(key).and_then(|b| Note::decode(&b));
+            Ok(StripRead {
+                head: Note::answer(note.as_ref(), &like, version),
+                bytes: Bytes::from(bytes),
+            })
+        })
+        .await
+    }
+}
+
+/// Runs `f` (store calls that answer as the node does) on the blocking pool.
+async fn in_store<T: Send + 'static>(
+    node: &Node,
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    node.blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(crate::node::failure::task_failure(e)))
+}
+
+/// A read's bytes, or zeros for an object not (or no longer) here.
+fn read_or_zeros(r: Result<Vec<u8>, StoreError>, len: usize) -> Result<Vec<u8>, Failure> {
+    match r {
+        Ok(b) => Ok(b),
+        Err(StoreError::NotFound(_)) => Ok(vec![0u8; len]),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,607 @@
+//! The primary's side of erasure-coded objects: changes (`EcWrite`, `EcRemove`) and reads
+//! (`EcRead`) of a stripe, ordered under the object's lock, and the resolution of a stripe
+//! that may be mixed (docs/architecture.md, "Erasure-coded objects", rules 2 and 4).
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use super::{EcEvent, StripRead, Stripe};
+use crate::node::replicate::{conflict, FORWARD_TIMEOUT};
+use crate::node::server::Failure;
+use crate::node::{Epoch, Node};
+use objstore_proto::ec::resolve::{resolve, Resolution, Strip, StripSet};
+use objstore_proto::ec::wire::{self, StripHead, StripOp};
+use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
+use objstore_proto::redundancy::Redundancy;
+use objstore_proto::version::Version;
+use objstore_proto::view::ClusterConfig;
+
+/// A change of an erasure-coded object.
+pub(in crate::node) enum EcChange {
+    Write { offset: u64, data: Bytes },
+    Remove,
+}
+
+/// The stripe's state as its primary knows it once decided.
+#[derive(Debug, Clone, Copy)]
+struct Decision {
+    version: Version,
+    /// The object was removed (every strip a tombstone) or never written.
+    empty: bool,
+}
+
+impl Node {
+    /// `EcWrite`, `EcRemove`: `change` of `oid` as its primary; the version it made.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::node) async fn ec_change(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        oid: ObjectId,
+        scheme: Redundancy,
+        expected: Version,
+        change: EcChange,
+    ) -> Result<Version, Failure> {
+        let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
+        let _ordered = self.obj_lock(oid).lock().await;
+        let now = self.ec_decided(ep, cfg, &stripe).await?;
+        if expected != now.version {
+            return Err(conflict(oid, now.version, expected));
+        }
+        let floor = self
+            .issued
+            .lock()
+            .unwrap()
+            .get(&oid)
+            .copied()
+            .unwrap_or_default()
+            .max(now.version);
+        let new = floor.next(ep.view.epoch);
+        let ops = self.plan_change(ep, cfg, &stripe, now, new, change).await?;
+        let calls = ops
+            .into_iter()
+            .enumerate()
+            .map(|(k, (head, offset, bytes))| {
+                self.strip_call(ep, cfg, &stripe, k, head, offset, bytes)
+            });
+        let results = futures::future::join_all(calls).await;
+        match results.into_iter().find_map(Result::err) {
+            None => {
+                self.issued.lock().unwrap().remove(&oid);
+                Ok(new)
+            }
+            Some(f) => {
+                {
+                    let mut issued = self.issued.lock().unwrap();
+                    let v = issued.entry(oid).or_default();
+                    *v = (*v).max(new);
+                }
+                // Undecided now: resolved before the next read or change of the object.
+                self.ec_known.remove(oid);
+                Err(self.retry_io(f))
+            }
+        }
+    }
+
+    /// `EcRead`: bytes `offset .. offset + len` of `oid` as its primary.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::node) async fn ec_read(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        oid: ObjectId,
+        scheme: Redundancy,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes, Failure> {
+        let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
+        let _ordered = self.obj_lock(oid).lock().await;
+        let now = self.ec_decided(ep, cfg, &stripe).await?;
+        let mut out = BytesMut::zeroed(len);
+        if now.empty {
+            return Ok(out.freeze());
+        }
+        let pieces = stripe.codec.locate(offset as usize, len);
+        let reads = pieces.iter().map(|p| {
+            let range = p.strip_offset..p.strip_offset + p.len;
+            self.strip_range(ep, cfg, &stripe, now.version, p.strip, range)
+        });
+        for (p, r) in pieces.iter().zip(futures::future::join_all(reads).await) {
+            out[p.at..p.at + p.len].copy_from_slice(&r?);
+        }
+        Ok(out.freeze())
+    }
+
+    /// The stripe of `oid` in `ep` with this node its primary.
+    fn ec_stripe(
+        &self,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        oid: ObjectId,
+        scheme: Redundancy,
+    ) -> Result<Stripe, Failure> {
+        let stripe = Stripe::new(ep, cfg, oid, scheme)?;
+        if stripe.holders[0].id != self.me.id {
+            return Err(Failure::invalid(format!(
+                "{} is not the primary of object {oid} in epoch {}",
+                self.me.addr, ep.view.epoch
+            )));
+        }
+        Ok(stripe)
+    }
+
+    /// The ops of `change` for each strip (head, offset in the strip, bytes), from the
+    /// stripe at `now` to `new`: a data strip written gets its new bytes, a parity strip the
+    /// delta of its columns, every other strip only the version.
+    async fn plan_change(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        now: Decision,
+        new: Version,
+        change: EcChange,
+    ) -> Result<Vec<(StripHead, u64, Bytes)>, Failure> {
+        let (x, w) = (stripe.codec.data(), stripe.width());
+        let EcChange::Write { offset, data } = change else {
+            let all = StripSet::first(w);
+            let head = stripe.head(StripOp::Remove, now.version, new, all);
+            return Ok((0..w).map(|_| (head, 0, Bytes::new())).collect());
+        };
+        let pieces = stripe.codec.locate(offset as usize, data.len());
+        let mut touched = StripSet::first(w).minus(StripSet::first(x));
+        for p in &pieces {
+            touched.insert(p.strip);
+        }
+        let mut ops: Vec<(StripHead, u64, Bytes)> = (0..w)
+            .map(|_| {
+                (
+                    stripe.head(StripOp::Bump, now.version, new, touched),
+                    0,
+                    Bytes::new(),
+                )
+            })
+            .collect();
+        // The parity delta of every piece, over the columns the pieces cover together.
+        let cols = pieces
+            .iter()
+            .map(|p| stripe.codec.columns(p.strip_offset, p.len))
+            .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
+            .expect("a write of at least one byte");
+        let mut deltas = vec![vec![0u8; cols.len()]; w - x];
+        for p in &pieces {
+            let c = stripe.codec.columns(p.strip_offset, p.len);
+            let old = if now.empty {
+                vec![0u8; c.len()]
+            } else {
+                self.strip_range(ep, cfg, stripe, now.version, p.strip, c.clone())
+                    .await?
+            };
+            let mut new_bytes = old.clone();
+            let at = p.strip_offset - c.start;
+            new_bytes[at..at + p.len].copy_from_slice(&data[p.at..p.at + p.len]);
+            let delta = stripe
+                .codec
+                .parity_delta(p.strip, &old, &new_bytes)
+                .map_err(|e| Failure::new(ResultCode::Io, e.to_string()))?;
+            for (j, d) in delta.iter().enumerate() {
+                let from = c.start - cols.start;
+                objstore_proto::ec::xor_into(&mut deltas[j][from..from + d.len()], d);
+            }
+            ops[p.strip] = (
+                stripe.head(StripOp::Write, now.version, new, touched),
+                p.strip_offset as u64,
+                data.slice(p.at..p.at + p.len),
+            );
+        }
+        for (j, d) in deltas.into_iter().enumerate() {
+            ops[x + j] = (
+                stripe.head(StripOp::Xor, now.version, new, touched),
+                cols.start as u64,
+                Bytes::from(d),
+            );
+        }
+        Ok(ops)
+    }
+
+    /// Bytes `range` of data strip `k` at `version`: from its holder, or decoded from the same
+    /// columns of any x strips at that version when its holder fails or is at another version.
+    async fn strip_range(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        version: Version,
+        k: usize,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<u8>, Failure> {
+        let len = range.len();
+        let first = self
+            .strip_read(ep, cfg, stripe, k, range.start as u64, len)
+            .await;
+        match first {
+            Ok(r) if r.head.version == version => return Ok(r.bytes.to_vec()),
+            Ok(r) => tracing::warn!(
+                "strip {k} of {} is at {:?}, the stripe at {version:?}: decoding it from the others",
+                stripe.oid,
+                r.head.version
+            ),
+            Err(f) => tracing::warn!(
+                "strip {k} of {} unreadable ({}): decoding it from the others",
+                stripe.oid,
+                f.message
+            ),
+        }
+        self.ec_count(EcEvent::Decoded);
+        let cols = stripe.codec.columns(range.start, len);
+        let others = (0..stripe.width()).filter(|&j| j != k).map(|j| {
+            let cols = cols.clone();
+            async move {
+                let r = self
+                    .strip_read(ep, cfg, stripe, j, cols.start as u64, cols.len())
+                    .await;
+                r.ok()
+                    .filter(|r| r.head.version == version)
+                    .map(|r| r.bytes.to_vec())
+            }
+        });
+        let mut strips: Vec<Option<Vec<u8>>> = futures::future::join_all(others).await;
+        strips.insert(k, None);
+        stripe.codec.reconstruct(&mut strips).map_err(|e| {
+            Failure::new(
+                ResultCode::Busy,
+                format!(
+                    "object {} cannot be read: {e} (holders {})",
+                    stripe.oid,
+                    holders(stripe)
+                ),
+            )
+        })?;
+        let whole = strips[k].take().expect("reconstructed");
+        let at = range.start - cols.start;
+        Ok(whole[at..at + len].to_vec())
+    }
+
+    /// The stripe's decided state: known from this epoch, or asked of every holder and resolved
+    /// (rule 4) now, with the object's lock held.
+    async fn ec_decided(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+    ) -> Result<Decision, Failure> {
+        let epoch = ep.view.epoch;
+        let key0 = stripe.key(0);
+        if self.ec_known.contains(epoch, stripe.oid) {
+            let st = self.store.meta(key0);
+            return Ok(Decision {
+                version: st.map_or(Version::NONE, |s| s.version),
+                empty: st.is_none_or(|s| s.deleted),
+            });
+        }
+        let d = self.resolve_stripe(ep, cfg, stripe).await?;
+        self.ec_known.insert(epoch, stripe.oid);
+        Ok(d)
+    }
+
+    /// Asks every holder for its strip's state and makes the stripe whole at one version
+    /// (see [`objstore_proto::ec::resolve`]).
+    async fn resolve_stripe(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+    ) -> Result<Decision, Failure> {
+        let w = stripe.width();
+        let heads =
+            futures::future::join_all((0..w).map(|k| self.strip_read(ep, cfg, stripe, k, 0, 0)))
+                .await;
+        let strips: Vec<Strip> = heads
+            .iter()
+            .map(|r| match r {
+                Ok(r) => r.head.strip(),
+                Err(_) => Strip::Missing,
+            })
+            .collect();
+        let x = stripe.codec.data();
+        let all = StripSet::first(w);
+        match resolve(x, &strips) {
+            Resolution::Whole { version, rebuild } => {
+                if !rebuild.is_empty() && version != Version::NONE {
+                    // The stripe is decided: a strip that cannot be rebuilt now (its holder
+                    // waits for nodes that are down) is decoded by reads meanwhile.
+                    let sources = all.minus(rebuild);
+                    match self
+                        .rebuild(ep, cfg, stripe, version, sources, rebuild, None)
+                        .await
+                    {
+                        Ok(()) => self.ec_count(EcEvent::Rebuilt),
+                        Err(f) => tracing::warn!(
+                            "object {}: strips {rebuild:?} not rebuilt yet: {}",
+                            stripe.oid,
+                            f.message
+                        ),
+                    }
+                }
+                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                Ok(Decision { version, empty })
+            }
+            Resolution::Forward {
+                version,
+                sources,
+                rebuild,
+                relabel,
+            } => {
+                let t = heads
+                    .iter()
+                    .flatten()
+                    .find(|r| r.head.version == version && r.head.flags & wire::FLAG_KNOWN != 0)
+                    .map(|r| r.head)
+                    .expect("a strip at the version says its change");
+                tracing::info!(
+                    "object {}: a change left it mixed; going forward to {version:?}",
+                    stripe.oid
+                );
+                self.ec_count(EcEvent::Forward);
+                let bumps = relabel.iter().map(|k| {
+                    let head = stripe.head(StripOp::Bump, t.base, version, t.touched);
+                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                });
+                for r in futures::future::join_all(bumps).await {
+                    r?;
+                }
+                let head = stripe.head(StripOp::Put, t.base, version, t.touched);
+                self.rebuild(ep, cfg, stripe, version, sources, rebuild, Some(head))
+                    .await?;
+                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                Ok(Decision { version, empty })
+            }
+            Resolution::Back {
+                version,
+                roll_back,
+                ..
+            } => {
+                tracing::info!(
+                    "object {}: a change left it mixed and too few strips hold it; going back to {version:?}",
+                    stripe.oid
+                );
+                self.ec_count(EcEvent::Back);
+                for k in roll_back.iter() {
+                    let Ok(r) = &heads[k] else {
+                        unreachable!("a strip to roll back answered")
+                    };
+                    let head = stripe.head(StripOp::Back, version, r.head.version, StripSet::default());
+                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                        .await?;
+                }
+                // Written whole at a new version, so that no strip left at the undone version
+                // brings it back (rule 4).
+                let floor = self.issued.lock().unwrap().get(&stripe.oid).copied();
+                let newest = heads
+                    .iter()
+                    .flatten()
+                    .map(|r| r.head.version)
+                    .chain(floor)
+                    .max()
+                    .unwrap_or_default();
+                let again = newest.next(ep.view.epoch);
+                self.issued.lock().unwrap().insert(stripe.oid, again);
+                let bumped = roll_back.union(self.strips_at(&heads, version));
+                let rest = all.minus(bumped);
+                let bumps = bumped.iter().map(|k| {
+                    let head = stripe.head(StripOp::Bump, version, again, rest);
+                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                });
+                for r in futures::future::join_all(bumps).await {
+                    r?;
+                }
+                let head = stripe.head(StripOp::Put, version, again, rest);
+                self.rebuild(ep, cfg, stripe, again, bumped, rest, Some(head))
+                    .await?;
+                self.issued.lock().unwrap().remove(&stripe.oid);
+                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                Ok(Decision {
+                    version: again,
+                    empty,
+                })
+            }
+            Resolution::Undecided { valid, need } => Err(Failure::new(
+                ResultCode::Busy,
+                format!(
+                    "object {} has {valid} of the {need} strips it needs at one version: waiting for its holders ({})",
+                    stripe.oid,
+                    holders(stripe)
+                ),
+            )),
+            Resolution::Inconsistent(why) => Err(Failure::new(
+                ResultCode::Io,
+                format!("object {}: {why}", stripe.oid),
+            )),
+        }
+    }
+
+    /// The strips whose holder answered at `version`.
+    fn strips_at(&self, heads: &[Result<StripRead, Failure>], version: Version) -> StripSet {
+        let mut s = StripSet::default();
+        for (k, r) in heads.iter().enumerate() {
+            if r.as_ref().is_ok_and(|r| r.head.version == version) {
+                s.insert(k);
+            }
+        }
+        s
+    }
+
+    /// Decodes the strips of `rebuild` at `version` from `sources` (whole strips) and installs
+    /// them on their holders (`head` or a bare `Put`).
+    #[allow(clippy::too_many_arguments)]
+    async fn rebuild(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        version: Version,
+        sources: StripSet,
+        rebuild: StripSet,
+        head: Option<StripHead>,
+    ) -> Result<(), Failure> {
+        if rebuild.is_empty() {
+            return Ok(());
+        }
+        let len = stripe.codec.strip_len();
+        let reads = (0..stripe.width()).map(|k| async move {
+            if !sources.contains(k) {
+                return None;
+            }
+            let r = self.strip_read(ep, cfg, stripe, k, 0, len).await.ok()?;
+            (r.head.version == version).then(|| r.bytes.to_vec())
+        });
+        let mut strips: Vec<Option<Vec<u8>>> = futures::future::join_all(reads).await;
+        stripe.codec.reconstruct(&mut strips).map_err(|e| {
+            Failure::new(
+                ResultCode::Busy,
+                format!("object {} cannot be rebuilt: {e}", stripe.oid),
+            )
+        })?;
+        let head = head.unwrap_or_else(|| {
+            stripe.head(StripOp::Put, Version::NONE, version, StripSet::default())
+        });
+        let puts = rebuild.iter().map(|k| {
+            let bytes = Bytes::from(strips[k].clone().expect("reconstructed"));
+            self.strip_call(ep, cfg, stripe, k, head, 0, bytes)
+        });
+        for r in futures::future::join_all(puts).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Sends strip `k`'s op to its holder (this node: applied here).
+    #[allow(clippy::too_many_arguments)]
+    async fn strip_call(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        k: usize,
+        head: StripHead,
+        offset: u64,
+        bytes: Bytes,
+    ) -> Result<(), Failure> {
+        let key = stripe.key(k);
+        let holder = &stripe.holders[k];
+        if holder.id == self.me.id {
+            return self.apply_strip(ep, cfg, key, head, offset, bytes).await;
+        }
+        let mut h = Header::request(Opcode::PeerStrip, 0, ep.view.epoch);
+        h.oid = key.0;
+        h.offset = offset;
+        h.length = bytes.len() as u32;
+        let f = self
+            .strip_peer_call(
+                holder.addr,
+                h,
+                Bytes::copy_from_slice(&head.encode()),
+                bytes,
+            )
+            .await?;
+        match f.header.result_code() {
+            ResultCode::Ok => Ok(()),
+            code => Err(strip_failure(holder.addr, code, f.message())),
+        }
+    }
+
+    /// Bytes `offset .. offset + len` of strip `k` from its holder, with its head.
+    async fn strip_read(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        k: usize,
+        offset: u64,
+        len: usize,
+    ) -> Result<StripRead, Failure> {
+        let key = stripe.key(k);
+        let like = stripe.head(
+            StripOp::Write,
+            Version::NONE,
+            Version::NONE,
+            StripSet::default(),
+        );
+        let holder = &stripe.holders[k];
+        if holder.id == self.me.id {
+            return self.read_strip(ep, cfg, key, like, offset, len).await;
+        }
+        let mut h = Header::request(Opcode::PeerStripRead, 0, ep.view.epoch);
+        h.oid = key.0;
+        h.offset = offset;
+        h.length = len as u32;
+        h.aux = wire::scheme_aux(stripe.scheme);
+        let f = self
+            .strip_peer_call(holder.addr, h, Bytes::new(), Bytes::new())
+            .await?;
+        if f.header.result_code() != ResultCode::Ok {
+            return Err(strip_failure(
+                holder.addr,
+                f.header.result_code(),
+                f.message(),
+            ));
+        }
+        match wire::split(&f.payload) {
+            Some((head, bytes)) if bytes.len() == len => Ok(StripRead { head, bytes }),
+            _ => Err(Failure::new(
+                ResultCode::Io,
+                format!("holder {} answered strip {key} malformed", holder.addr),
+            )),
+        }
+    }
+
+    /// One request to a peer; a connection that failed is dropped and reported `Busy`.
+    async fn strip_peer_call(
+        &self,
+        addr: std::net::SocketAddr,
+        h: Header,
+        prefix: Bytes,
+        payload: Bytes,
+    ) -> Result<objstore_proto::frame::Frame, Failure> {
+        let conn = self
+            .peers
+            .get(addr, FORWARD_TIMEOUT)
+            .await
+            .map_err(|e| Failure::new(ResultCode::Busy, format!("strip holder {addr}: {e}")))?;
+        match conn
+            .call_with_prefix(h, prefix, payload, FORWARD_TIMEOUT)
+            .await
+        {
+            Ok(f) => Ok(f),
+            Err(e) => {
+                self.peers.drop_conn(addr).await;
+                Err(Failure::new(
+                    ResultCode::Busy,
+                    format!("strip holder {addr}: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+/// A holder's refusal as the client sees it: its disk's errors as they are, anything else a
+/// wait (the primary resolves the stripe at the next attempt).
+fn strip_failure(addr: std::net::SocketAddr, code: ResultCode, message: String) -> Failure {
+    match code {
+        ResultCode::NoSpace | ResultCode::Io | ResultCode::InvalidRequest => {
+            Failure::new(code, format!("strip holder {addr}: {message}"))
+        }
+        _ => Failure::new(ResultCode::Busy, format!("strip holder {addr}: {message}")),
+    }
+}
+
+fn holders(stripe: &Stripe) -> String {
+    stripe
+        .holders
+        .iter()
+        .map(|n| n.addr.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

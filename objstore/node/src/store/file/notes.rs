@@ -1,0 +1,107 @@
+//! The file backend's notes ([`crate::store::ObjectBackend::set_note`]): one small file per
+//! object under `DIR/.notes/`, named after the object id in hex.
+//!
+//! ```text
+//! [crc32c of the rest: u32 BE][length: u32 BE][note ...]
+//! ```
+//! A note is written in place with one `pwrite` and no sync, before the object's write it
+//! describes: a kill keeps both in the page cache. A flush syncs every note set since the last
+//! one before it syncs the objects, so after a crash a note is never older than the bytes it
+//! describes. A note torn by a crash fails its check and reads as none. `put_if_newer` and
+//! `forget` remove it.
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use objstore_proto::oid::ObjectId;
+
+use super::names::fsync_dir;
+use crate::store::StoreError;
+
+/// The notes' directory in the store's.
+pub(super) const DIR: &str = ".notes";
+
+pub(super) struct Notes {
+    dir: PathBuf,
+    /// Notes set since the last flush.
+    dirty: Mutex<HashSet<ObjectId>>,
+}
+
+impl Notes {
+    pub(super) fn open(store: &Path) -> io::Result<Notes> {
+        let dir = store.join(DIR);
+        fs::create_dir_all(&dir)?;
+        Ok(Notes {
+            dir,
+            dirty: Mutex::default(),
+        })
+    }
+
+    fn path(&self, oid: ObjectId) -> PathBuf {
+        self.dir.join(format!("{oid}"))
+    }
+
+    pub(super) fn get(&self, oid: ObjectId) -> Option<Vec<u8>> {
+        let b = fs::read(self.path(oid)).ok()?;
+        let sum = u32::from_be_bytes(b.get(..4)?.try_into().ok()?);
+        let len = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?) as usize;
+        let note = b.get(8..8usize.checked_add(len)?)?;
+        (crc_fast::crc32_iscsi(&b[4..8 + len]) == sum).then(|| note.to_vec())
+    }
+
+    pub(super) fn set(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
+        let mut b = Vec::with_capacity(8 + note.len());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&(note.len() as u32).to_be_bytes());
+        b.extend_from_slice(note);
+        let sum = crc_fast::crc32_iscsi(&b[4..]);
+        b[..4].copy_from_slice(&sum.to_be_bytes());
+        let f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(self.path(oid))
+            .map_err(|e| StoreError::io(oid, "open note", e))?;
+        f.write_all_at(&b, 0)
+            .map_err(|e| StoreError::io(oid, "write note", e))?;
+        self.dirty.lock().unwrap().insert(oid);
+        Ok(())
+    }
+
+    pub(super) fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
+        self.dirty.lock().unwrap().remove(&oid);
+        match fs::remove_file(self.path(oid)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(StoreError::io(oid, "remove note", e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Syncs every note set since the last call, then the directory.
+    pub(super) fn sync(&self) -> Result<(), StoreError> {
+        let dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        for &oid in &dirty {
+            match File::open(self.path(oid)).and_then(|f| f.sync_data()) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    // Set again so the next flush tries once more; this one fails.
+                    self.dirty.lock().unwrap().extend(dirty.iter().copied());
+                    return Err(StoreError::SyncFailed {
+                        oids: Vec::new(),
+                        source: e,
+                    });
+                }
+            }
+        }
+        fsync_dir(&self.dir).map_err(|e| StoreError::io(dirty[0], "sync notes", e))
+    }
+}

@@ -1,0 +1,282 @@
+//! Erasure-coded objects in one process (memory stores, an in-memory network): what is written
+//! reads back, whole or in pieces across strips; every strip's parity matches its data; a
+//! change cut short on some strips leaves a stripe that reads as the old bytes or the new,
+//! never a mix (forward when x strips hold the change, back from what the holders kept
+//! otherwise); a strip whose holder is down is decoded from the others.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use objstore_client::Client;
+use objstore_node::store::mem::{Fault, Op};
+use objstore_node::store::ObjectBackend;
+use objstore_node::testing::MemCluster;
+use objstore_proto::ec::Codec;
+use objstore_proto::redundancy::Redundancy;
+use objstore_proto::{ObjIndex, ObjectId, Vid};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const MIB: u64 = 1 << 20;
+const EC42: Redundancy = Redundancy::Ec { data: 4, parity: 2 };
+
+fn oid(i: u32) -> ObjectId {
+    ObjectId::data(Vid(9), ObjIndex(i))
+}
+
+/// How many times node `i` counted `name` (with `labels`).
+fn counted(c: &MemCluster, i: usize, name: &str, labels: &[(&str, &str)]) -> u64 {
+    let r = c.node(i).expect("up").metrics().registry();
+    r.counter(name, "", labels).get()
+}
+
+fn cluster(n: usize) -> (MemCluster, tokio::runtime::Runtime, Arc<Client>) {
+    let c = MemCluster::start(n).expect("start");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cl = c.client_on(&rt, Duration::from_secs(20));
+    rt.block_on(cl.format(3, None, MIB)).unwrap();
+    (c, rt, cl)
+}
+
+/// Node indexes holding strip 0.. of `oid`, in node `from`'s view.
+fn holders(c: &MemCluster, from: usize, oid: ObjectId, strips: usize) -> Vec<usize> {
+    let ep = c.node(from).expect("up").epoch();
+    (0..strips)
+        .map(|k| {
+            let n = &ep.ring.nodes()[ep.ring.strip_holder(oid, k).unwrap()];
+            (0..64).find(|&i| c.addr(i) == n.addr).unwrap()
+        })
+        .collect()
+}
+
+/// Every strip of `oid` on its holder, at one version, with parity that matches the data.
+fn assert_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
+    let codec = Codec::new(EC42, MIB).unwrap();
+    let hs = holders(c, from, oid, 6);
+    let mut strips = Vec::new();
+    let mut versions = Vec::new();
+    for (k, &i) in hs.iter().enumerate() {
+        let (mut bytes, st) = c.store(i).read_whole(oid.strip(k)).expect("strip held");
+        bytes.resize(codec.strip_len(), 0);
+        strips.push(bytes);
+        versions.push(st.version);
+    }
+    assert!(
+        versions.windows(2).all(|w| w[0] == w[1]),
+        "{oid}: {versions:?}"
+    );
+    let parity = codec.parity_of(&strips[..4]).unwrap();
+    assert_eq!(
+        parity[..],
+        strips[4..],
+        "{oid}: parity does not match the data"
+    );
+}
+
+#[test]
+fn writes_read_back_across_strips_and_parity_matches() {
+    let (c, rt, cl) = cluster(6);
+    let mut rng = StdRng::seed_from_u64(44);
+    let mut model = vec![vec![0u8; MIB as usize]; 3];
+    for round in 0..60 {
+        let o = rng.gen_range(0..3);
+        let len = *[1usize, 4096, 10_000, 300_000, MIB as usize]
+            .get(rng.gen_range(0..5))
+            .unwrap();
+        let at = rng.gen_range(0..=MIB as usize - len);
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        rt.block_on(cl.ec_write_obj(oid(o), EC42, at as u64, Bytes::from(data.clone())))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        model[o as usize][at..at + len].copy_from_slice(&data);
+        let (from, n) = (rng.gen_range(0..MIB as usize), rng.gen_range(1..200_000));
+        let n = n.min(MIB as usize - from);
+        let got = rt
+            .block_on(cl.ec_read_obj(oid(o), EC42, from as u64, n as u32))
+            .unwrap();
+        assert_eq!(
+            &got[..],
+            &model[o as usize][from..from + n],
+            "round {round}"
+        );
+    }
+    for o in 0..3 {
+        let whole = rt
+            .block_on(cl.ec_read_obj(oid(o), EC42, 0, MIB as u32))
+            .unwrap();
+        assert!(whole[..] == model[o as usize][..], "object {o}");
+        assert_consistent(&c, 0, oid(o));
+    }
+    // Never written: zeros, and nothing stored. Removed: zeros again.
+    let none = rt.block_on(cl.ec_read_obj(oid(9), EC42, 0, 4096)).unwrap();
+    assert!(none.iter().all(|&b| b == 0));
+    rt.block_on(cl.ec_remove_obj(oid(0), EC42)).unwrap();
+    let gone = rt.block_on(cl.ec_read_obj(oid(0), EC42, 0, 4096)).unwrap();
+    assert!(gone.iter().all(|&b| b == 0));
+    rt.block_on(cl.ec_write_obj(oid(0), EC42, 5000, Bytes::from_static(b"again")))
+        .unwrap();
+    let back = rt.block_on(cl.ec_read_obj(oid(0), EC42, 4998, 9)).unwrap();
+    assert_eq!(&back[..], b"\0\0again\0\0");
+    assert_consistent(&c, 0, oid(0));
+    // Raw bytes stored: 1.5 times the logical bytes, not 3.
+    let raw: usize = (0..6)
+        .map(|i| {
+            c.store(i)
+                .list()
+                .iter()
+                .filter(|(o, s)| o.base() == oid(1) && !s.deleted)
+                .map(|(o, _)| c.store(i).object_len(*o).unwrap_or(0) as usize)
+                .sum::<usize>()
+        })
+        .sum();
+    assert_eq!(
+        raw,
+        6 * MIB as usize / 4,
+        "raw bytes of one 1 MiB object at 4:2"
+    );
+}
+
+/// A write of strips 0, 1 and 2 (and both parities) that strips 1, 2 and 5 refuse: only 3
+/// strips hold it, so the stripe goes back, strips 0 and 4 from what they kept. A write that
+/// only its data strip refuses goes forward (x strips valid at it), its strip rebuilt.
+#[test]
+fn a_change_cut_short_reads_as_old_or_new_never_a_mix() {
+    let (c, rt, cl) = cluster(6);
+    let o = oid(1);
+    let codec = Codec::new(EC42, MIB).unwrap();
+    let l = codec.strip_len();
+    let old: Vec<u8> = (0..MIB as usize).map(|i| (i % 251) as u8).collect();
+    rt.block_on(cl.ec_write_obj(o, EC42, 0, Bytes::from(old.clone())))
+        .unwrap();
+    let hs = holders(&c, 0, o, 6);
+
+    // Back: strips 1, 2 and 5 refuse.
+    for k in [1, 2, 5] {
+        c.store(hs[k]).fail_object(Op::Write, o.strip(k), Fault::Io);
+    }
+    let new = vec![0xabu8; 2 * l + 100];
+    let at = l / 2;
+    let short = c.client_on(&rt, Duration::from_secs(2));
+    let r = rt.block_on(short.ec_write_obj(o, EC42, at as u64, Bytes::from(new.clone())));
+    assert!(r.is_err(), "a write three strips refused was acknowledged");
+    for &i in &hs {
+        c.store(i).clear_faults();
+    }
+    let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, MIB as u32)).unwrap();
+    assert!(
+        got[..] == old[..],
+        "the stripe did not go back to the old bytes"
+    );
+    assert_consistent(&c, 0, o);
+    let back = [("way", "back")];
+    assert_eq!(counted(&c, hs[0], "sheep_ec_resolved_total", &back), 1);
+
+    // Forward: only data strip 1 refuses; strips 0, 2, 3, 4, 5 hold the change.
+    c.store(hs[1]).fail_object(Op::Write, o.strip(1), Fault::Io);
+    let r = rt.block_on(short.ec_write_obj(o, EC42, at as u64, Bytes::from(new.clone())));
+    assert!(r.is_err());
+    c.store(hs[1]).clear_faults();
+    let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, MIB as u32)).unwrap();
+    let mut want = old.clone();
+    want[at..at + new.len()].copy_from_slice(&new);
+    assert!(
+        got[..] == want[..],
+        "the stripe did not go forward to the new bytes"
+    );
+    assert_consistent(&c, 0, o);
+    let forward = [("way", "forward")];
+    assert_eq!(counted(&c, hs[0], "sheep_ec_resolved_total", &forward), 1);
+    // The client's next change goes on from there.
+    rt.block_on(cl.ec_write_obj(o, EC42, 0, Bytes::from_static(b"next")))
+        .unwrap();
+    let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, 4)).unwrap();
+    assert_eq!(&got[..], b"next");
+    assert_consistent(&c, 0, o);
+}
+
+/// Random writes, each refused by a random set of strips: after each, the object reads as the
+/// bytes before the write or after it, and once the stripe is resolved its parity matches.
+#[test]
+fn random_refusals_never_leave_a_mix() {
+    let (c, rt, cl) = cluster(6);
+    let short = c.client_on(&rt, Duration::from_secs(1));
+    let mut rng = StdRng::seed_from_u64(7);
+    let o = oid(2);
+    let mut model = vec![0u8; MIB as usize];
+    for round in 0..25 {
+        let hs = holders(&c, 0, o, 6);
+        let refuse: Vec<usize> = (1..6).filter(|_| rng.gen_bool(0.3)).collect();
+        for &k in &refuse {
+            c.store(hs[k]).fail_object(Op::Write, o.strip(k), Fault::Io);
+        }
+        let len = rng.gen_range(1..400_000);
+        let at = rng.gen_range(0..=MIB as usize - len);
+        let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+        let ok = rt
+            .block_on(short.ec_write_obj(o, EC42, at as u64, Bytes::from(data.clone())))
+            .is_ok();
+        for &i in &hs {
+            c.store(i).clear_faults();
+        }
+        let mut after = model.clone();
+        after[at..at + len].copy_from_slice(&data);
+        let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, MIB as u32)).unwrap();
+        if got[..] == after[..] {
+            model = after;
+        } else {
+            assert!(!ok, "round {round}: an acknowledged write is not there");
+            assert!(
+                got[..] == model[..],
+                "round {round}: neither the old bytes nor the new (refused by {refuse:?})"
+            );
+        }
+        assert_consistent(&c, 0, o);
+    }
+}
+
+/// A holder of a data strip crashes: the strip it held is rebuilt on its new holder from
+/// the others (or decoded for reads until it is), writes go on without it, and once it is
+/// back every strip agrees again.
+#[test]
+fn a_strip_whose_holder_is_down_is_rebuilt() {
+    let (mut c, rt, cl) = cluster(7);
+    let o = oid(3);
+    let data: Vec<u8> = (0..MIB as usize).map(|i| (i * 7 % 256) as u8).collect();
+    rt.block_on(cl.ec_write_obj(o, EC42, 0, Bytes::from(data.clone())))
+        .unwrap();
+    rt.block_on(cl.flush()).unwrap();
+    let hs = holders(&c, 0, o, 6);
+    let down = hs[2];
+    c.crash(down);
+    c.wait_members(6);
+    c.wait_recovered();
+    let from = hs[0];
+    assert_ne!(from, down);
+    let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, MIB as u32)).unwrap();
+    assert!(got[..] == data[..], "a read with a strip's holder down");
+    let primary = holders(&c, from, o, 1)[0];
+    let made_whole: u64 = ["forward", "rebuilt"]
+        .iter()
+        .map(|w| counted(&c, primary, "sheep_ec_resolved_total", &[("way", w)]))
+        .sum::<u64>()
+        + counted(&c, primary, "sheep_ec_decoded_reads_total", &[]);
+    assert!(
+        made_whole >= 1,
+        "the lost strip was neither rebuilt nor decoded"
+    );
+    assert_consistent(&c, from, o);
+    rt.block_on(cl.ec_write_obj(o, EC42, 100, Bytes::from_static(b"while")))
+        .unwrap();
+    assert_consistent(&c, from, o);
+    c.start_node(down).unwrap();
+    c.wait_members(7);
+    c.wait_recovered();
+    rt.block_on(cl.ec_write_obj(o, EC42, 100, Bytes::from_static(b"after")))
+        .unwrap();
+    let got = rt.block_on(cl.ec_read_obj(o, EC42, 98, 9)).unwrap();
+    assert_eq!(
+        &got[..],
+        &[data[98], data[99], b'a', b'f', b't', b'e', b'r', data[105], data[106]]
+    );
+    assert_consistent(&c, down, o);
+}
