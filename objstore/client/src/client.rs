@@ -571,12 +571,18 @@ impl Client {
         min_copies: Option<u32>,
         object_size: u64,
     ) -> Result<(), ClientError> {
-        let body = serde_json::to_vec(&FormatRequest {
+        self.format_with(FormatRequest {
             copies,
             min_copies,
             object_size,
+            vdi_redundancy: None,
         })
-        .expect("serializable");
+        .await
+    }
+
+    /// Formats the cluster as `req` says (with VDIs erasure-coded by default, say).
+    pub async fn format_with(&self, req: FormatRequest) -> Result<(), ClientError> {
+        let body = serde_json::to_vec(&req).expect("serializable");
         let (addr, f) = self.any_node(Opcode::Format, Bytes::from(body)).await?;
         match answer(addr, Ok(f)) {
             Answer::Ok(_) => {

@@ -7,16 +7,20 @@ use serde::Serialize;
 
 use crate::{size_arg, Ctx};
 use objstore_client::client::ClusterView;
+use objstore_proto::api::FormatRequest;
 use objstore_proto::keys;
+use objstore_proto::redundancy::Redundancy;
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {
     /// Format a new cluster (once): set the copy count and object size. With --key-file PATH
     /// and no file at PATH, a new cluster key is written there first.
     Format {
-        /// Copies of every object (on distinct nodes, in distinct zones where possible).
+        /// Copies of every object (on distinct nodes, in distinct zones where possible), or
+        /// x:y to erasure-code VDIs by default: x data and y parity strips of each object on
+        /// x + y nodes in distinct zones (inodes then keep y + 1 full copies).
         #[arg(short, long)]
-        copies: u32,
+        copies: Redundancy,
         /// Live owners a write needs; below it writes wait (default: a majority of the copies,
         /// 2 of 3, 1 of 2, as Ceph's min_size).
         #[arg(long)]
@@ -79,6 +83,8 @@ struct InfoOut {
     epoch: u32,
     copies: Option<u32>,
     min_copies: Option<u32>,
+    /// How new VDIs keep their data objects by default ("3", "4:2").
+    vdi_redundancy: Option<Redundancy>,
     /// Objects whose I/O waits for nodes that are down (summed over the nodes up).
     waiting_objects: u64,
     /// The nodes they wait for.
@@ -100,7 +106,18 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
             min_copies,
             object_size,
         } => {
-            ctx.client.format(copies, min_copies, object_size).await?;
+            let (vdi_redundancy, copies) = match copies {
+                Redundancy::Copies(n) => (None, n),
+                ec @ Redundancy::Ec { parity, .. } => (Some(ec), parity as u32 + 1),
+            };
+            ctx.client
+                .format_with(FormatRequest {
+                    copies,
+                    min_copies,
+                    object_size,
+                    vdi_redundancy,
+                })
+                .await?;
             let info = ctx.client.view().info.clone();
             let note = if info.degraded() {
                 format!(
@@ -111,8 +128,12 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 String::new()
             };
             ctx.print(&info, || {
+                let vdis = match vdi_redundancy {
+                    Some(r) => format!("VDIs erasure-coded {r} by default, inodes in "),
+                    None => String::new(),
+                };
                 format!(
-                    "formatted: {copies} copies (writes need {}), {} objects, {} node(s){note}\n",
+                    "formatted: {vdis}{copies} copies (writes need {}), {} objects, {} node(s){note}\n",
                     info.config.map(|c| c.min_copies()).unwrap_or(0),
                     format_size(object_size),
                     info.view.nodes.len()
@@ -135,6 +156,7 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                 epoch: info.view.epoch,
                 copies: info.config.map(|c| c.copies),
                 min_copies: info.config.map(|c| c.min_copies()),
+                vdi_redundancy: info.config.map(|c| c.default_redundancy()),
                 waiting_objects: waiting.objects,
                 waiting_for: waiting.nodes.clone(),
                 waiting_epoch: waiting.epoch,
@@ -168,6 +190,13 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                         c.min_copies(),
                         format_size(c.object_size as u64)
                     );
+                    if let Some(r) = c.vdi_redundancy {
+                        s += &format!(
+                            "\nNew VDIs: erasure-coded {r} ({:.2}x raw, survives {} lost nodes)",
+                            r.raw_per_logical(),
+                            r.tolerates()
+                        );
+                    }
                 } else {
                     s += "\nNot formatted: run 'dog cluster format --copies N'";
                 }

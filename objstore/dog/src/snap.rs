@@ -6,6 +6,7 @@ use anyhow::bail;
 use objstore_client::lock;
 use objstore_client::vdi::{self, TreeNode, VdiInfo};
 use objstore_proto::oid::Vid;
+use objstore_proto::redundancy::Redundancy;
 use objstore_proto::size::format_size;
 
 use crate::Ctx;
@@ -30,12 +31,13 @@ pub fn confirm(yes: bool, question: &str) -> anyhow::Result<()> {
 }
 
 /// `dog vdi list`: each VDI, then its snapshots (`s`), clones marked `c`. Used is what it
-/// alone holds (what deleting it frees), Shared what it reads that others hold too.
+/// alone holds (what deleting it frees), Shared what it reads that others hold too, Raw what
+/// Used takes on the nodes' disks (its copies, or its strips).
 pub fn table(list: &[VdiInfo]) -> String {
     let by_vid: HashMap<Vid, &VdiInfo> = list.iter().map(|v| (v.vid, v)).collect();
     let mut s = format!(
-        "  {:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>6} {:>10} {:<20}\n",
-        "Name", "Tag", "Id", "Size", "Used", "Shared", "Copies", "Object", "Created"
+        "  {:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:<20}\n",
+        "Name", "Tag", "Id", "Size", "Used", "Shared", "Raw", "Redundancy", "Object", "Created"
     );
     for v in list {
         let clone = by_vid.get(&v.parent_vid).is_some_and(|p| v.is_clone_of(p));
@@ -52,15 +54,27 @@ pub fn table(list: &[VdiInfo]) -> String {
         } else {
             v.created
         };
+        // Raw: what the objects it alone holds take on the nodes' disks.
+        let raw = if v.used == 0 {
+            0
+        } else {
+            (alone as u128 * v.raw_used as u128 / v.used as u128) as u64
+        };
+        let redundancy = match v.redundancy {
+            Some(r @ Redundancy::Ec { .. }) => r.to_string(),
+            Some(r) => format!("{r} copies"),
+            None => format!("{} copies", v.copies),
+        };
         s += &format!(
-            "{mark} {:<24} {:<20} {:>6x} {:>10} {:>10} {:>10} {:>6} {:>10} {:<20}\n",
+            "{mark} {:<24} {:<20} {:>6x} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:<20}\n",
             v.name,
             v.tag.as_deref().unwrap_or(""),
             v.vid,
             format_size(v.size),
             format_size(alone),
             format_size(v.used.saturating_sub(alone)),
-            v.copies,
+            format_size(raw),
+            redundancy,
             format_size(v.object_size as u64),
             lock::format_utc(time)
         );

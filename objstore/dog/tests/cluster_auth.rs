@@ -168,6 +168,7 @@ fn connections_without_the_key_read_and_change_nothing() {
                     copies: 1,
                     min_copies: None,
                     object_size: 1 << 20,
+                    vdi_redundancy: None,
                 }),
             ),
         ),

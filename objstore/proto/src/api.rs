@@ -15,6 +15,9 @@ pub struct FormatRequest {
     #[serde(default)]
     pub min_copies: Option<u32>,
     pub object_size: u64,
+    /// The default redundancy of new VDIs' data objects when it is an erasure code (`x:y`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vdi_redundancy: Option<crate::redundancy::Redundancy>,
 }
 
 /// `KvCas` request body: replace `key` if it still holds `expected` (`None` = absent); a `None`

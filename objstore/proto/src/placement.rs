@@ -66,12 +66,15 @@ impl Ring {
     pub fn holders_of(&self, start: usize, strip: Option<usize>, copies: usize) -> Vec<usize> {
         match strip {
             None => self.arc_holders(start, copies),
-            Some(k) => self
-                .arc_holders(start, k + 1)
-                .get(k)
-                .copied()
-                .into_iter()
-                .collect(),
+            Some(k) => {
+                let walk = self.arc_holders(start, k + 1);
+                // Fewer nodes than strips: the walk again from its start, so that every strip
+                // has a holder (some two) and none is dropped while the cluster is short.
+                (!walk.is_empty())
+                    .then(|| walk[k % walk.len()])
+                    .into_iter()
+                    .collect()
+            }
         }
     }
 
@@ -120,10 +123,11 @@ impl Ring {
     }
 
     /// Index (into [`Ring::nodes`]) of the node holding strip `k` of erasure-coded object
-    /// `oid`: the `k`-th holder of its walk (None with `k` nodes or fewer). The walk of `k + 1`
-    /// holders is a prefix of any longer one, so this does not depend on how many strips the
-    /// object has, strips of one object are on distinct nodes, and on distinct zones while the
-    /// ring has at least `k + 1` zones.
+    /// `oid`: the `k`-th holder of its walk. The walk of `k + 1` holders is a prefix of any
+    /// longer one, so this does not depend on how many strips the object has, strips of one
+    /// object are on distinct nodes, and on distinct zones while the ring has at least `k + 1`
+    /// zones. With `n <= k` nodes, strip `k` goes to the `(k mod n)`-th (a node then holds
+    /// two strips of the object); None only for an empty ring.
     pub fn strip_holder(&self, oid: ObjectId, k: usize) -> Option<usize> {
         self.holders_of(self.arc_of(oid), Some(k), 0)
             .first()
@@ -258,12 +262,14 @@ mod tests {
             assert!(ring.holds(nodes[walk[4]].id, oid.strip(4), 1));
             assert!(!ring.holds(nodes[walk[0]].id, oid.strip(4), 3));
         }
-        // Fewer zones than strips: still distinct nodes; more strips than nodes: none.
+        // Fewer nodes than strips: the walk again, so no strip is without a holder.
         let ring = Ring::new(&nodes[..3]);
         let oid = ObjectId::data(Vid(3), ObjIndex(1));
-        assert_eq!(ring.strip_holder(oid, 3), None);
         let three: Vec<usize> = (0..3).map(|k| ring.strip_holder(oid, k).unwrap()).collect();
         assert_eq!(three, ring.replica_indices(oid, 3));
+        assert_eq!(ring.strip_holder(oid, 3), Some(three[0]));
+        assert_eq!(ring.strip_holder(oid, 5), Some(three[2]));
+        assert_eq!(Ring::new(&[]).strip_holder(oid, 0), None);
     }
 
     proptest! {

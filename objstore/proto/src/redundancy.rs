@@ -40,12 +40,14 @@ impl Redundancy {
 
     /// Holders a change needs by default: a majority of the copies (as Ceph's `min_size`), or
     /// `x + y - y/2` strips, so that an acknowledged change stays decodable with `y - y/2`
-    /// more strips lost.
+    /// more strips lost; and at least `y + 1`, so that the strips of an older version at hand
+    /// never reach x while every holder of an acknowledged change is down and no more than y
+    /// strips are lost (only schemes of x at most y/2, as 2:4, need it).
     pub fn default_min(self) -> u32 {
         let w = self.width() as u32;
         match self {
             Redundancy::Copies(n) => n - n / 2,
-            Redundancy::Ec { parity, .. } => w - parity as u32 / 2,
+            Redundancy::Ec { parity, .. } => (w - parity as u32 / 2).max(parity as u32 + 1),
         }
     }
 
@@ -212,14 +214,18 @@ mod tests {
             (ec(4, 2).tolerates(), Redundancy::Copies(3).tolerates()),
             (2, 2)
         );
-        // An acknowledged change survives y - y/2 more lost strips: min - data of them.
+        // An acknowledged change survives y - y/2 more lost strips (min - data of them); and
+        // with every holder of it down, fewer than x strips are left or more than y are lost.
         for d in EC_DATA {
             for p in EC_PARITY {
                 let r = ec(d, p);
-                assert!(r.default_min() >= d as u32 && r.default_min() <= r.width() as u32);
-                assert_eq!(r.default_min() - d as u32, (p - p / 2) as u32);
+                let min = r.default_min();
+                assert!(min >= d as u32 && min <= r.width() as u32);
+                assert!(min - d as u32 >= (p - p / 2) as u32);
+                assert!(r.width() as u32 - min < d as u32 || min > p as u32, "{r}");
             }
         }
+        assert_eq!(ec(2, 4).default_min(), 5);
     }
 
     #[test]

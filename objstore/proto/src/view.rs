@@ -50,6 +50,11 @@ pub struct ClusterConfig {
     pub object_size: u32,
     /// Unix seconds.
     pub formatted_at: u64,
+    /// How new VDIs keep their data objects unless they say otherwise: an erasure code set
+    /// by `dog cluster format --copies x:y` (inodes then keep `copies` = y + 1 full copies);
+    /// None: `copies` full copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vdi_redundancy: Option<crate::redundancy::Redundancy>,
 }
 
 pub const DEFAULT_OBJECT_SIZE: u32 = 4 << 20;
@@ -64,6 +69,12 @@ pub fn default_min_copies(copies: u32) -> u32 {
 }
 
 impl ClusterConfig {
+    /// How a new VDI keeps its data objects by default.
+    pub fn default_redundancy(&self) -> crate::redundancy::Redundancy {
+        self.vdi_redundancy
+            .unwrap_or(crate::redundancy::Redundancy::Copies(self.copies))
+    }
+
     /// Live owners of an object a write needs; below it writes wait.
     pub fn min_copies(&self) -> u32 {
         if self.min_copies == 0 {
@@ -124,6 +135,9 @@ impl ClusterInfo {
                 c.min_copies
             };
             ClusterConfig::validate(c.copies, min, c.object_size as u64)?;
+            if let Some(r) = c.vdi_redundancy {
+                r.validate(0, usize::MAX)?;
+            }
         }
         let mut points = 0u64;
         let mut ids: Vec<u64> = Vec::with_capacity(self.view.nodes.len());
@@ -206,7 +220,14 @@ mod tests {
             min_copies: 0,
             object_size: 4 << 20,
             formatted_at: 0,
+            vdi_redundancy: None,
         });
         assert!(bad_format.check().unwrap_err().contains("copies"));
+        bad_format.config = Some(ClusterConfig {
+            copies: 3,
+            vdi_redundancy: Some(crate::redundancy::Redundancy::Ec { data: 1, parity: 9 }),
+            ..bad_format.config.unwrap()
+        });
+        assert!(bad_format.check().unwrap_err().contains("data strips"));
     }
 }

@@ -127,6 +127,32 @@ impl Client {
             .await
     }
 
+    /// [`Client::write_obj`], or [`Client::ec_write_obj`] for an object of erasure code `ec`.
+    pub async fn write_data(
+        &self,
+        oid: ObjectId,
+        ec: Option<Redundancy>,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ClientError> {
+        match ec {
+            Some(r) => self.ec_write_obj(oid, r, offset, data).await,
+            None => self.write_obj(oid, offset, data).await,
+        }
+    }
+
+    /// [`Client::remove_obj`], or [`Client::ec_remove_obj`] for an object of erasure code `ec`.
+    pub async fn remove_data(
+        &self,
+        oid: ObjectId,
+        ec: Option<Redundancy>,
+    ) -> Result<(), ClientError> {
+        match ec {
+            Some(r) => self.ec_remove_obj(oid, r).await,
+            None => self.remove_obj(oid).await,
+        }
+    }
+
     /// Removes erasure-coded object `oid` (every strip keeps a tombstone at a new version).
     pub async fn ec_remove_obj(
         &self,
@@ -143,7 +169,7 @@ impl Client {
 
     /// Reads `len` bytes at `offset` of erasure-coded object `oid` from its primary, which
     /// reads them from the strips that hold them, or decodes them from any x strips when one
-    /// of those fails. An object never written reads as zeros.
+    /// of those fails. An object never written, or removed, is `ClientError::NotFound`.
     pub async fn ec_read_obj(
         &self,
         oid: ObjectId,
@@ -169,7 +195,7 @@ impl Client {
                     "{primary} sent {} bytes, not {len}",
                     f.payload.len()
                 )),
-                Answer::NotFound => Step::Retry(format!("{primary}: object {oid} not found")),
+                Answer::NotFound => Step::Fatal(ClientError::NotFound(oid)),
                 Answer::Retry(why) => Step::Retry(why),
                 Answer::Fatal(e) => Step::Fatal(e),
             }

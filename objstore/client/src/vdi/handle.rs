@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use objstore_proto::extent::extents;
 use objstore_proto::oid::{ObjIndex, ObjectId, Vid, INODE_HEADER_LEN};
+use objstore_proto::redundancy::Redundancy;
 use objstore_proto::size::format_size;
 
 use super::entries::EntryLog;
@@ -262,6 +263,8 @@ impl Vdi {
             allocated_objects: allocated,
             object_size: h.object_size,
             copies: h.copies,
+            redundancy: Some(h.redundancy()),
+            raw_used: allocated * raw_object_bytes(h),
             created: h.created,
             tag: tag.map(str::to_string),
             snapshot_time: h.snapshot as u64,
@@ -354,10 +357,13 @@ impl Vdi {
 
     /// Writes `piece` at `off` of index `idx`'s object.
     async fn write_piece(&self, idx: u64, off: u64, piece: Bytes) -> Result<(), VdiError> {
-        let (vid, parent) = {
+        let (vid, parent, ec) = {
             let h = self.header.read().unwrap();
-            (h.vid, h.parent)
+            (h.vid, h.parent, h.ec())
         };
+        if let Some(scheme) = ec {
+            return self.write_piece_ec(scheme, idx, off, piece).await;
+        }
         let own = ObjectId::data(vid, ObjIndex(idx as u32));
         if self.entry(idx) == vid {
             if parent == 0 {
@@ -393,6 +399,46 @@ impl Vdi {
                 copied?;
                 self.record(idx, vid).await?;
             }
+        }
+        Ok(())
+    }
+
+    /// [`Vdi::write_piece`] for an erasure-coded VDI. Its copy-on-write is the client's: the
+    /// ancestor's object is read whole, the piece laid over it and the object written whole
+    /// (the nodes keep no partial copies of strips), and only then mapped.
+    async fn write_piece_ec(
+        &self,
+        scheme: Redundancy,
+        idx: u64,
+        off: u64,
+        piece: Bytes,
+    ) -> Result<(), VdiError> {
+        let (vid, os) = {
+            let h = self.header.read().unwrap();
+            (h.vid, h.object_size)
+        };
+        let own = ObjectId::data(vid, ObjIndex(idx as u32));
+        if self.entry(idx) == vid {
+            return Ok(self.client.ec_write_obj(own, scheme, off, piece).await?);
+        }
+        let _allocating = self.allocating[idx as usize % ALLOC_SHARDS].lock().await;
+        let (at, data) = match self.entry(idx) {
+            v if v == vid => (off, piece),
+            Vid::NONE => (off, piece),
+            ancestor => {
+                let source = ObjectId::data(ancestor, ObjIndex(idx as u32));
+                let mut whole = self.read_mapped(source, 0, os as u64).await?.to_vec();
+                whole[off as usize..off as usize + piece.len()].copy_from_slice(&piece);
+                (0, Bytes::from(whole))
+            }
+        };
+        let written = self.client.ec_write_obj(own, scheme, at, data).await;
+        if self.entry(idx) != vid {
+            self.doubt_unless(idx, &written);
+            written?;
+            self.record(idx, vid).await?;
+        } else {
+            written?;
         }
         Ok(())
     }
@@ -538,9 +584,9 @@ impl Vdi {
         self.check_writable()?;
         self.check_range(offset, len)?;
         self.note_change().await?;
-        let (vid, size, os) = {
+        let (vid, size, os, ec) = {
             let h = self.header.read().unwrap();
-            (h.vid, h.size, h.object_size as u64)
+            (h.vid, h.size, h.object_size as u64, h.ec())
         };
         let work = self
             .pieces(offset, len)
@@ -553,7 +599,7 @@ impl Vdi {
                 let Some(oid) = self.object(idx) else {
                     // A hole here; an object a failed change left on the nodes goes too.
                     if whole && doubtful {
-                        let removed = self.client.remove_obj(own).await;
+                        let removed = self.client.remove_data(own, ec).await;
                         if removed.is_ok() {
                             self.doubtful.lock().unwrap().remove(&idx);
                         }
@@ -571,7 +617,7 @@ impl Vdi {
                     let unmapped = async {
                         self.record_now(idx, Vid::NONE).await?;
                         if oid.vid() == vid || doubtful {
-                            self.client.remove_obj(own).await?;
+                            self.client.remove_data(own, ec).await?;
                         }
                         Ok::<_, VdiError>(())
                     }
@@ -609,8 +655,13 @@ impl Vdi {
     /// not flood the log).
     async fn read_mapped(&self, oid: ObjectId, off: u64, n: u64) -> Result<Bytes, VdiError> {
         let mut oid = oid;
+        let ec = self.header.read().unwrap().ec();
         loop {
-            match self.client.read_obj(oid, off, n as u32).await {
+            let read = match ec {
+                Some(scheme) => self.client.ec_read_obj(oid, scheme, off, n as u32).await,
+                None => self.client.read_obj(oid, off, n as u32).await,
+            };
+            match read {
                 Err(ClientError::NotFound(_)) => {
                     let older = self.fallback(oid.vid(), oid.index().0 as u64).await?;
                     if self.missing.lock().unwrap().insert(oid) {
@@ -627,5 +678,15 @@ impl Vdi {
                 r => return Ok(r?),
             }
         }
+    }
+}
+
+/// Raw bytes one allocated object of `h` takes on the nodes: its copies, or its strips.
+fn raw_object_bytes(h: &InodeHeader) -> u64 {
+    match h.redundancy() {
+        Redundancy::Copies(n) => h.object_size as u64 * n as u64,
+        r => objstore_proto::ec::Codec::new(r, h.object_size as u64)
+            .map(|c| (c.strip_len() * c.strips()) as u64)
+            .unwrap_or(0),
     }
 }

@@ -6,6 +6,9 @@
 //! 4096: allocation map, one big-endian u32 per object index: 0 = hole, else the vid owning it
 //! ```
 //!
+//! `copies` says how the data objects are kept: N full copies (bit 7 clear), or an erasure
+//! code `x:y` as `0x80 | (x - 1) << 3 | (y - 1)` ([`InodeHeader::redundancy`]).
+//!
 //! Checks (issue 25), for inodes whose flags byte (41) has [`FLAG_CHECKED`] (every VDI made
 //! since): bytes 42..46 hold crc32c (big-endian) of the header up to the end of the name,
 //! those four bytes counted as zeros; each map entry's top byte (a vid has 24 bits) is a check
@@ -18,6 +21,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use objstore_proto::oid::{ObjectId, Vid, INODE_HEADER_LEN, MAX_INDEXES};
+use objstore_proto::redundancy::Redundancy;
 
 use super::VdiError;
 use crate::client::{Client, ClientError};
@@ -84,7 +88,33 @@ pub struct InodeHeader {
     pub checked: bool,
 }
 
+/// The `copies` byte of an inode whose data objects are kept as `r`.
+pub fn redundancy_byte(r: Redundancy) -> u8 {
+    match r {
+        Redundancy::Copies(n) => n.min(0x7f) as u8,
+        Redundancy::Ec { data, parity } => 0x80 | (data - 1) << 3 | (parity - 1),
+    }
+}
+
 impl InodeHeader {
+    /// How the VDI keeps its data objects (its `copies` byte, see the module doc).
+    pub fn redundancy(&self) -> Redundancy {
+        let c = self.copies;
+        if c & 0x80 == 0 {
+            Redundancy::Copies(c as u32)
+        } else {
+            Redundancy::Ec {
+                data: ((c >> 3) & 0xf) + 1,
+                parity: (c & 7) + 1,
+            }
+        }
+    }
+
+    /// The erasure code of the VDI's data objects, if they are erasure-coded.
+    pub fn ec(&self) -> Option<Redundancy> {
+        Some(self.redundancy()).filter(|r| r.is_ec())
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; INODE_HEADER_LEN];
         b[0..8].copy_from_slice(INODE_MAGIC);
@@ -281,6 +311,32 @@ async fn lineage(client: &Client, header: &InodeHeader) -> Result<Vec<Vid>, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use objstore_proto::redundancy::{EC_DATA, EC_PARITY};
+
+    #[test]
+    fn every_redundancy_has_its_byte() {
+        let mut h = InodeHeader {
+            name: "disk".into(),
+            vid: Vid(42),
+            object_size: 4 << 20,
+            size: 1 << 30,
+            created: 0,
+            parent: 0,
+            snapshot: 0,
+            copies: 3,
+            checked: true,
+        };
+        assert_eq!((h.redundancy(), h.ec()), (Redundancy::Copies(3), None));
+        for data in EC_DATA {
+            for parity in EC_PARITY {
+                let r = Redundancy::Ec { data, parity };
+                h.copies = redundancy_byte(r);
+                let back = InodeHeader::decode(&h.encode()).unwrap();
+                assert_eq!((back.redundancy(), back.ec()), (r, Some(r)));
+            }
+        }
+        assert_eq!(redundancy_byte(Redundancy::Ec { data: 4, parity: 2 }), 0x99);
+    }
 
     #[test]
     fn inode_header_round_trip() {

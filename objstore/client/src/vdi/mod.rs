@@ -35,7 +35,7 @@ pub use inode::InodeHeader;
 pub use snapshot::{clone, clones_of, delete_snapshot, rollback, snapshot};
 pub use space::{gc, tree, GcReport, TreeNode};
 pub use table::{
-    check_not_attached, create, delete, delete_held, list, list_names, resize, VdiInfo,
+    check_not_attached, create, create_with, delete, delete_held, list, list_names, resize, VdiInfo,
 };
 
 /// Most object requests one VDI operation keeps in flight.
@@ -82,6 +82,8 @@ pub enum VdiError {
     Corrupt { name: String, reason: String },
     #[error("no VDI id left (all {MAX_VID} are used)")]
     NoVid,
+    #[error("redundancy of VDI '{name}': {reason}")]
+    Redundancy { name: String, reason: String },
     /// A layer above the cluster (e.g. sheepfs's cache) could not do its part.
     #[error("VDI '{name}': {reason}")]
     Unavailable { name: String, reason: String },

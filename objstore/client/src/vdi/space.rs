@@ -243,19 +243,21 @@ pub async fn gc(client: &Arc<Client>) -> Result<GcReport, VdiError> {
             .filter(|(i, &v)| v == vid && !refs.contains_key(&(vid, *i as u32)))
             .map(|(i, _)| i as u64)
             .collect();
+        // An erasure-coded VDI's copies are whole objects: nothing reads through them.
+        let (ec, checked) = (header.ec(), header.checked);
         let results: Vec<Result<u64, ClientError>> = futures::stream::iter(free)
             .map(|i| async move {
                 let freed = ObjectId::data(vid, ObjIndex(i as u32));
                 for (d, map) in holders {
-                    if *d != vid && map.get(i as usize) == Some(d) {
+                    if *d != vid && map.get(i as usize) == Some(d) && ec.is_none() {
                         let target = ObjectId::data(*d, ObjIndex(i as u32));
                         client.flatten_obj(target, freed).await?;
                     }
                 }
-                client.remove_obj(freed).await?;
+                client.remove_data(freed, ec).await?;
                 // Not read again by the next gc.
                 let at = INODE_HEADER_LEN as u64 + 4 * i;
-                let hole = entry(header.checked, i, Vid::NONE).to_be_bytes();
+                let hole = entry(checked, i, Vid::NONE).to_be_bytes();
                 client
                     .write_obj(ObjectId::inode(vid), at, Bytes::copy_from_slice(&hole))
                     .await?;

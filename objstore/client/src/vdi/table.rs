@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjIndex, ObjectId, Vid, MAX_VID};
+use objstore_proto::redundancy::Redundancy;
 
 use super::inode::InodeHeader;
 use super::{check_size, validate_name, Vdi, VdiError, PARALLEL};
@@ -29,6 +30,13 @@ pub struct VdiInfo {
     pub allocated_objects: u64,
     pub object_size: u32,
     pub copies: u8,
+    /// How its data objects are kept: N full copies or an `x:y` erasure code.
+    #[serde(default)]
+    pub redundancy: Option<Redundancy>,
+    /// Bytes its allocated objects take on the nodes' disks: `used` times the copies, or
+    /// times (x + y) / x (strips rounded up to whole columns).
+    #[serde(default)]
+    pub raw_used: u64,
     /// Unix seconds; a snapshot keeps its VDI's.
     pub created: u64,
     /// The snapshot's tag (the entry is `NAME@TAG`), None for a VDI.
@@ -108,9 +116,39 @@ pub(super) fn now_secs() -> u64 {
 
 /// Creates a thin VDI: no data object exists until it is written.
 pub async fn create(client: &Client, name: &str, size: u64) -> Result<VdiInfo, VdiError> {
+    create_with(client, name, size, None).await
+}
+
+/// [`create`] with its data objects kept as `redundancy` (None: the cluster's default). Full
+/// copies must be the cluster's number of copies; an erasure code needs as many zones as
+/// strips.
+pub async fn create_with(
+    client: &Client,
+    name: &str,
+    size: u64,
+    redundancy: Option<Redundancy>,
+) -> Result<VdiInfo, VdiError> {
     validate_name(name)?;
-    let cfg = client.view().config()?;
+    let view = client.view();
+    let cfg = view.config()?;
     check_size(name, size, cfg.object_size)?;
+    let redundancy = redundancy.unwrap_or(cfg.default_redundancy());
+    let refuse = |reason: String| VdiError::Redundancy {
+        name: name.to_string(),
+        reason,
+    };
+    match redundancy {
+        Redundancy::Copies(n) if n != cfg.copies => {
+            return Err(refuse(format!(
+                "the cluster keeps {} full copies of every object; a VDI of {n} copies is not offered (erasure coding is: x:y)",
+                cfg.copies
+            )))
+        }
+        Redundancy::Copies(_) => {}
+        r => r
+            .validate(0, view.info.view.zones())
+            .map_err(refuse)?,
+    }
     let key = keys::vdi(name);
     if client.kv_get(&key).await?.is_some() {
         return Err(VdiError::Exists(name.to_string()));
@@ -128,7 +166,7 @@ pub async fn create(client: &Client, name: &str, size: u64) -> Result<VdiInfo, V
         created: now_secs(),
         parent: 0,
         snapshot: 0,
-        copies: cfg.copies as u8,
+        copies: super::inode::redundancy_byte(redundancy),
         checked: true,
     };
     if let Err(e) = client
@@ -197,8 +235,9 @@ pub async fn delete_held(
         .filter(|(_, &v)| v == vid)
         .map(|(i, _)| ObjectId::data(vid, ObjIndex(i as u32)))
         .collect();
+    let ec = vdi.header().ec();
     let results: Vec<Result<(), ClientError>> = futures::stream::iter(owned)
-        .map(|oid| client.remove_obj(oid))
+        .map(|oid| client.remove_data(oid, ec))
         .buffer_unordered(PARALLEL)
         .collect()
         .await;

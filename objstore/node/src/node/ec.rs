@@ -21,7 +21,7 @@ mod primary;
 pub(super) use primary::EcChange;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -29,18 +29,20 @@ use objstore_proto::ec::resolve::StripSet;
 use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_KNOWN, HEAD_LEN};
 use objstore_proto::ec::Codec;
 use objstore_proto::oid::ObjectId;
+use objstore_proto::placement::Ring;
 use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::Version;
 use objstore_proto::view::{ClusterConfig, NodeInfo};
 
 use super::server::Failure;
 use super::Epoch;
-use objstore_proto::frame::ResultCode;
 
-/// The objects this node, as their primary, knows to be decided in one epoch.
+/// The objects this node, as their primary, knows to be decided in one epoch; and the rings
+/// of past epochs it looked at.
 #[derive(Default)]
 pub(super) struct Decided {
     state: Mutex<(u32, HashSet<ObjectId>)>,
+    rings: Mutex<std::collections::BTreeMap<u32, Option<Arc<Ring>>>>,
 }
 
 impl Decided {
@@ -59,6 +61,47 @@ impl Decided {
 
     pub(super) fn remove(&self, oid: ObjectId) {
         self.state.lock().unwrap().1.remove(&oid);
+    }
+}
+
+impl super::Node {
+    /// The ring of epoch `e` (None: its view is gone from the membership store), kept for the
+    /// next asker (the 64 newest).
+    pub(super) async fn ring_at(&self, e: u32) -> Option<Arc<Ring>> {
+        if let Some(r) = self.ec_known.rings.lock().unwrap().get(&e) {
+            return r.clone();
+        }
+        let d = self.driver.clone();
+        let view = self.blocking(move || d.view_at(e)).await.ok()?.ok()?;
+        let ring = view.map(|v| Arc::new(Ring::new(&v.nodes)));
+        let mut rings = self.ec_known.rings.lock().unwrap();
+        rings.insert(e, ring.clone());
+        while rings.len() > 64 {
+            rings.pop_first();
+        }
+        ring
+    }
+
+    /// Whether node `id` held strip `k` of `oid` in every epoch from `since` to `now`: then a
+    /// strip it does not have was never made there (or a crash dropped it before a flush).
+    pub(super) async fn held_since(
+        &self,
+        id: u64,
+        oid: ObjectId,
+        k: usize,
+        since: u32,
+        now: u32,
+    ) -> bool {
+        for e in since..=now {
+            let Some(ring) = self.ring_at(e).await else {
+                return false;
+            };
+            let holder = ring.strip_holder(oid, k).map(|i| ring.nodes()[i].id);
+            if holder != Some(id) {
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -106,8 +149,8 @@ pub(super) struct Stripe {
     pub(super) oid: ObjectId,
     pub(super) scheme: Redundancy,
     pub(super) codec: Codec,
-    /// `holders[k]` holds strip `k`.
-    pub(super) holders: Vec<NodeInfo>,
+    /// `holders[k]` holds strip `k`; None while the cluster has fewer nodes than strips.
+    pub(super) holders: Vec<Option<NodeInfo>>,
 }
 
 impl Stripe {
@@ -124,20 +167,13 @@ impl Stripe {
             )));
         }
         let codec = Codec::new(scheme, cfg.object_size as u64).map_err(Failure::invalid)?;
-        let holders: Vec<NodeInfo> = (0..codec.strips())
-            .filter_map(|k| ep.ring.strip_holder(oid, k))
-            .map(|i| ep.ring.nodes()[i].clone())
+        let holders: Vec<Option<NodeInfo>> = (0..codec.strips())
+            .map(|k| {
+                ep.ring
+                    .strip_holder(oid, k)
+                    .map(|i| ep.ring.nodes()[i].clone())
+            })
             .collect();
-        if holders.len() < codec.strips() {
-            return Err(Failure::new(
-                ResultCode::Busy,
-                format!(
-                    "object {oid} is erasure-coded {scheme} and needs {} nodes; {} are up",
-                    codec.strips(),
-                    ep.ring.nodes().len()
-                ),
-            ));
-        }
         Ok(Stripe {
             oid,
             scheme,
@@ -152,6 +188,17 @@ impl Stripe {
 
     pub(super) fn width(&self) -> usize {
         self.holders.len()
+    }
+
+    /// Strips with a holder in the epoch.
+    pub(super) fn held(&self) -> StripSet {
+        let mut s = StripSet::default();
+        for (k, h) in self.holders.iter().enumerate() {
+            if h.is_some() {
+                s.insert(k);
+            }
+        }
+        s
     }
 
     /// A head for a change of this stripe.

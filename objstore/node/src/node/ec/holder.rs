@@ -73,7 +73,11 @@ impl Node {
     ) -> Result<(), Failure> {
         let codec = self.own_strip(ep, cfg, key, &head)?;
         fits(&codec, key, offset, bytes.len())?;
-        if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
+        if head.op == StripOp::Put {
+            // A strip made whole by its primary (rebuilt from the others): needs no pull
+            // first, and ends one its holder could not do (its old holder is down).
+            self.note_change(ep.view.epoch).await?;
+        } else if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
             return Err(Failure::new(
                 ResultCode::NoSpace,
                 format!("strip {key} is not recovered here: no space left on the node's disk"),
@@ -84,7 +88,11 @@ impl Node {
         in_store(self, move || {
             node.apply_strip_here(key, head, offset, &bytes)
         })
-        .await
+        .await?;
+        if head.op == StripOp::Put {
+            self.recovery.settled(key, head.version);
+        }
+        Ok(())
     }
 
     /// [`Node::apply_strip`] with the strip's replica lock held, on the blocking pool.

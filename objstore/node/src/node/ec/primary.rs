@@ -59,10 +59,22 @@ impl Node {
             .unwrap_or_default()
             .max(now.version);
         let new = floor.next(ep.view.epoch);
+        // Strips without a holder (fewer nodes than strips) are rebuilt when one joins.
+        let held = stripe.held();
+        let min = scheme.default_min() as usize;
+        if held.len() < min {
+            return Err(Failure::new(
+                ResultCode::Busy,
+                format!(
+                    "object {oid} is erasure-coded {scheme}: a change needs {min} of its {} strips' holders and {} are up",
+                    stripe.width(),
+                    held.len()
+                ),
+            ));
+        }
         let ops = self.plan_change(ep, cfg, &stripe, now, new, change).await?;
-        let calls = ops
-            .into_iter()
-            .enumerate()
+        let calls = (ops.into_iter().enumerate())
+            .filter(|(k, _)| held.contains(*k))
             .map(|(k, (head, offset, bytes))| {
                 self.strip_call(ep, cfg, &stripe, k, head, offset, bytes)
             });
@@ -85,7 +97,8 @@ impl Node {
         }
     }
 
-    /// `EcRead`: bytes `offset .. offset + len` of `oid` as its primary.
+    /// `EcRead`: bytes `offset .. offset + len` of `oid` as its primary (`NotFound` for an
+    /// object never written or removed).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::node) async fn ec_read(
         self: &Arc<Self>,
@@ -99,10 +112,14 @@ impl Node {
         let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
         let _ordered = self.obj_lock(oid).lock().await;
         let now = self.ec_decided(ep, cfg, &stripe).await?;
-        let mut out = BytesMut::zeroed(len);
         if now.empty {
-            return Ok(out.freeze());
+            // Never written, or removed: as a replicated object no node holds.
+            return Err(Failure::new(
+                ResultCode::NotFound,
+                format!("object {oid} is not on any node"),
+            ));
         }
+        let mut out = BytesMut::zeroed(len);
         let pieces = stripe.codec.locate(offset as usize, len);
         let reads = pieces.iter().map(|p| {
             let range = p.strip_offset..p.strip_offset + p.len;
@@ -123,7 +140,7 @@ impl Node {
         scheme: Redundancy,
     ) -> Result<Stripe, Failure> {
         let stripe = Stripe::new(ep, cfg, oid, scheme)?;
-        if stripe.holders[0].id != self.me.id {
+        if stripe.holders[0].as_ref().map(|n| n.id) != Some(self.me.id) {
             return Err(Failure::invalid(format!(
                 "{} is not the primary of object {oid} in epoch {}",
                 self.me.addr, ep.view.epoch
@@ -298,13 +315,33 @@ impl Node {
         let heads =
             futures::future::join_all((0..w).map(|k| self.strip_read(ep, cfg, stripe, k, 0, 0)))
                 .await;
-        let strips: Vec<Strip> = heads
+        let mut strips: Vec<Strip> = heads
             .iter()
             .map(|r| match r {
                 Ok(r) => r.head.strip(),
                 Err(_) => Strip::Missing,
             })
             .collect();
+        // A holder with nothing of a strip says it was never made only if it held that strip
+        // since the newest change's epoch; otherwise (the strip moved to it, its old holder
+        // is down) it does not know: missing, never counted at version 0.
+        let newest = heads.iter().flatten().map(|r| r.head.version).max();
+        if let Some(newest) = newest.filter(|v| *v != Version::NONE) {
+            let now = ep.view.epoch;
+            for (k, r) in heads.iter().enumerate() {
+                let Ok(r) = r else { continue };
+                let Some(h) = &stripe.holders[k] else {
+                    continue;
+                };
+                if r.head.version == Version::NONE
+                    && !self
+                        .held_since(h.id, stripe.oid, k, newest.epoch().max(1), now)
+                        .await
+                {
+                    strips[k] = Strip::Missing;
+                }
+            }
+        }
         let x = stripe.codec.data();
         let all = StripSet::first(w);
         match resolve(x, &strips) {
@@ -446,6 +483,8 @@ impl Node {
         rebuild: StripSet,
         head: Option<StripHead>,
     ) -> Result<(), Failure> {
+        // A strip with no holder (fewer nodes than strips) is rebuilt once one joins.
+        let rebuild = rebuild.and(stripe.held());
         if rebuild.is_empty() {
             return Ok(());
         }
@@ -490,7 +529,7 @@ impl Node {
         bytes: Bytes,
     ) -> Result<(), Failure> {
         let key = stripe.key(k);
-        let holder = &stripe.holders[k];
+        let holder = holder_of(stripe, k)?;
         if holder.id == self.me.id {
             return self.apply_strip(ep, cfg, key, head, offset, bytes).await;
         }
@@ -529,7 +568,7 @@ impl Node {
             Version::NONE,
             StripSet::default(),
         );
-        let holder = &stripe.holders[k];
+        let holder = holder_of(stripe, k)?;
         if holder.id == self.me.id {
             return self.read_strip(ep, cfg, key, like, offset, len).await;
         }
@@ -601,7 +640,24 @@ fn holders(stripe: &Stripe) -> String {
     stripe
         .holders
         .iter()
-        .map(|n| n.addr.to_string())
+        .map(|n| {
+            n.as_ref()
+                .map_or("none".to_string(), |n| n.addr.to_string())
+        })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The holder of strip `k`, or why there is none.
+fn holder_of(stripe: &Stripe, k: usize) -> Result<&objstore_proto::view::NodeInfo, Failure> {
+    stripe.holders[k].as_ref().ok_or_else(|| {
+        Failure::new(
+            ResultCode::Busy,
+            format!(
+                "strip {k} of object {} has no holder: the cluster has fewer nodes than its {} strips",
+                stripe.oid,
+                stripe.width()
+            ),
+        )
+    })
 }

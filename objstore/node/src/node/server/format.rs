@@ -13,7 +13,17 @@ pub(super) async fn format(node: &Node, req: FormatRequest) -> Handled {
         .min_copies
         .unwrap_or_else(|| objstore_proto::view::default_min_copies(req.copies));
     ClusterConfig::validate(req.copies, min_copies, req.object_size).map_err(Failure::invalid)?;
+    if let Some(r) = req.vdi_redundancy {
+        if !r.is_ec() {
+            return Err(Failure::invalid(format!(
+                "the VDIs' default {r} is not an erasure code: format with --copies {r}"
+            )));
+        }
+        r.validate(0, node.epoch().view.zones())
+            .map_err(Failure::invalid)?;
+    }
     let cfg = ClusterConfig {
+        vdi_redundancy: req.vdi_redundancy,
         copies: req.copies,
         min_copies,
         object_size: req.object_size as u32,
@@ -39,10 +49,11 @@ pub(super) async fn format(node: &Node, req: FormatRequest) -> Handled {
         ));
     }
     tracing::info!(
-        "cluster formatted: {} copies (writes need {}), {} byte objects",
+        "cluster formatted: {} copies (writes need {}), {} byte objects, VDIs {}",
         cfg.copies,
         cfg.min_copies,
-        cfg.object_size
+        cfg.object_size,
+        cfg.default_redundancy()
     );
     Ok(Reply::empty())
 }

@@ -1,0 +1,108 @@
+//! Erasure-coded VDIs through real nodes with real `dog` (issue 44): created with
+//! `--copies x:y` (or by the cluster's default), what goes in comes out, raw bytes are
+//! (x + y) / x of the logical, a node killed leaves the data readable, and impossible schemes
+//! are refused by name.
+
+use testkit::cluster::{Bins, Cluster};
+use testkit::pseudo_random;
+
+fn bins() -> Bins {
+    Bins::fresh()
+}
+
+#[test]
+fn a_4_2_vdi_keeps_its_data_at_one_and_a_half_times_its_size() {
+    let mut c = Cluster::start(&bins(), 6);
+    c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "ec", "32M", "--copies", "4:2"]);
+    let info = c.dog_json(&["vdi", "info", "ec"]);
+    assert_eq!(info["redundancy"], "4:2", "{info}");
+    let data = pseudo_random(16 << 20, 44);
+    c.write_vdi("ec", 0, &data);
+    // An unaligned write across objects and strips.
+    let patch = pseudo_random(3 << 20, 45);
+    let at = (1 << 20) - 1000;
+    c.write_vdi("ec", at, &patch);
+    let mut want = data.clone();
+    want[at as usize..at as usize + patch.len()].copy_from_slice(&patch);
+    assert!(c.read_vdi("ec", 0, 16 << 20) == want, "read back differs");
+    let info = c.dog_json(&["vdi", "info", "ec"]);
+    assert_eq!(info["allocated_objects"], 16);
+    assert_eq!(info["used"], 16u64 << 20);
+    assert_eq!(info["raw_used"], 24u64 << 20, "4:2 stores 1.5 bytes a byte");
+    let table = String::from_utf8(c.dog_ok(&["vdi", "list"])).unwrap();
+    assert!(table.contains("4:2") && table.contains("Raw"), "{table}");
+
+    // A node down: every byte still reads (decoded from the other strips), and writes go on
+    // (5 strips of 6 is min-copies for 4:2).
+    c.kill9(4);
+    c.wait_members(5);
+    assert!(
+        c.read_vdi("ec", 0, 16 << 20) == want,
+        "read with a node down"
+    );
+    let more = pseudo_random(1 << 20, 46);
+    c.write_vdi("ec", 5 << 20, &more);
+    want[5 << 20..6 << 20].copy_from_slice(&more);
+    // Two down (y): still every byte.
+    c.kill9(5);
+    c.wait_members(4);
+    assert!(
+        c.read_vdi("ec", 0, 16 << 20) == want,
+        "read with two nodes down"
+    );
+    // Both back: the strips they missed are rebuilt, and all reads and writes go on.
+    c.start_node(4);
+    c.start_node(5);
+    c.wait_members(6);
+    c.wait_recovered();
+    assert!(
+        c.read_vdi("ec", 0, 16 << 20) == want,
+        "read after both came back"
+    );
+    c.write_vdi("ec", 0, &more);
+    want[..1 << 20].copy_from_slice(&more);
+    assert!(c.read_vdi("ec", 0, 16 << 20) == want);
+
+    // Deleted: its strips go with it.
+    c.dog_ok(&["vdi", "delete", "ec"]);
+    assert!(c.dog_json(&["vdi", "list"]).as_array().unwrap().is_empty());
+}
+
+#[test]
+fn the_cluster_default_and_impossible_schemes() {
+    let c = Cluster::start(&bins(), 4);
+    c.wait_members(4);
+    let e = c.dog_err(&["cluster", "format", "--copies", "4:2"]);
+    assert!(
+        e.contains("6 strips in distinct zones") && e.contains("4 zone(s)"),
+        "{e}"
+    );
+    c.dog_ok(&[
+        "cluster",
+        "format",
+        "--copies",
+        "2:1",
+        "--object-size",
+        "1M",
+    ]);
+    let info = c.dog_json(&["cluster", "info"]);
+    assert_eq!(info["vdi_redundancy"], "2:1", "{info}");
+    assert_eq!(info["copies"], 2, "inodes keep y + 1 copies");
+    c.dog_ok(&["vdi", "create", "d", "8M"]);
+    assert_eq!(c.dog_json(&["vdi", "info", "d"])["redundancy"], "2:1");
+    let data = pseudo_random(5 << 20, 7);
+    c.write_vdi("d", 1000, &data);
+    assert!(c.read_vdi("d", 1000, 5 << 20) == data);
+    for (scheme, why) in [
+        ("3:2", "5 strips in distinct zones"),
+        ("17:1", "data strips must be 2 to 16"),
+        ("4:9", "parity strips 1 to 8"),
+        ("3", "keeps 2 full copies"),
+        ("x", "is not a redundancy"),
+    ] {
+        let e = c.dog_err(&["vdi", "create", "bad", "8M", "--copies", scheme]);
+        assert!(e.contains(why), "--copies {scheme}: {e}");
+    }
+    assert_eq!(c.dog_json(&["vdi", "list"]).as_array().unwrap().len(), 1);
+}
