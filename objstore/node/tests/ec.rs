@@ -74,6 +74,21 @@ fn assert_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
     );
 }
 
+/// Waits (up to 20 s) until [`assert_consistent`] holds.
+fn wait_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert_consistent(c, from, oid)
+        }));
+        if ok.is_ok() {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{oid} never made whole");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn writes_read_back_across_strips_and_parity_matches() {
     let (c, rt, cl) = cluster(6);
@@ -255,6 +270,8 @@ fn a_strip_whose_holder_is_down_is_rebuilt() {
     c.wait_recovered();
     let from = hs[0];
     assert_ne!(from, down);
+    // Made whole in the background, before anyone reads it.
+    wait_consistent(&c, from, o);
     let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, MIB as u32)).unwrap();
     assert!(got[..] == data[..], "a read with a strip's holder down");
     let primary = holders(&c, from, o, 1)[0];

@@ -421,7 +421,7 @@ impl Node {
     }
 
     /// One round of recovery for `ep`; returns early when the epoch changes.
-    async fn recover_epoch(&self, ep: Arc<Epoch>) {
+    async fn recover_epoch(self: &Arc<Self>, ep: Arc<Epoch>) {
         let e = ep.view.epoch;
         let changed = || self.epoch().view.epoch != e;
         self.recovery.update(|s| {
@@ -552,6 +552,7 @@ impl Node {
         self.recovery
             .update(|s| s.state = RecoveryState::Collecting);
         self.collect(&ep, copies).await;
+        self.ec_sweep(&ep).await;
     }
 
     /// Waits `wait` (then doubles it, up to [`RETRY_MAX`]) before the round for epoch `e`

@@ -131,6 +131,51 @@ impl Node {
         Ok(out.freeze())
     }
 
+    /// After an epoch's recovery: resolves every stripe this node is the primary of and has
+    /// not served yet in the epoch, rebuilding the strips its holders lack (those of a node
+    /// that is gone), so an object nobody reads gets its redundancy back too. Stops when the
+    /// epoch changes.
+    pub(in crate::node) async fn ec_sweep(self: &Arc<Self>, ep: &Arc<Epoch>) {
+        let Some(cfg) = self.config() else { return };
+        let store = self.store.clone();
+        let Ok(keys) = self
+            .low_priority(move || {
+                (store.list().into_iter())
+                    .filter(|(o, st)| o.strip_index() == Some(0) && !st.deleted)
+                    .map(|(o, _)| o)
+                    .collect::<Vec<_>>()
+            })
+            .await
+        else {
+            return;
+        };
+        let epoch = ep.view.epoch;
+        let mut resolved = 0usize;
+        for key in keys {
+            if self.epoch().view.epoch != epoch {
+                return;
+            }
+            let oid = key.base();
+            if self.ec_known.contains(epoch, oid) {
+                continue;
+            }
+            let Some(note) = self.store.note(key).and_then(|b| super::Note::decode(&b)) else {
+                continue;
+            };
+            let Ok(stripe) = self.ec_stripe(ep, &cfg, oid, note.head.scheme()) else {
+                continue;
+            };
+            let _ordered = self.obj_lock(oid).lock().await;
+            match self.ec_decided(ep, &cfg, &stripe).await {
+                Ok(_) => resolved += 1,
+                Err(f) => tracing::warn!("epoch {epoch}: object {oid} not made whole: {}", f.message),
+            }
+        }
+        if resolved > 0 {
+            tracing::info!("epoch {epoch}: {resolved} erasure-coded object(s) checked whole");
+        }
+    }
+
     /// The stripe of `oid` in `ep` with this node its primary.
     fn ec_stripe(
         &self,
