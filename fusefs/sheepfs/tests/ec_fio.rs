@@ -34,9 +34,13 @@ fn assert_ok(out: Output, what: &str) -> serde_json::Value {
 
 /// fio verifying what the first run wrote (the same job, reads only).
 fn verify_only(file: &str) -> Output {
-    fio(common::fio_verify_args(file, "32M", &["--verify_only", "--randseed=44"]))
-        .wait_with_output()
-        .unwrap()
+    fio(common::fio_verify_args(
+        file,
+        "32M",
+        &["--verify_only", "--number_ios=6000", "--randseed=44"],
+    ))
+    .wait_with_output()
+    .unwrap()
 }
 
 fn run(cache: Option<&std::path::Path>) {
@@ -73,13 +77,21 @@ fn run(cache: Option<&std::path::Path>) {
     // Two of six (y): every block still verifies, decoded from the other strips.
     rig.cluster.kill9(4);
     rig.cluster.wait_members(4);
-    assert_ok(verify_only(&f), "with two nodes down");
+    let v = assert_ok(verify_only(&f), "with two nodes down");
+    assert!(
+        v["jobs"][0]["read"]["total_ios"].as_u64().unwrap() > 1000,
+        "{v}"
+    );
     // Both back and recovered: verifies again.
     rig.cluster.start_node(2);
     rig.cluster.start_node(4);
     rig.cluster.wait_members(6);
     rig.cluster.wait_recovered();
-    assert_ok(verify_only(&f), "after both came back");
+    let v = assert_ok(verify_only(&f), "after both came back");
+    assert!(
+        v["jobs"][0]["read"]["total_ios"].as_u64().unwrap() > 1000,
+        "{v}"
+    );
     let info = rig.cluster.dog_json(&["vdi", "info", "f"]);
     assert_eq!(info["redundancy"], "4:2");
 }

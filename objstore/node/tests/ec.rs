@@ -84,7 +84,10 @@ fn wait_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
         if ok.is_ok() {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{oid} never made whole");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{oid} never made whole"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

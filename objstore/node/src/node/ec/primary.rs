@@ -168,7 +168,9 @@ impl Node {
             let _ordered = self.obj_lock(oid).lock().await;
             match self.ec_decided(ep, &cfg, &stripe).await {
                 Ok(_) => resolved += 1,
-                Err(f) => tracing::warn!("epoch {epoch}: object {oid} not made whole: {}", f.message),
+                Err(f) => {
+                    tracing::warn!("epoch {epoch}: object {oid} not made whole: {}", f.message)
+                }
             }
         }
         if resolved > 0 {
