@@ -234,6 +234,7 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                         vdi: format!("{} (deleted, kept for others)", rec.name),
                         index: None,
                         oid,
+                        ec: None,
                     });
                 }
             }

@@ -30,6 +30,15 @@ fn a_4_2_vdi_keeps_its_data_at_one_and_a_half_times_its_size() {
     assert_eq!(info["allocated_objects"], 16);
     assert_eq!(info["used"], 16u64 << 20);
     assert_eq!(info["raw_used"], 24u64 << 20, "4:2 stores 1.5 bytes a byte");
+    // Every strip reads back and parity matches: a clean check.
+    let check = c.dog_json(&["vdi", "check", "ec"]);
+    assert_eq!(check["objects"], 17, "{check}");
+    assert_eq!(check["bad_copies"], 0, "{check}");
+    assert_eq!(
+        check["copies"],
+        3 + 16 * 6,
+        "3 inode copies, 6 strips an object: {check}"
+    );
     let table = String::from_utf8(c.dog_ok(&["vdi", "list"])).unwrap();
     assert!(table.contains("4:2") && table.contains("Raw"), "{table}");
 

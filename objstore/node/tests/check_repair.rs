@@ -25,6 +25,7 @@ fn target(i: u32) -> Target {
         vdi: "t".into(),
         index: Some(i as u64),
         oid: oid(i),
+        ec: None,
     }
 }
 

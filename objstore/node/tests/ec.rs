@@ -395,3 +395,59 @@ fn more_than_y_down_is_a_clear_error_and_the_data_comes_back() {
     assert!(got[..] == data[..], "the data is not back intact");
     assert_consistent(&c, 0, o);
 }
+
+/// A flipped byte in a data strip and one in a parity strip: never served (the strip fails
+/// its checksum and is decoded from the others), found by the check, and repaired by it.
+#[test]
+fn flipped_bytes_in_strips_are_never_served_and_repaired_by_check() {
+    use objstore_client::vdi::check::{check, CheckOptions, Target};
+    let (c, rt, cl) = cluster(6);
+    let o = oid(6);
+    let data: Vec<u8> = (0..MIB as usize).map(|i| (i % 241) as u8).collect();
+    rt.block_on(cl.ec_write_obj(o, EC42, 0, Bytes::from(data.clone())))
+        .unwrap();
+    rt.block_on(cl.flush()).unwrap();
+    let hs = holders(&c, 0, o, 6);
+    assert!(c.store(hs[1]).corrupt(o.strip(1), 5000), "data strip 1");
+    assert!(c.store(hs[5]).corrupt(o.strip(5), 70_000), "parity strip 5");
+    let got = rt.block_on(cl.ec_read_obj(o, EC42, 0, MIB as u32)).unwrap();
+    assert!(got[..] == data[..], "a flipped byte was served");
+    let target = || {
+        vec![Target {
+            vdi: "v".into(),
+            index: Some(6),
+            oid: o,
+            ec: Some(EC42),
+        }]
+    };
+    let dry = CheckOptions {
+        dry_run: true,
+        state_only: false,
+    };
+    let s = rt.block_on(check(&cl, target(), dry, |_| {}));
+    let mut bad: Vec<String> = s.problems[0]
+        .bad
+        .iter()
+        .map(|b| b.problem.clone())
+        .collect();
+    bad.sort();
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(
+        bad[0].starts_with("strip 1: ") && bad[1].starts_with("strip 5: "),
+        "{bad:?}"
+    );
+    assert!(
+        s.problems[0].bad.iter().all(|b| !b.repaired),
+        "a dry run repaired"
+    );
+    let s = rt.block_on(check(&cl, target(), CheckOptions::default(), |_| {}));
+    assert_eq!(s.repaired_copies, 2, "{:?}", s.problems);
+    assert!(!s.failed());
+    assert_consistent(&c, 0, o);
+    let s = rt.block_on(check(&cl, target(), dry, |_| {}));
+    assert!(
+        s.problems.is_empty(),
+        "still bad after the repair: {:?}",
+        s.problems
+    );
+}

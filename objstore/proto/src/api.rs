@@ -242,6 +242,33 @@ pub const CHECK_STATE_ONLY: u32 = 1;
 /// as stored, nothing for a whole object (`offset` and `length` are ignored).
 pub const READ_COW_RECORD: u32 = 1;
 
+/// `EcCheck` response body: an erasure-coded object's strips as its primary read them back,
+/// judged and (unless asked not to) repaired (see docs/wire.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EcCheckReport {
+    /// The version the stripe stands at (None: never written, or removed).
+    pub version: Option<crate::version::Version>,
+    /// Strips whose holder answered.
+    pub strips: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Every strip that was not good: why, and whether it was rebuilt.
+    pub bad: Vec<BadStrip>,
+    /// Why the object cannot be made whole (fewer than x good strips), if so.
+    pub unrecoverable: Option<String>,
+}
+
+/// One strip of an [`EcCheckReport`] that was not good.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadStrip {
+    pub strip: u32,
+    pub addr: std::net::SocketAddr,
+    pub problem: String,
+    pub repaired: bool,
+    #[serde(default)]
+    pub repair_error: Option<String>,
+}
+
 /// `CheckObj` response body: what one node holds of one object and whether its bytes read back
 /// (see docs/wire.md).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -67,6 +67,7 @@ opcodes! {
     EcRead = 0x08, Client;
     EcWrite = 0x09, Client;
     EcRemove = 0x0a, Client;
+    EcCheck = 0x0b, Client;
     ClusterInfo = 0x10, Client;
     Format = 0x11, Client;
     KvGet = 0x12, Client;

@@ -7,9 +7,10 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 
 use super::{answer, parse, unreachable, Answer, Client, ClientError};
-use objstore_proto::api::{CopyCheck, RepairReply, RepairRequest, CHECK_STATE_ONLY};
+use objstore_proto::api::{CopyCheck, EcCheckReport, RepairReply, RepairRequest, CHECK_STATE_ONLY};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
+use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::{ObjState, Version};
 
 impl Client {
@@ -68,5 +69,38 @@ impl Client {
                 message: f.message(),
             }),
         }
+    }
+
+    /// An erasure-coded object's strips read back and judged by its primary, and with
+    /// `repair` the bad ones rebuilt from the others (`EcCheck`). Retried while the cluster
+    /// asks (a new epoch, the primary busy) until the client's timeout.
+    pub async fn ec_check_obj(
+        &self,
+        oid: ObjectId,
+        scheme: Redundancy,
+        repair: bool,
+    ) -> Result<EcCheckReport, ClientError> {
+        let mut h = Header::request(Opcode::EcCheck, 0, 0);
+        h.oid = oid.0;
+        h.offset = u64::from(repair);
+        h.aux = objstore_proto::ec::wire::scheme_aux(scheme);
+        self.retry(|v| async move {
+            let primary = match super::targets(&v, oid) {
+                Ok(t) => t[0],
+                Err(step) => return step,
+            };
+            let mut h = h;
+            h.epoch = v.epoch();
+            match answer(primary, self.call(primary, h, Bytes::new()).await) {
+                Answer::Ok(f) => match parse(primary, &f.payload) {
+                    Ok(r) => super::Step::Done(r),
+                    Err(e) => super::Step::Fatal(e),
+                },
+                Answer::Retry(why) => super::Step::Retry(why),
+                Answer::NotFound => super::Step::Fatal(ClientError::NotFound(oid)),
+                Answer::Fatal(e) => super::Step::Fatal(e),
+            }
+        })
+        .await
     }
 }

@@ -15,6 +15,7 @@ use super::{Vdi, VdiError, PARALLEL};
 use crate::client::{Client, ClientError};
 use objstore_proto::check::judge;
 use objstore_proto::oid::ObjectId;
+use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::Version;
 
 /// How long a check waits before it looks again at an object whose copies disagree.
@@ -27,6 +28,9 @@ pub struct Target {
     /// None for the inode.
     pub index: Option<u64>,
     pub oid: ObjectId,
+    /// The erasure code of a data object of an erasure-coded VDI (checked strip by strip by
+    /// its primary); None for copies.
+    pub ec: Option<Redundancy>,
 }
 
 /// The objects of VDI `name`: its inode, then every allocated index (objects shared with an
@@ -38,13 +42,16 @@ pub async fn targets(client: &Arc<Client>, name: &str) -> Result<Vec<Target>, Vd
         vdi: name.to_string(),
         index: None,
         oid: ObjectId::inode(vid),
+        ec: None,
     }];
     let indexes = v.size().div_ceil(v.object_size() as u64);
+    let ec = v.header().ec();
     t.extend((0..indexes).filter_map(|i| {
         v.object(i).map(|oid| Target {
             vdi: name.to_string(),
             index: Some(i),
             oid,
+            ec,
         })
     }));
     Ok(t)
@@ -201,6 +208,9 @@ async fn check_one(client: &Client, t: Target, opts: CheckOptions) -> (ObjectRep
         skipped: Vec::new(),
         unrecoverable: None,
     };
+    if let Some(scheme) = t.ec {
+        return check_ec(client, t.oid, scheme, opts, report).await;
+    }
     let owners = match client.view().replicas(t.oid) {
         Ok(o) => o,
         Err(e) => {
@@ -261,4 +271,38 @@ async fn check_one(client: &Client, t: Target, opts: CheckOptions) -> (ObjectRep
         report.bad.push(b);
     }
     (report, copies, bytes)
+}
+
+/// [`check_one`] of an erasure-coded object: its primary reads every strip back, judges
+/// them (a checksum failing, a strip missing or behind, bytes that disagree with the other
+/// strips) and rebuilds the bad ones unless this is a dry run. Its strips count as copies.
+async fn check_ec(
+    client: &Client,
+    oid: ObjectId,
+    scheme: Redundancy,
+    opts: CheckOptions,
+    mut report: ObjectReport,
+) -> (ObjectReport, u64, u64) {
+    match client.ec_check_obj(oid, scheme, !opts.dry_run).await {
+        Ok(r) => {
+            report.version = r.version;
+            report.unrecoverable = r.unrecoverable;
+            report.bad = (r.bad.into_iter())
+                .map(|b| BadCopy {
+                    addr: b.addr,
+                    problem: format!("strip {}: {}", b.strip, b.problem),
+                    repaired: b.repaired,
+                    source: None,
+                    repair_error: b.repair_error,
+                })
+                .collect();
+            (report, r.strips, r.bytes)
+        }
+        // Never written (its map entry survived a crash that dropped it): nothing to judge.
+        Err(ClientError::NotFound(_)) => (report, 0, 0),
+        Err(e) => {
+            report.unrecoverable = Some(format!("its primary could not check it: {e}"));
+            (report, 0, 0)
+        }
+    }
 }

@@ -15,8 +15,11 @@
 //!   every holder for its strip's state and resolves the stripe before it reads or changes it
 //!   ([`Node::ec_decided`]).
 
+mod check;
 mod holder;
+mod peer;
 mod primary;
+mod whole;
 
 pub(super) use primary::EcChange;
 

@@ -24,12 +24,12 @@ use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, Resu
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
 use objstore_proto::payload::{split_cow, split_expected, split_peer_cow, split_peer_write};
-use objstore_proto::redundancy::Redundancy;
 use objstore_proto::view::{ClusterConfig, ClusterInfo};
 
 /// Reads up to this size run on the request's task instead of the blocking pool.
 pub(super) const INLINE_READ: usize = 64 << 10;
 
+mod ec;
 mod format;
 mod list;
 use format::format;
@@ -308,44 +308,10 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
                 .await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))
         }
-        Opcode::EcRead | Opcode::EcWrite | Opcode::EcRemove => ec_request(node, h, payload).await,
-        Opcode::PeerStrip => {
-            let _change = node.enter(h.epoch);
-            let (ep, cfg) = io_epoch(node, h).await?;
-            let Some((head, data)) = objstore_proto::ec::wire::split(&payload) else {
-                return Err(Failure::invalid(
-                    "PeerStrip payload without a valid strip head",
-                ));
-            };
-            node.apply_strip(&ep, &cfg, oid, head, h.offset, data)
-                .await?;
-            Ok(Reply::empty())
+        Opcode::EcRead | Opcode::EcWrite | Opcode::EcRemove | Opcode::EcCheck => {
+            ec::request(node, h, payload).await
         }
-        Opcode::PeerStripRead => {
-            let (ep, cfg) = io_epoch(node, h).await?;
-            let Some(scheme) = objstore_proto::ec::wire::scheme_of_aux(h.aux) else {
-                return Err(Failure::invalid(format!(
-                    "PeerStripRead of no scheme ({:#x})",
-                    h.aux
-                )));
-            };
-            let Redundancy::Ec { data, parity } = scheme else {
-                unreachable!("scheme_of_aux names erasure codes only")
-            };
-            let like = objstore_proto::ec::wire::StripHead {
-                data,
-                parity,
-                op: objstore_proto::ec::wire::StripOp::Write,
-                flags: 0,
-                touched: Default::default(),
-                base: Version::NONE,
-                version: Version::NONE,
-            };
-            let r = node
-                .read_strip(&ep, &cfg, oid, like, h.offset, h.length as usize)
-                .await?;
-            Ok(Reply::bytes(r.head.with(&r.bytes)))
-        }
+        Opcode::PeerStrip | Opcode::PeerStripRead => ec::peer(node, h, payload).await,
         Opcode::CowWrite => {
             let v = super::cow::cow_write(node, h, payload).await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))
@@ -606,62 +572,6 @@ const MAX_LEASE_TTL_SECS: u64 = 86_400;
 /// [`io_epoch`] for a change of an object: the node records that it takes changes in this
 /// epoch before it applies the first ([`Node::note_change`]), so a node that took none is never
 /// waited for once it is gone.
-/// `EcRead`, `EcWrite`, `EcRemove` of a data object of the scheme in `aux`, as its primary.
-async fn ec_request(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
-    let oid = ObjectId(h.oid);
-    let _change = (h.opcode != Opcode::EcRead).then(|| node.enter(h.epoch));
-    let (ep, cfg) = io_epoch(node, h).await?;
-    let Some(scheme) = objstore_proto::ec::wire::scheme_of_aux(h.aux) else {
-        return Err(Failure::invalid(format!(
-            "{:?} of object {oid} names no erasure code ({:#x})",
-            h.opcode, h.aux
-        )));
-    };
-    match h.opcode {
-        Opcode::EcRead => {
-            check_range(oid, h.offset, h.length, &cfg)?;
-            let data = node
-                .ec_read(&ep, &cfg, oid, scheme, h.offset, h.length as usize)
-                .await?;
-            Ok(Reply::bytes(data))
-        }
-        _ => {
-            let Some((expected, data)) = split_expected(&payload) else {
-                return Err(Failure::invalid(format!(
-                    "{:?} payload shorter than its version",
-                    h.opcode
-                )));
-            };
-            let change = if h.opcode == Opcode::EcRemove {
-                super::ec::EcChange::Remove
-            } else {
-                if data.len() != h.length as usize || data.is_empty() {
-                    return Err(Failure::invalid(format!(
-                        "write length {} but {} bytes of data",
-                        h.length,
-                        data.len()
-                    )));
-                }
-                check_range(oid, h.offset, h.length, &cfg)?;
-                super::ec::EcChange::Write {
-                    offset: h.offset,
-                    data,
-                }
-            };
-            let removed = matches!(change, super::ec::EcChange::Remove);
-            let v = node
-                .ec_change(&ep, &cfg, oid, scheme, expected, change)
-                .await?;
-            let state = if removed {
-                ObjState::tombstone(v)
-            } else {
-                ObjState::live(v)
-            };
-            Ok(Reply::state(Bytes::new(), state))
-        }
-    }
-}
-
 pub(super) async fn change_epoch(
     node: &Node,
     h: &Header,

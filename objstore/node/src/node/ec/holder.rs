@@ -106,28 +106,20 @@ impl Node {
         let store = &self.store;
         let cur = store.meta(key);
         let state = cur.unwrap_or_default();
-        if state.lost || state.suspect {
-            return Err(Failure::new(
-                ResultCode::Diverged,
-                format!(
-                    "strip {key} is {} here",
-                    if state.lost { "lost" } else { "suspect" }
-                ),
-            ));
-        }
-        if head.op == StripOp::Back {
-            return self.undo_strip(key, head, state);
-        }
         if head.op == StripOp::Put {
-            // A strip installed whole (rebuilt, or the stripe written again after going back):
-            // over any older copy.
-            if state.version >= head.version && cur.is_some() {
+            // A strip installed whole (rebuilt, repaired, or the stripe written again after
+            // going back): over any older copy, or a bad one (lost, corrupt) of its version.
+            // What it replaces undoes the change only if it was good and at the change's base.
+            let good = !(state.lost || state.suspect) && store.verify(key).is_ok();
+            let at_base = good && state.version == head.base && head.base != Version::NONE;
+            let undo = if good {
+                self.whole_undo(key, cur)?
+            } else {
+                Undo::Nothing
+            };
+            if !store.put_if_newer(key, bytes, ObjState::live(head.version))? {
                 return Ok(());
             }
-            // What it replaces undoes the change only if it was at the change's base.
-            let at_base = state.version == head.base && head.base != Version::NONE;
-            let undo = self.whole_undo(key, cur)?;
-            store.put_if_newer(key, bytes, ObjState::live(head.version))?;
             let flags = if at_base {
                 FLAG_KNOWN | FLAG_BACK
             } else {
@@ -140,6 +132,18 @@ impl Node {
             };
             store.set_note(key, &Note { head, undo }.encode())?;
             return Ok(());
+        }
+        if state.lost || state.suspect {
+            return Err(Failure::new(
+                ResultCode::Diverged,
+                format!(
+                    "strip {key} is {} here",
+                    if state.lost { "lost" } else { "suspect" }
+                ),
+            ));
+        }
+        if head.op == StripOp::Back {
+            return self.undo_strip(key, head, state);
         }
         if state.version == head.version && cur.is_some() {
             return Ok(()); // a retry of a change applied already

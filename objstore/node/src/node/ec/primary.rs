@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use super::{EcEvent, StripRead, Stripe};
-use crate::node::replicate::{conflict, FORWARD_TIMEOUT};
+use super::peer::holders;
+use super::{EcEvent, Stripe};
+use crate::node::replicate::conflict;
 use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
-use objstore_proto::ec::resolve::{resolve, Resolution, Strip, StripSet};
-use objstore_proto::ec::wire::{self, StripHead, StripOp};
-use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::ec::resolve::StripSet;
+use objstore_proto::ec::wire::{StripHead, StripOp};
+use objstore_proto::frame::ResultCode;
 use objstore_proto::oid::ObjectId;
 use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::Version;
@@ -26,10 +27,10 @@ pub(in crate::node) enum EcChange {
 
 /// The stripe's state as its primary knows it once decided.
 #[derive(Debug, Clone, Copy)]
-struct Decision {
-    version: Version,
+pub(super) struct Decision {
+    pub(super) version: Version,
     /// The object was removed (every strip a tombstone) or never written.
-    empty: bool,
+    pub(super) empty: bool,
 }
 
 impl Node {
@@ -179,7 +180,7 @@ impl Node {
     }
 
     /// The stripe of `oid` in `ep` with this node its primary.
-    fn ec_stripe(
+    pub(super) fn ec_stripe(
         &self,
         ep: &Epoch,
         cfg: &ClusterConfig,
@@ -330,7 +331,7 @@ impl Node {
 
     /// The stripe's decided state: known from this epoch, or asked of every holder and resolved
     /// (rule 4) now, with the object's lock held.
-    async fn ec_decided(
+    pub(super) async fn ec_decided(
         self: &Arc<Self>,
         ep: &Epoch,
         cfg: &ClusterConfig,
@@ -349,362 +350,4 @@ impl Node {
         self.ec_known.insert(epoch, stripe.oid);
         Ok(d)
     }
-
-    /// Asks every holder for its strip's state and makes the stripe whole at one version
-    /// (see [`objstore_proto::ec::resolve`]).
-    async fn resolve_stripe(
-        self: &Arc<Self>,
-        ep: &Epoch,
-        cfg: &ClusterConfig,
-        stripe: &Stripe,
-    ) -> Result<Decision, Failure> {
-        let w = stripe.width();
-        let heads =
-            futures::future::join_all((0..w).map(|k| self.strip_read(ep, cfg, stripe, k, 0, 0)))
-                .await;
-        let mut strips: Vec<Strip> = heads
-            .iter()
-            .map(|r| match r {
-                Ok(r) => r.head.strip(),
-                Err(_) => Strip::Missing,
-            })
-            .collect();
-        // A holder with nothing of a strip says it was never made only if it held that strip
-        // since the newest change's epoch; otherwise (the strip moved to it, its old holder
-        // is down) it does not know: missing, never counted at version 0.
-        let newest = heads.iter().flatten().map(|r| r.head.version).max();
-        if let Some(newest) = newest.filter(|v| *v != Version::NONE) {
-            let now = ep.view.epoch;
-            for (k, r) in heads.iter().enumerate() {
-                let Ok(r) = r else { continue };
-                let Some(h) = &stripe.holders[k] else {
-                    continue;
-                };
-                if r.head.version == Version::NONE
-                    && !self
-                        .held_since(h.id, stripe.oid, k, newest.epoch().max(1), now)
-                        .await
-                {
-                    strips[k] = Strip::Missing;
-                }
-            }
-        }
-        let x = stripe.codec.data();
-        let all = StripSet::first(w);
-        match resolve(x, &strips) {
-            Resolution::Whole { version, rebuild } => {
-                if !rebuild.is_empty() && version != Version::NONE {
-                    // The stripe is decided: a strip that cannot be rebuilt now (its holder
-                    // waits for nodes that are down) is decoded by reads meanwhile.
-                    let sources = all.minus(rebuild);
-                    match self
-                        .rebuild(ep, cfg, stripe, version, sources, rebuild, None)
-                        .await
-                    {
-                        Ok(()) => self.ec_count(EcEvent::Rebuilt),
-                        Err(f) => tracing::warn!(
-                            "object {}: strips {rebuild:?} not rebuilt yet: {}",
-                            stripe.oid,
-                            f.message
-                        ),
-                    }
-                }
-                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
-                Ok(Decision { version, empty })
-            }
-            Resolution::Forward {
-                version,
-                sources,
-                rebuild,
-                relabel,
-            } => {
-                let t = heads
-                    .iter()
-                    .flatten()
-                    .find(|r| r.head.version == version && r.head.flags & wire::FLAG_KNOWN != 0)
-                    .map(|r| r.head)
-                    .expect("a strip at the version says its change");
-                tracing::info!(
-                    "object {}: a change left it mixed; going forward to {version:?}",
-                    stripe.oid
-                );
-                self.ec_count(EcEvent::Forward);
-                let bumps = relabel.iter().map(|k| {
-                    let head = stripe.head(StripOp::Bump, t.base, version, t.touched);
-                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
-                });
-                for r in futures::future::join_all(bumps).await {
-                    r?;
-                }
-                let head = stripe.head(StripOp::Put, t.base, version, t.touched);
-                self.rebuild(ep, cfg, stripe, version, sources, rebuild, Some(head))
-                    .await?;
-                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
-                Ok(Decision { version, empty })
-            }
-            Resolution::Back {
-                version,
-                roll_back,
-                ..
-            } => {
-                tracing::info!(
-                    "object {}: a change left it mixed and too few strips hold it; going back to {version:?}",
-                    stripe.oid
-                );
-                self.ec_count(EcEvent::Back);
-                for k in roll_back.iter() {
-                    let Ok(r) = &heads[k] else {
-                        unreachable!("a strip to roll back answered")
-                    };
-                    let head = stripe.head(StripOp::Back, version, r.head.version, StripSet::default());
-                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
-                        .await?;
-                }
-                // Written whole at a new version, so that no strip left at the undone version
-                // brings it back (rule 4).
-                let floor = self.issued.lock().unwrap().get(&stripe.oid).copied();
-                let newest = heads
-                    .iter()
-                    .flatten()
-                    .map(|r| r.head.version)
-                    .chain(floor)
-                    .max()
-                    .unwrap_or_default();
-                let again = newest.next(ep.view.epoch);
-                self.issued.lock().unwrap().insert(stripe.oid, again);
-                let bumped = roll_back.union(self.strips_at(&heads, version));
-                let rest = all.minus(bumped);
-                let bumps = bumped.iter().map(|k| {
-                    let head = stripe.head(StripOp::Bump, version, again, rest);
-                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
-                });
-                for r in futures::future::join_all(bumps).await {
-                    r?;
-                }
-                let head = stripe.head(StripOp::Put, version, again, rest);
-                self.rebuild(ep, cfg, stripe, again, bumped, rest, Some(head))
-                    .await?;
-                self.issued.lock().unwrap().remove(&stripe.oid);
-                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
-                Ok(Decision {
-                    version: again,
-                    empty,
-                })
-            }
-            Resolution::Undecided { valid, need } => Err(Failure::new(
-                ResultCode::Busy,
-                format!(
-                    "object {} has {valid} of the {need} strips it needs at one version: waiting for its holders ({})",
-                    stripe.oid,
-                    holders(stripe)
-                ),
-            )),
-            Resolution::Inconsistent(why) => Err(Failure::new(
-                ResultCode::Io,
-                format!("object {}: {why}", stripe.oid),
-            )),
-        }
-    }
-
-    /// The strips whose holder answered at `version`.
-    fn strips_at(&self, heads: &[Result<StripRead, Failure>], version: Version) -> StripSet {
-        let mut s = StripSet::default();
-        for (k, r) in heads.iter().enumerate() {
-            if r.as_ref().is_ok_and(|r| r.head.version == version) {
-                s.insert(k);
-            }
-        }
-        s
-    }
-
-    /// Decodes the strips of `rebuild` at `version` from `sources` (whole strips) and installs
-    /// them on their holders (`head` or a bare `Put`).
-    #[allow(clippy::too_many_arguments)]
-    async fn rebuild(
-        self: &Arc<Self>,
-        ep: &Epoch,
-        cfg: &ClusterConfig,
-        stripe: &Stripe,
-        version: Version,
-        sources: StripSet,
-        rebuild: StripSet,
-        head: Option<StripHead>,
-    ) -> Result<(), Failure> {
-        // A strip with no holder (fewer nodes than strips) is rebuilt once one joins.
-        let rebuild = rebuild.and(stripe.held());
-        if rebuild.is_empty() {
-            return Ok(());
-        }
-        let len = stripe.codec.strip_len();
-        let reads = (0..stripe.width()).map(|k| async move {
-            if !sources.contains(k) {
-                return None;
-            }
-            let r = self.strip_read(ep, cfg, stripe, k, 0, len).await.ok()?;
-            (r.head.version == version).then(|| r.bytes.to_vec())
-        });
-        let mut strips: Vec<Option<Vec<u8>>> = futures::future::join_all(reads).await;
-        stripe.codec.reconstruct(&mut strips).map_err(|e| {
-            Failure::new(
-                ResultCode::Busy,
-                format!("object {} cannot be rebuilt: {e}", stripe.oid),
-            )
-        })?;
-        let head = head.unwrap_or_else(|| {
-            stripe.head(StripOp::Put, Version::NONE, version, StripSet::default())
-        });
-        let puts = rebuild.iter().map(|k| {
-            let bytes = Bytes::from(strips[k].clone().expect("reconstructed"));
-            self.strip_call(ep, cfg, stripe, k, head, 0, bytes)
-        });
-        for r in futures::future::join_all(puts).await {
-            r?;
-        }
-        Ok(())
-    }
-
-    /// Sends strip `k`'s op to its holder (this node: applied here).
-    #[allow(clippy::too_many_arguments)]
-    async fn strip_call(
-        self: &Arc<Self>,
-        ep: &Epoch,
-        cfg: &ClusterConfig,
-        stripe: &Stripe,
-        k: usize,
-        head: StripHead,
-        offset: u64,
-        bytes: Bytes,
-    ) -> Result<(), Failure> {
-        let key = stripe.key(k);
-        let holder = holder_of(stripe, k)?;
-        if holder.id == self.me.id {
-            return self.apply_strip(ep, cfg, key, head, offset, bytes).await;
-        }
-        let mut h = Header::request(Opcode::PeerStrip, 0, ep.view.epoch);
-        h.oid = key.0;
-        h.offset = offset;
-        h.length = bytes.len() as u32;
-        let f = self
-            .strip_peer_call(
-                holder.addr,
-                h,
-                Bytes::copy_from_slice(&head.encode()),
-                bytes,
-            )
-            .await?;
-        match f.header.result_code() {
-            ResultCode::Ok => Ok(()),
-            code => Err(strip_failure(holder.addr, code, f.message())),
-        }
-    }
-
-    /// Bytes `offset .. offset + len` of strip `k` from its holder, with its head.
-    async fn strip_read(
-        self: &Arc<Self>,
-        ep: &Epoch,
-        cfg: &ClusterConfig,
-        stripe: &Stripe,
-        k: usize,
-        offset: u64,
-        len: usize,
-    ) -> Result<StripRead, Failure> {
-        let key = stripe.key(k);
-        let like = stripe.head(
-            StripOp::Write,
-            Version::NONE,
-            Version::NONE,
-            StripSet::default(),
-        );
-        let holder = holder_of(stripe, k)?;
-        if holder.id == self.me.id {
-            return self.read_strip(ep, cfg, key, like, offset, len).await;
-        }
-        let mut h = Header::request(Opcode::PeerStripRead, 0, ep.view.epoch);
-        h.oid = key.0;
-        h.offset = offset;
-        h.length = len as u32;
-        h.aux = wire::scheme_aux(stripe.scheme);
-        let f = self
-            .strip_peer_call(holder.addr, h, Bytes::new(), Bytes::new())
-            .await?;
-        if f.header.result_code() != ResultCode::Ok {
-            return Err(strip_failure(
-                holder.addr,
-                f.header.result_code(),
-                f.message(),
-            ));
-        }
-        match wire::split(&f.payload) {
-            Some((head, bytes)) if bytes.len() == len => Ok(StripRead { head, bytes }),
-            _ => Err(Failure::new(
-                ResultCode::Io,
-                format!("holder {} answered strip {key} malformed", holder.addr),
-            )),
-        }
-    }
-
-    /// One request to a peer; a connection that failed is dropped and reported `Busy`.
-    async fn strip_peer_call(
-        &self,
-        addr: std::net::SocketAddr,
-        h: Header,
-        prefix: Bytes,
-        payload: Bytes,
-    ) -> Result<objstore_proto::frame::Frame, Failure> {
-        let conn = self
-            .peers
-            .get(addr, FORWARD_TIMEOUT)
-            .await
-            .map_err(|e| Failure::new(ResultCode::Busy, format!("strip holder {addr}: {e}")))?;
-        match conn
-            .call_with_prefix(h, prefix, payload, FORWARD_TIMEOUT)
-            .await
-        {
-            Ok(f) => Ok(f),
-            Err(e) => {
-                self.peers.drop_conn(addr).await;
-                Err(Failure::new(
-                    ResultCode::Busy,
-                    format!("strip holder {addr}: {e}"),
-                ))
-            }
-        }
-    }
-}
-
-/// A holder's refusal as the client sees it: its disk's errors as they are, anything else a
-/// wait (the primary resolves the stripe at the next attempt).
-fn strip_failure(addr: std::net::SocketAddr, code: ResultCode, message: String) -> Failure {
-    match code {
-        ResultCode::NoSpace | ResultCode::Io | ResultCode::InvalidRequest => {
-            Failure::new(code, format!("strip holder {addr}: {message}"))
-        }
-        _ => Failure::new(ResultCode::Busy, format!("strip holder {addr}: {message}")),
-    }
-}
-
-fn holders(stripe: &Stripe) -> String {
-    stripe
-        .holders
-        .iter()
-        .map(|n| {
-            n.as_ref()
-                .map_or("none".to_string(), |n| n.addr.to_string())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The holder of strip `k`, or why there is none.
-fn holder_of(stripe: &Stripe, k: usize) -> Result<&objstore_proto::view::NodeInfo, Failure> {
-    stripe.holders[k].as_ref().ok_or_else(|| {
-        Failure::new(
-            ResultCode::Busy,
-            format!(
-                "strip {k} of object {} has no holder: the cluster has fewer nodes than its {} strips",
-                stripe.oid,
-                stripe.width()
-            ),
-        )
-    })
 }

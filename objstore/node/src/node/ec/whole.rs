@@ -1,0 +1,233 @@
+//! Making a stripe whole: the resolution of a stripe that may be mixed (rule 4 of
+//! docs/architecture.md, "Erasure-coded objects") and the rebuild of missing or stale strips
+//! from x good ones.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::peer::holders;
+use super::primary::Decision;
+use super::{EcEvent, StripRead, Stripe};
+use crate::node::server::Failure;
+use crate::node::{Epoch, Node};
+use objstore_proto::ec::resolve::{resolve, Resolution, Strip, StripSet};
+use objstore_proto::ec::wire::{self, StripHead, StripOp};
+use objstore_proto::frame::ResultCode;
+use objstore_proto::version::Version;
+use objstore_proto::view::ClusterConfig;
+
+impl Node {
+    /// Asks every holder for its strip's state and makes the stripe whole at one version
+    /// (see [`objstore_proto::ec::resolve`]).
+    pub(super) async fn resolve_stripe(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+    ) -> Result<Decision, Failure> {
+        let w = stripe.width();
+        let heads =
+            futures::future::join_all((0..w).map(|k| self.strip_read(ep, cfg, stripe, k, 0, 0)))
+                .await;
+        let mut strips: Vec<Strip> = heads
+            .iter()
+            .map(|r| match r {
+                Ok(r) => r.head.strip(),
+                Err(_) => Strip::Missing,
+            })
+            .collect();
+        // A holder with nothing of a strip says it was never made only if it held that strip
+        // since the newest change's epoch; otherwise (the strip moved to it, its old holder
+        // is down) it does not know: missing, never counted at version 0.
+        let newest = heads.iter().flatten().map(|r| r.head.version).max();
+        if let Some(newest) = newest.filter(|v| *v != Version::NONE) {
+            let now = ep.view.epoch;
+            for (k, r) in heads.iter().enumerate() {
+                let Ok(r) = r else { continue };
+                let Some(h) = &stripe.holders[k] else {
+                    continue;
+                };
+                if r.head.version == Version::NONE
+                    && !self
+                        .held_since(h.id, stripe.oid, k, newest.epoch().max(1), now)
+                        .await
+                {
+                    strips[k] = Strip::Missing;
+                }
+            }
+        }
+        let x = stripe.codec.data();
+        let all = StripSet::first(w);
+        match resolve(x, &strips) {
+            Resolution::Whole { version, rebuild } => {
+                if !rebuild.is_empty() && version != Version::NONE {
+                    // The stripe is decided: a strip that cannot be rebuilt now (its holder
+                    // waits for nodes that are down) is decoded by reads meanwhile.
+                    let sources = all.minus(rebuild);
+                    match self
+                        .rebuild(ep, cfg, stripe, version, sources, rebuild, None)
+                        .await
+                    {
+                        Ok(()) => self.ec_count(EcEvent::Rebuilt),
+                        Err(f) => tracing::warn!(
+                            "object {}: strips {rebuild:?} not rebuilt yet: {}",
+                            stripe.oid,
+                            f.message
+                        ),
+                    }
+                }
+                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                Ok(Decision { version, empty })
+            }
+            Resolution::Forward {
+                version,
+                sources,
+                rebuild,
+                relabel,
+            } => {
+                let t = heads
+                    .iter()
+                    .flatten()
+                    .find(|r| r.head.version == version && r.head.flags & wire::FLAG_KNOWN != 0)
+                    .map(|r| r.head)
+                    .expect("a strip at the version says its change");
+                tracing::info!(
+                    "object {}: a change left it mixed; going forward to {version:?}",
+                    stripe.oid
+                );
+                self.ec_count(EcEvent::Forward);
+                let bumps = relabel.iter().map(|k| {
+                    let head = stripe.head(StripOp::Bump, t.base, version, t.touched);
+                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                });
+                for r in futures::future::join_all(bumps).await {
+                    r?;
+                }
+                let head = stripe.head(StripOp::Put, t.base, version, t.touched);
+                self.rebuild(ep, cfg, stripe, version, sources, rebuild, Some(head))
+                    .await?;
+                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                Ok(Decision { version, empty })
+            }
+            Resolution::Back {
+                version,
+                roll_back,
+                ..
+            } => {
+                tracing::info!(
+                    "object {}: a change left it mixed and too few strips hold it; going back to {version:?}",
+                    stripe.oid
+                );
+                self.ec_count(EcEvent::Back);
+                for k in roll_back.iter() {
+                    let Ok(r) = &heads[k] else {
+                        unreachable!("a strip to roll back answered")
+                    };
+                    let head = stripe.head(StripOp::Back, version, r.head.version, StripSet::default());
+                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                        .await?;
+                }
+                // Written whole at a new version, so that no strip left at the undone version
+                // brings it back (rule 4).
+                let floor = self.issued.lock().unwrap().get(&stripe.oid).copied();
+                let newest = heads
+                    .iter()
+                    .flatten()
+                    .map(|r| r.head.version)
+                    .chain(floor)
+                    .max()
+                    .unwrap_or_default();
+                let again = newest.next(ep.view.epoch);
+                self.issued.lock().unwrap().insert(stripe.oid, again);
+                let bumped = roll_back.union(self.strips_at(&heads, version));
+                let rest = all.minus(bumped);
+                let bumps = bumped.iter().map(|k| {
+                    let head = stripe.head(StripOp::Bump, version, again, rest);
+                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                });
+                for r in futures::future::join_all(bumps).await {
+                    r?;
+                }
+                let head = stripe.head(StripOp::Put, version, again, rest);
+                self.rebuild(ep, cfg, stripe, again, bumped, rest, Some(head))
+                    .await?;
+                self.issued.lock().unwrap().remove(&stripe.oid);
+                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                Ok(Decision {
+                    version: again,
+                    empty,
+                })
+            }
+            Resolution::Undecided { valid, need } => Err(Failure::new(
+                ResultCode::Busy,
+                format!(
+                    "object {} has {valid} of the {need} strips it needs at one version: waiting for its holders ({})",
+                    stripe.oid,
+                    holders(stripe)
+                ),
+            )),
+            Resolution::Inconsistent(why) => Err(Failure::new(
+                ResultCode::Io,
+                format!("object {}: {why}", stripe.oid),
+            )),
+        }
+    }
+
+    /// The strips whose holder answered at `version`.
+    fn strips_at(&self, heads: &[Result<StripRead, Failure>], version: Version) -> StripSet {
+        let mut s = StripSet::default();
+        for (k, r) in heads.iter().enumerate() {
+            if r.as_ref().is_ok_and(|r| r.head.version == version) {
+                s.insert(k);
+            }
+        }
+        s
+    }
+
+    /// Decodes the strips of `rebuild` at `version` from `sources` (whole strips) and installs
+    /// them on their holders (`head` or a bare `Put`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn rebuild(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        version: Version,
+        sources: StripSet,
+        rebuild: StripSet,
+        head: Option<StripHead>,
+    ) -> Result<(), Failure> {
+        // A strip with no holder (fewer nodes than strips) is rebuilt once one joins.
+        let rebuild = rebuild.and(stripe.held());
+        if rebuild.is_empty() {
+            return Ok(());
+        }
+        let len = stripe.codec.strip_len();
+        let reads = (0..stripe.width()).map(|k| async move {
+            if !sources.contains(k) {
+                return None;
+            }
+            let r = self.strip_read(ep, cfg, stripe, k, 0, len).await.ok()?;
+            (r.head.version == version).then(|| r.bytes.to_vec())
+        });
+        let mut strips: Vec<Option<Vec<u8>>> = futures::future::join_all(reads).await;
+        stripe.codec.reconstruct(&mut strips).map_err(|e| {
+            Failure::new(
+                ResultCode::Busy,
+                format!("object {} cannot be rebuilt: {e}", stripe.oid),
+            )
+        })?;
+        let head = head.unwrap_or_else(|| {
+            stripe.head(StripOp::Put, Version::NONE, version, StripSet::default())
+        });
+        let puts = rebuild.iter().map(|k| {
+            let bytes = Bytes::from(strips[k].clone().expect("reconstructed"));
+            self.strip_call(ep, cfg, stripe, k, head, 0, bytes)
+        });
+        for r in futures::future::join_all(puts).await {
+            r?;
+        }
+        Ok(())
+    }
+}

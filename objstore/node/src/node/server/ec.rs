@@ -1,0 +1,119 @@
+//! The erasure-coded requests: `EcRead`, `EcWrite`, `EcRemove`, `EcCheck` to an object's
+//! primary, and `PeerStrip`, `PeerStripRead` to a strip's holder (see `node/ec`).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::{check_range, io_epoch, Failure, Handled, Reply};
+use crate::node::ec::EcChange;
+use crate::node::Node;
+use crate::store::{ObjState, Version};
+use objstore_proto::ec::wire::{scheme_of_aux, split, StripHead, StripOp};
+use objstore_proto::frame::{Header, Opcode};
+use objstore_proto::oid::ObjectId;
+use objstore_proto::payload::split_expected;
+use objstore_proto::redundancy::Redundancy;
+
+/// `EcRead`, `EcWrite`, `EcRemove`, `EcCheck` of a data object of the scheme in `aux`, as its
+/// primary.
+pub(super) async fn request(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
+    let oid = ObjectId(h.oid);
+    let changes = matches!(
+        h.opcode,
+        Opcode::EcWrite | Opcode::EcRemove | Opcode::EcCheck
+    );
+    let _change = changes.then(|| node.enter(h.epoch));
+    let (ep, cfg) = io_epoch(node, h).await?;
+    let Some(scheme) = scheme_of_aux(h.aux) else {
+        return Err(Failure::invalid(format!(
+            "{:?} of object {oid} names no erasure code ({:#x})",
+            h.opcode, h.aux
+        )));
+    };
+    match h.opcode {
+        Opcode::EcRead => {
+            check_range(oid, h.offset, h.length, &cfg)?;
+            let data = node
+                .ec_read(&ep, &cfg, oid, scheme, h.offset, h.length as usize)
+                .await?;
+            Ok(Reply::bytes(data))
+        }
+        Opcode::EcCheck => {
+            let repair = h.offset & 1 != 0;
+            let report = node.ec_check(&ep, &cfg, oid, scheme, repair).await?;
+            Ok(Reply::json(&report))
+        }
+        _ => {
+            let Some((expected, data)) = split_expected(&payload) else {
+                return Err(Failure::invalid(format!(
+                    "{:?} payload shorter than its version",
+                    h.opcode
+                )));
+            };
+            let change = if h.opcode == Opcode::EcRemove {
+                EcChange::Remove
+            } else {
+                if data.len() != h.length as usize || data.is_empty() {
+                    return Err(Failure::invalid(format!(
+                        "write length {} but {} bytes of data",
+                        h.length,
+                        data.len()
+                    )));
+                }
+                check_range(oid, h.offset, h.length, &cfg)?;
+                EcChange::Write {
+                    offset: h.offset,
+                    data,
+                }
+            };
+            let removed = matches!(change, EcChange::Remove);
+            let v = node
+                .ec_change(&ep, &cfg, oid, scheme, expected, change)
+                .await?;
+            let state = if removed {
+                ObjState::tombstone(v)
+            } else {
+                ObjState::live(v)
+            };
+            Ok(Reply::state(Bytes::new(), state))
+        }
+    }
+}
+
+/// `PeerStrip` and `PeerStripRead` of a strip this node holds.
+pub(super) async fn peer(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
+    let key = ObjectId(h.oid);
+    if h.opcode == Opcode::PeerStrip {
+        let _change = node.enter(h.epoch);
+        let (ep, cfg) = io_epoch(node, h).await?;
+        let Some((head, data)) = split(&payload) else {
+            return Err(Failure::invalid(
+                "PeerStrip payload without a valid strip head",
+            ));
+        };
+        node.apply_strip(&ep, &cfg, key, head, h.offset, data)
+            .await?;
+        return Ok(Reply::empty());
+    }
+    let (ep, cfg) = io_epoch(node, h).await?;
+    let Some(Redundancy::Ec { data, parity }) = scheme_of_aux(h.aux) else {
+        return Err(Failure::invalid(format!(
+            "PeerStripRead of no scheme ({:#x})",
+            h.aux
+        )));
+    };
+    let like = StripHead {
+        data,
+        parity,
+        op: StripOp::Write,
+        flags: 0,
+        touched: Default::default(),
+        base: Version::NONE,
+        version: Version::NONE,
+    };
+    let r = node
+        .read_strip(&ep, &cfg, key, like, h.offset, h.length as usize)
+        .await?;
+    Ok(Reply::bytes(r.head.with(&r.bytes)))
+}
