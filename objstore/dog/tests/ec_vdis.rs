@@ -115,3 +115,42 @@ fn the_cluster_default_and_impossible_schemes() {
     }
     assert_eq!(c.dog_json(&["vdi", "list"]).as_array().unwrap().len(), 1);
 }
+
+/// Snapshots, clones, rollback and backups of an erasure-coded VDI: a write to an object its
+/// snapshot shares copies it whole first (on the client), so the snapshot keeps its bytes;
+/// a clone inherits the scheme; a full backup restores the same bytes.
+#[test]
+fn snapshot_clone_rollback_and_backup_of_an_ec_vdi() {
+    let c = Cluster::start(&bins(), 4);
+    c.wait_members(4);
+    c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
+    c.dog_ok(&["vdi", "create", "A", "8M", "--copies", "2:1"]);
+    let base = pseudo_random(6 << 20, 11);
+    c.write_vdi("A", 0, &base);
+    c.dog_ok(&["vdi", "snapshot", "A", "-s", "s1"]);
+    let patch = pseudo_random(5000, 12);
+    c.write_vdi("A", (2 << 20) - 100, &patch);
+    let mut now = base.clone();
+    now[(2 << 20) - 100..(2 << 20) + 4900].copy_from_slice(&patch);
+    assert!(c.read_vdi("A", 0, 6 << 20) == now, "A after its write");
+    assert!(c.read_vdi("A@s1", 0, 6 << 20) == base, "the snapshot kept its bytes");
+    assert_eq!(c.dog_json(&["vdi", "info", "A@s1"])["redundancy"], "2:1");
+
+    c.dog_ok(&["vdi", "clone", "A@s1", "C"]);
+    assert_eq!(c.dog_json(&["vdi", "info", "C"])["redundancy"], "2:1");
+    c.write_vdi("C", 4096, b"clone");
+    let mut cloned = base.clone();
+    cloned[4096..4101].copy_from_slice(b"clone");
+    assert!(c.read_vdi("C", 0, 6 << 20) == cloned, "the clone");
+    assert!(c.read_vdi("A@s1", 0, 6 << 20) == base, "the snapshot under its clone");
+
+    let full = c.dog_ok(&["vdi", "backup", "A@s1"]);
+    let out = c.dog_stdin(&["vdi", "restore", "B"], &full);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(c.read_vdi("B", 0, 6 << 20) == base, "restored from the backup");
+
+    c.dog_ok(&["vdi", "rollback", "A@s1", "--yes"]);
+    assert!(c.read_vdi("A", 0, 6 << 20) == base, "rolled back");
+    let check = c.dog_json(&["cluster", "check"]);
+    assert_eq!(check["bad_copies"], 0, "{check}");
+}
