@@ -47,8 +47,15 @@ fn run(cache: Option<&std::path::Path>) {
     let extra: Vec<String> = cache.map(|d| cache_args(d, "64M")).unwrap_or_default();
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let mut rig = Rig::start(6, 3, "1M", &extra);
-    rig.cluster
-        .dog_ok(&["vdi", "create", "f", "32M", "--copies", "4:2"]);
+    rig.cluster.dog_ok(&[
+        "vdi",
+        "create",
+        "f",
+        "32M",
+        "--copies",
+        "4:2",
+        "--experimental",
+    ]);
     let f = rig.path("f");
     let writer = fio(common::fio_verify_args(
         &f,

@@ -33,6 +33,10 @@ pub enum VdiCmd {
         /// cluster's (`dog cluster format --copies`).
         #[arg(short, long)]
         copies: Option<Redundancy>,
+        /// Needed for an x:y VDI while erasure coding is a preview (see `dog cluster format
+        /// --help`).
+        #[arg(long)]
+        experimental: bool,
     },
     /// List every VDI and its snapshots (s) and clones (c). Used: bytes of the objects it alone
     /// holds (what deleting it frees); Shared: of those it reads that others hold too. Counted
@@ -368,7 +372,15 @@ pub async fn vdi(ctx: &Ctx, cmd: VdiCmd) -> anyhow::Result<()> {
             let targets = vdi::check::targets(client, &name).await?;
             return crate::check::run(ctx, targets, args).await;
         }
-        VdiCmd::Create { name, size, copies } => {
+        VdiCmd::Create {
+            name,
+            size,
+            copies,
+            experimental,
+        } => {
+            if copies.is_some_and(|r| r.is_ec()) && !experimental {
+                bail!("{}", crate::cluster::EC_PREVIEW);
+            }
             let info = vdi::create_with(client, &name, size, copies).await?;
             let kept = match info.redundancy {
                 Some(r @ Redundancy::Ec { .. }) => format!("erasure-coded {r}"),

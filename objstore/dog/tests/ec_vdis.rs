@@ -14,7 +14,15 @@ fn bins() -> Bins {
 fn a_4_2_vdi_keeps_its_data_at_one_and_a_half_times_its_size() {
     let mut c = Cluster::start(&bins(), 6);
     c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
-    c.dog_ok(&["vdi", "create", "ec", "32M", "--copies", "4:2"]);
+    c.dog_ok(&[
+        "vdi",
+        "create",
+        "ec",
+        "32M",
+        "--copies",
+        "4:2",
+        "--experimental",
+    ]);
     let info = c.dog_json(&["vdi", "info", "ec"]);
     assert_eq!(info["redundancy"], "4:2", "{info}");
     let data = pseudo_random(16 << 20, 44);
@@ -82,16 +90,22 @@ fn a_4_2_vdi_keeps_its_data_at_one_and_a_half_times_its_size() {
 fn the_cluster_default_and_impossible_schemes() {
     let c = Cluster::start(&bins(), 4);
     c.wait_members(4);
-    let e = c.dog_err(&["cluster", "format", "--copies", "4:2"]);
+    let e = c.dog_err(&["cluster", "format", "--copies", "4:2", "--experimental"]);
     assert!(
         e.contains("6 strips in distinct zones") && e.contains("4 zone(s)"),
         "{e}"
     );
+    // A preview: refused without --experimental.
+    let e = c.dog_err(&["cluster", "format", "--copies", "2:1"]);
+    assert!(e.contains("--experimental"), "{e}");
+    let e = c.dog_err(&["vdi", "create", "x", "8M", "--copies", "2:1"]);
+    assert!(e.contains("--experimental"), "{e}");
     c.dog_ok(&[
         "cluster",
         "format",
         "--copies",
         "2:1",
+        "--experimental",
         "--object-size",
         "1M",
     ]);
@@ -110,7 +124,15 @@ fn the_cluster_default_and_impossible_schemes() {
         ("3", "keeps 2 full copies"),
         ("x", "is not a redundancy"),
     ] {
-        let e = c.dog_err(&["vdi", "create", "bad", "8M", "--copies", scheme]);
+        let e = c.dog_err(&[
+            "vdi",
+            "create",
+            "bad",
+            "8M",
+            "--copies",
+            scheme,
+            "--experimental",
+        ]);
         assert!(e.contains(why), "--copies {scheme}: {e}");
     }
     assert_eq!(c.dog_json(&["vdi", "list"]).as_array().unwrap().len(), 1);
@@ -124,7 +146,15 @@ fn snapshot_clone_rollback_and_backup_of_an_ec_vdi() {
     let c = Cluster::start(&bins(), 4);
     c.wait_members(4);
     c.dog_ok(&["cluster", "format", "--copies", "2", "--object-size", "1M"]);
-    c.dog_ok(&["vdi", "create", "A", "8M", "--copies", "2:1"]);
+    c.dog_ok(&[
+        "vdi",
+        "create",
+        "A",
+        "8M",
+        "--copies",
+        "2:1",
+        "--experimental",
+    ]);
     let base = pseudo_random(6 << 20, 11);
     c.write_vdi("A", 0, &base);
     c.dog_ok(&["vdi", "snapshot", "A", "-s", "s1"]);
@@ -133,7 +163,10 @@ fn snapshot_clone_rollback_and_backup_of_an_ec_vdi() {
     let mut now = base.clone();
     now[(2 << 20) - 100..(2 << 20) + 4900].copy_from_slice(&patch);
     assert!(c.read_vdi("A", 0, 6 << 20) == now, "A after its write");
-    assert!(c.read_vdi("A@s1", 0, 6 << 20) == base, "the snapshot kept its bytes");
+    assert!(
+        c.read_vdi("A@s1", 0, 6 << 20) == base,
+        "the snapshot kept its bytes"
+    );
     assert_eq!(c.dog_json(&["vdi", "info", "A@s1"])["redundancy"], "2:1");
 
     c.dog_ok(&["vdi", "clone", "A@s1", "C"]);
@@ -142,12 +175,22 @@ fn snapshot_clone_rollback_and_backup_of_an_ec_vdi() {
     let mut cloned = base.clone();
     cloned[4096..4101].copy_from_slice(b"clone");
     assert!(c.read_vdi("C", 0, 6 << 20) == cloned, "the clone");
-    assert!(c.read_vdi("A@s1", 0, 6 << 20) == base, "the snapshot under its clone");
+    assert!(
+        c.read_vdi("A@s1", 0, 6 << 20) == base,
+        "the snapshot under its clone"
+    );
 
     let full = c.dog_ok(&["vdi", "backup", "A@s1"]);
     let out = c.dog_stdin(&["vdi", "restore", "B"], &full);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(c.read_vdi("B", 0, 6 << 20) == base, "restored from the backup");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        c.read_vdi("B", 0, 6 << 20) == base,
+        "restored from the backup"
+    );
 
     c.dog_ok(&["vdi", "rollback", "A@s1", "--yes"]);
     assert!(c.read_vdi("A", 0, 6 << 20) == base, "rolled back");

@@ -171,6 +171,45 @@ impl SimCluster {
     /// target's absent blocks (its record past `object_size` says which) are zeroed: no read
     /// ever returns their bytes, and a fill that failed after writing its blocks but before
     /// marking them leaves them there. Call when settled.
+    /// Where the strips of erasure-coded object `oid` on their holders (in the newest view)
+    /// break the stripe: not all at one version, or parity that does not match the data.
+    /// None for a whole stripe, or an object never written.
+    pub fn stripe_divergence(
+        &self,
+        oid: ObjectId,
+        scheme: objstore_proto::redundancy::Redundancy,
+        object_size: u64,
+    ) -> Option<String> {
+        let node = self.nodes.iter().find_map(|n| n.node())?;
+        let ep = node.epoch();
+        let codec = objstore_proto::ec::Codec::new(scheme, object_size).ok()?;
+        let mut strips = Vec::new();
+        let mut states = Vec::new();
+        for k in 0..codec.strips() {
+            let holder = ep.ring.strip_holder(oid, k)?;
+            let id = ep.ring.nodes()[holder].id;
+            let i = self.nodes.iter().position(|n| n.id == id)?;
+            let key = oid.strip(k);
+            let state = self.nodes[i].store.meta(key);
+            let mut bytes = match state {
+                Some(s) if !s.deleted => self.nodes[i].store.read_whole(key).ok()?.0,
+                _ => Vec::new(),
+            };
+            bytes.resize(codec.strip_len(), 0);
+            states.push((i, state.map(|s| (s.version, s.deleted))));
+            strips.push(bytes);
+        }
+        if states.iter().all(|(_, s)| s.is_none()) {
+            return None;
+        }
+        if states.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Some(format!("strips at {states:?}"));
+        }
+        let parity = codec.parity_of(&strips[..codec.data()]).ok()?;
+        (parity[..] != strips[codec.data()..])
+            .then(|| format!("parity does not match the data (strips at {states:?})"))
+    }
+
     pub fn owner_copies(
         &self,
         oid: ObjectId,

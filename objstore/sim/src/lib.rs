@@ -79,6 +79,11 @@ pub struct Config {
     /// Whether clients write each other's objects (two writers on one object); false: object
     /// `o` is written only by client `o % clients`, as a VDI has one writer.
     pub shared_objects: bool,
+    /// The object clients' objects are erasure-coded with this scheme (`SIM_EC=2:1`): their
+    /// writes, reads and removes go through `EcWrite`, `EcRead`, `EcRemove`, copy-on-write is
+    /// left out, and the final check compares every stripe's strips (one version, parity that
+    /// matches) instead of copies.
+    pub ec: Option<objstore_proto::redundancy::Redundancy>,
     /// At most this many nodes are down at once.
     pub max_down: usize,
     /// Longest pause of the nemesis between two decisions, in ms.
@@ -107,6 +112,7 @@ impl Default for Config {
             ops_per_client: 12,
             think: Duration::from_millis(100),
             shared_objects: false,
+            ec: None,
             vdi_clients: 1,
             vdi_depth: 8,
             vdi_ops: 32,

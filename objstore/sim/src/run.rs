@@ -316,7 +316,7 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
     let mut finals = Vec::new();
     for obj in workload::all_objects(cfg.objects) {
         let t0 = shared.now();
-        let r = workload::read_blocks(&reader, obj, 0, cfg.blocks).await;
+        let r = workload::read_blocks(&reader, cfg.ec, obj, 0, cfg.blocks).await;
         let t1 = shared.now();
         match r {
             Ok(values) => {
@@ -384,6 +384,20 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
             }
             let inode = ObjectId::inode(vdis::vid(c));
             objects.push((format!("VDI client {c}'s inode ({inode})"), inode));
+        }
+        for obj in workload::all_objects(cfg.objects) {
+            let Some(scheme) = workload::ec_of(cfg.ec, obj) else {
+                continue;
+            };
+            if let Some(d) =
+                cluster.stripe_divergence(workload::oid(obj), scheme, OBJECT_SIZE as u64)
+            {
+                violations.push(Violation {
+                    kind: Kind::Divergent,
+                    at: shared.now(),
+                    detail: format!("object {obj}: {d}"),
+                });
+            }
         }
         for (what, oid) in objects {
             let copies = cluster.owner_copies(oid, cfg.copies as usize, OBJECT_SIZE as u64);

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use objstore_client::{Client, ClientError};
 use objstore_proto::oid::{ObjIndex, ObjectId, Vid};
+use objstore_proto::redundancy::Redundancy;
 
 use crate::history::{
     block_pattern, decode_block, BlockValue, History, Micros, Op, OpKind, Outcome, BLOCK,
@@ -73,6 +74,12 @@ pub fn oid(obj: usize) -> ObjectId {
         Some(o) => ObjectId::data(Vid(2), ObjIndex(o as u32)),
         None => ObjectId::data(Vid(1), ObjIndex(obj as u32)),
     }
+}
+
+/// The erasure code object `obj` is kept with: the run's, for the object clients' own objects
+/// (not COW targets, not the VDI clients' registers).
+pub fn ec_of(ec: Option<Redundancy>, obj: usize) -> Option<Redundancy> {
+    ec.filter(|_| obj < TARGETS && vdi::of(obj).is_none())
 }
 
 /// Every register (object, block) of a run: the blocks the object clients use of every
@@ -140,14 +147,17 @@ fn outcome<T>(r: &Result<T, ClientError>) -> Outcome {
 /// replica holds reads as zeros.
 pub async fn read_blocks(
     client: &Client,
+    ec: Option<Redundancy>,
     obj: usize,
     first: usize,
     n: usize,
 ) -> Result<Vec<BlockValue>, ClientError> {
-    match client
-        .read_obj(oid(obj), (first * BLOCK) as u64, (n * BLOCK) as u32)
-        .await
-    {
+    let (at, len) = ((first * BLOCK) as u64, (n * BLOCK) as u32);
+    let read = match ec_of(ec, obj) {
+        Some(r) => client.ec_read_obj(oid(obj), r, at, len).await,
+        None => client.read_obj(oid(obj), at, len).await,
+    };
+    match read {
         Ok(b) => Ok(b.chunks(BLOCK).map(decode_block).collect()),
         Err(ClientError::NotFound(_)) => Ok(vec![BlockValue::Zero; n]),
         Err(e) => Err(e),
@@ -191,7 +201,10 @@ pub async fn run_client(
                     && (frozen.contains(o) || (written.contains(o) && unfrozen.len() > 1))
             })
             .collect();
-        let cow = (82..90).contains(&roll) && !cfg.shared_objects && !cow_sources.is_empty();
+        let cow = (82..90).contains(&roll)
+            && !cfg.shared_objects
+            && cfg.ec.is_none()
+            && !cow_sources.is_empty();
         let (kind, result) = if roll < 42 {
             let writable: Vec<usize> = unfrozen
                 .iter()
@@ -201,12 +214,9 @@ pub async fn run_client(
             let obj = writable[rng.gen_range(0..writable.len())];
             let block = rng.gen_range(0..cfg.blocks);
             let id = shared.next_id();
+            let data = Bytes::from(block_pattern(id));
             let r = client
-                .write_obj(
-                    oid(obj),
-                    (block * BLOCK) as u64,
-                    Bytes::from(block_pattern(id)),
-                )
+                .write_data(oid(obj), ec_of(cfg.ec, obj), (block * BLOCK) as u64, data)
                 .await;
             if r.is_ok() && obj < TARGETS {
                 written.insert(obj);
@@ -216,7 +226,7 @@ pub async fn run_client(
             let obj = all[rng.gen_range(0..all.len())];
             let first = rng.gen_range(0..cfg.blocks);
             let n = rng.gen_range(1..=cfg.blocks - first);
-            let r = read_blocks(&client, obj, first, n).await;
+            let r = read_blocks(&client, cfg.ec, obj, first, n).await;
             let o = outcome(&r);
             let values = r.unwrap_or_default();
             (OpKind::Read { obj, first, values }, o)
@@ -224,7 +234,7 @@ pub async fn run_client(
             let obj = unfrozen[rng.gen_range(0..unfrozen.len())];
             let id = shared.next_id();
             written.remove(&obj);
-            let r = client.remove_obj(oid(obj)).await;
+            let r = client.remove_data(oid(obj), ec_of(cfg.ec, obj)).await;
             (OpKind::Remove { obj, id }, outcome(&r))
         } else if cow {
             let source = cow_sources[rng.gen_range(0..cow_sources.len())];

@@ -496,3 +496,20 @@ fn a_pull_overtaken_by_a_change_through_the_stand_in_does_not_end_recovery() {
         },
     );
 }
+
+/// Erasure-coded objects (issue 44): the primary of object 5 resolved its stripe while the
+/// holder of strip 2 (parity) was unreachable, could not rebuild that strip, and still took
+/// the stripe for whole for the rest of the epoch; the node came back without an epoch change
+/// and the parity strip stayed one version behind to the end (Divergent). A stripe that could
+/// not be rebuilt is resolved again at its next access.
+#[test]
+fn an_ec_strip_not_rebuilt_is_tried_again_at_the_next_access() {
+    assert_clean_with(
+        50380,
+        Config {
+            ec: Some("2:1".parse().unwrap()),
+            faults: "partitions,hangs,delays,resets".parse().unwrap(),
+            ..Config::default()
+        },
+    );
+}

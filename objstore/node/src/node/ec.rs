@@ -24,7 +24,7 @@ mod whole;
 pub(super) use primary::EcChange;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use bytes::Bytes;
 
@@ -32,7 +32,6 @@ use objstore_proto::ec::resolve::StripSet;
 use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_KNOWN, HEAD_LEN};
 use objstore_proto::ec::Codec;
 use objstore_proto::oid::ObjectId;
-use objstore_proto::placement::Ring;
 use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::Version;
 use objstore_proto::view::{ClusterConfig, NodeInfo};
@@ -40,12 +39,10 @@ use objstore_proto::view::{ClusterConfig, NodeInfo};
 use super::server::Failure;
 use super::Epoch;
 
-/// The objects this node, as their primary, knows to be decided in one epoch; and the rings
-/// of past epochs it looked at.
+/// The objects this node, as their primary, knows to be decided in one epoch.
 #[derive(Default)]
 pub(super) struct Decided {
     state: Mutex<(u32, HashSet<ObjectId>)>,
-    rings: Mutex<std::collections::BTreeMap<u32, Option<Arc<Ring>>>>,
 }
 
 impl Decided {
@@ -64,47 +61,6 @@ impl Decided {
 
     pub(super) fn remove(&self, oid: ObjectId) {
         self.state.lock().unwrap().1.remove(&oid);
-    }
-}
-
-impl super::Node {
-    /// The ring of epoch `e` (None: its view is gone from the membership store), kept for the
-    /// next asker (the 64 newest).
-    pub(super) async fn ring_at(&self, e: u32) -> Option<Arc<Ring>> {
-        if let Some(r) = self.ec_known.rings.lock().unwrap().get(&e) {
-            return r.clone();
-        }
-        let d = self.driver.clone();
-        let view = self.blocking(move || d.view_at(e)).await.ok()?.ok()?;
-        let ring = view.map(|v| Arc::new(Ring::new(&v.nodes)));
-        let mut rings = self.ec_known.rings.lock().unwrap();
-        rings.insert(e, ring.clone());
-        while rings.len() > 64 {
-            rings.pop_first();
-        }
-        ring
-    }
-
-    /// Whether node `id` held strip `k` of `oid` in every epoch from `since` to `now`: then a
-    /// strip it does not have was never made there (or a crash dropped it before a flush).
-    pub(super) async fn held_since(
-        &self,
-        id: u64,
-        oid: ObjectId,
-        k: usize,
-        since: u32,
-        now: u32,
-    ) -> bool {
-        for e in since..=now {
-            let Some(ring) = self.ring_at(e).await else {
-                return false;
-            };
-            let holder = ring.strip_holder(oid, k).map(|i| ring.nodes()[i].id);
-            if holder != Some(id) {
-                return false;
-            }
-        }
-        true
     }
 }
 

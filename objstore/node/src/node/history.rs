@@ -202,6 +202,9 @@ struct Uncovered {
 pub(super) struct Safety {
     copies: usize,
     uncovered: Vec<Uncovered>,
+    /// Every epoch since the base with a node absent: what a strip's key (one holder an
+    /// epoch) is judged by ([`Safety::knows_strip`]).
+    strips: Vec<Uncovered>,
 }
 
 impl Safety {
@@ -210,6 +213,7 @@ impl Safety {
         Safety {
             copies: 0,
             uncovered: Vec::new(),
+            strips: Vec::new(),
         }
     }
 
@@ -226,14 +230,13 @@ impl Safety {
         }
         let base = history.clean.max(history.forced);
         let mut uncovered = Vec::new();
+        let mut strips = Vec::new();
         for (i, view) in history.views.iter().enumerate() {
             let owners = copies.min(view.nodes.len());
             // The base epoch counts whatever its size; later ones only if a change could
-            // have succeeded in them.
+            // have succeeded in them (for strips, whose scheme is not known here: any).
             let is_base = view.epoch == base || (base == 0 && i == 0);
-            if !is_base && owners < min_copies {
-                continue;
-            }
+            let copies_count = is_base || owners >= min_copies;
             // Past the base epoch, a node that took no change there hides nothing of it.
             let took = (!is_base)
                 .then(|| history.changed.get(&view.epoch))
@@ -245,16 +248,41 @@ impl Safety {
                 .filter(|id| !present.contains(id))
                 .filter(|id| took.is_none_or(|t| t.contains(id)))
                 .collect();
-            if absent.len() < owners {
+            if absent.is_empty() {
                 continue;
             }
-            uncovered.push(Uncovered {
+            let u = Uncovered {
                 epoch: view.epoch,
                 ring: Ring::new(&view.nodes),
                 absent,
-            });
+            };
+            if copies_count && u.absent.len() >= owners {
+                uncovered.push(Uncovered {
+                    epoch: u.epoch,
+                    ring: u.ring.clone(),
+                    absent: u.absent.clone(),
+                });
+            }
+            strips.push(u);
         }
-        Safety { copies, uncovered }
+        Safety {
+            copies,
+            uncovered,
+            strips,
+        }
+    }
+
+    /// Whether this node, holding (or not) strip key `key`, knows its newest version: the
+    /// holder of that strip in every epoch since the base is up and listed. A holder that has
+    /// nothing of a strip says it was never made only then; otherwise the strip may be newer
+    /// on a node that is down.
+    pub fn knows_strip(&self, key: ObjectId) -> bool {
+        self.strips.iter().all(|u| {
+            u.ring
+                .replicas(key, 1)
+                .iter()
+                .any(|n| !u.absent.contains(&n.id))
+        })
     }
 
     /// No object can have a newer version only on nodes that are down.

@@ -300,6 +300,12 @@ impl Node {
     /// A failed pull leaves the object pending with its failure, which later requests get at
     /// once (its local copy, stale or missing, must be neither served nor written into); only
     /// the recovery round tries it again (`Recovery::retry`), with backoff.
+    /// Whether this node knows the newest version of strip key `key` (see
+    /// [`Safety::knows_strip`]).
+    pub(super) fn knows_strip(&self, key: ObjectId) -> bool {
+        self.recovery.safety.read().unwrap().knows_strip(key)
+    }
+
     pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
         let safety = self.recovery.safety.read().unwrap().clone();
         if !safety.safe(oid) {

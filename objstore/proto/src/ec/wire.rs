@@ -13,7 +13,8 @@
 //! In a `PeerStrip` the head is the change: the strip goes from `base` to `version` by `op`,
 //! and the change touched the strips of `touched`. In an answer it is what the holder keeps of
 //! the strip's last change (its record): `version` is the strip's, and with [`FLAG_KNOWN`],
-//! `base` and `touched` are that change's (without it, a strip whose record a crash lost).
+//! `base` and `touched` are that change's (without it, a strip whose record a crash lost);
+//! [`FLAG_UNSURE`] marks a strip the holder has nothing of and cannot vouch was never made.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -27,6 +28,10 @@ pub const HEAD_LEN: usize = 24;
 pub const FLAG_KNOWN: u8 = 1;
 /// The holder kept what returns the strip to `base` (rule 3).
 pub const FLAG_BACK: u8 = 2;
+/// The holder has nothing of the strip and cannot tell that it was never made: the node
+/// that held it in some epoch since the last clean one is down (a strip that moved to this
+/// node while its old holder was down). Such a strip is missing, not at version 0.
+pub const FLAG_UNSURE: u8 = 4;
 
 /// What a change does to one strip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +131,9 @@ impl StripHead {
 
     /// What a holder's answer says of its strip, as [`super::resolve`] takes it.
     pub fn strip(&self) -> Strip {
+        if self.flags & FLAG_UNSURE != 0 && self.version == Version::NONE {
+            return Strip::Missing;
+        }
         Strip::At {
             version: self.version,
             change: (self.flags & FLAG_KNOWN != 0).then_some((self.base, self.touched)),

@@ -140,7 +140,11 @@ impl Node {
             return self
                 .resolve_stripe(ep, cfg, stripe)
                 .await
-                .map(|_| self.ec_known.insert(ep.view.epoch, stripe.oid))
+                .map(|d| {
+                    if d.whole {
+                        self.ec_known.insert(ep.view.epoch, stripe.oid)
+                    }
+                })
                 .map_err(|f| f.message);
         }
         let mut rebuild = StripSet::default();

@@ -10,7 +10,7 @@ use crate::node::acting::Acting;
 use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
 use crate::store::{ObjState, StoreError};
-use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_BACK, FLAG_KNOWN};
+use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_BACK, FLAG_KNOWN, FLAG_UNSURE};
 use objstore_proto::ec::{xor_into, Codec};
 use objstore_proto::frame::ResultCode;
 use objstore_proto::oid::ObjectId;
@@ -276,6 +276,7 @@ impl Node {
         self.ensure_recovered(key)
             .await
             .map_err(|why| crate::node::failure::not_recovered(key, why))?;
+        let knows = self.knows_strip(key);
         let store = self.store.clone();
         in_store(self, move || {
             let state = store.meta(key);
@@ -293,8 +294,12 @@ impl Node {
                 _ => vec![0u8; len],
             };
             let note = store.note(key).and_then(|b| Note::decode(&b));
+            let mut head = Note::answer(note.as_ref(), &like, version);
+            if state.is_none() && !knows {
+                head.flags |= FLAG_UNSURE;
+            }
             Ok(StripRead {
-                head: Note::answer(note.as_ref(), &like, version),
+                head,
                 bytes: Bytes::from(bytes),
             })
         })

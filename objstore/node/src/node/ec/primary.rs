@@ -31,6 +31,9 @@ pub(super) struct Decision {
     pub(super) version: Version,
     /// The object was removed (every strip a tombstone) or never written.
     pub(super) empty: bool,
+    /// Every strip holds the version (else some could not be rebuilt yet: the stripe is
+    /// resolved again at its next access).
+    pub(super) whole: bool,
 }
 
 impl Node {
@@ -344,10 +347,13 @@ impl Node {
             return Ok(Decision {
                 version: st.map_or(Version::NONE, |s| s.version),
                 empty: st.is_none_or(|s| s.deleted),
+                whole: true,
             });
         }
         let d = self.resolve_stripe(ep, cfg, stripe).await?;
-        self.ec_known.insert(epoch, stripe.oid);
+        if d.whole {
+            self.ec_known.insert(epoch, stripe.oid);
+        }
         Ok(d)
     }
 }

@@ -30,55 +30,45 @@ impl Node {
         let heads =
             futures::future::join_all((0..w).map(|k| self.strip_read(ep, cfg, stripe, k, 0, 0)))
                 .await;
-        let mut strips: Vec<Strip> = heads
+        let strips: Vec<Strip> = heads
             .iter()
             .map(|r| match r {
                 Ok(r) => r.head.strip(),
                 Err(_) => Strip::Missing,
             })
             .collect();
-        // A holder with nothing of a strip says it was never made only if it held that strip
-        // since the newest change's epoch; otherwise (the strip moved to it, its old holder
-        // is down) it does not know: missing, never counted at version 0.
-        let newest = heads.iter().flatten().map(|r| r.head.version).max();
-        if let Some(newest) = newest.filter(|v| *v != Version::NONE) {
-            let now = ep.view.epoch;
-            for (k, r) in heads.iter().enumerate() {
-                let Ok(r) = r else { continue };
-                let Some(h) = &stripe.holders[k] else {
-                    continue;
-                };
-                if r.head.version == Version::NONE
-                    && !self
-                        .held_since(h.id, stripe.oid, k, newest.epoch().max(1), now)
-                        .await
-                {
-                    strips[k] = Strip::Missing;
-                }
-            }
-        }
         let x = stripe.codec.data();
+        tracing::debug!("object {}: strips {strips:?}", stripe.oid);
         let all = StripSet::first(w);
         match resolve(x, &strips) {
             Resolution::Whole { version, rebuild } => {
+                let mut whole = true;
                 if !rebuild.is_empty() && version != Version::NONE {
                     // The stripe is decided: a strip that cannot be rebuilt now (its holder
-                    // waits for nodes that are down) is decoded by reads meanwhile.
+                    // unreachable) is decoded by reads meanwhile, and the next access tries
+                    // again (the stripe is not known whole).
                     let sources = all.minus(rebuild);
                     match self
                         .rebuild(ep, cfg, stripe, version, sources, rebuild, None)
                         .await
                     {
                         Ok(()) => self.ec_count(EcEvent::Rebuilt),
-                        Err(f) => tracing::warn!(
-                            "object {}: strips {rebuild:?} not rebuilt yet: {}",
-                            stripe.oid,
-                            f.message
-                        ),
+                        Err(f) => {
+                            whole = false;
+                            tracing::warn!(
+                                "object {}: strips {rebuild:?} not rebuilt yet: {}",
+                                stripe.oid,
+                                f.message
+                            )
+                        }
                     }
                 }
                 let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
-                Ok(Decision { version, empty })
+                Ok(Decision {
+                    version,
+                    empty,
+                    whole,
+                })
             }
             Resolution::Forward {
                 version,
@@ -108,7 +98,11 @@ impl Node {
                 self.rebuild(ep, cfg, stripe, version, sources, rebuild, Some(head))
                     .await?;
                 let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
-                Ok(Decision { version, empty })
+                Ok(Decision {
+                    version,
+                    empty,
+                    whole: true,
+                })
             }
             Resolution::Back {
                 version,
@@ -157,6 +151,7 @@ impl Node {
                 Ok(Decision {
                     version: again,
                     empty,
+                    whole: true,
                 })
             }
             Resolution::Undecided { valid, need } => Err(Failure::new(
