@@ -276,6 +276,46 @@ impl Note {
     }
 }
 
+/// `PeerRead` of a strip's key answers its bytes, then its note, then the note's length (u32
+/// BE): the note travels with the strip when recovery moves it.
+pub(super) fn with_note(data: Vec<u8>, note: Option<Vec<u8>>) -> Vec<u8> {
+    let note = note.unwrap_or_default();
+    let mut out = data;
+    out.extend_from_slice(&note);
+    out.extend_from_slice(&(note.len() as u32).to_be_bytes());
+    out
+}
+
+/// A `PeerRead` answer of key `oid` as [`with_note`] made it for a strip's key: its bytes, and
+/// the note to keep with them once installed at `version` (the change that made the version,
+/// known; nothing to go back with: the undo stays with the holder it was made on). None for a
+/// malformed answer.
+pub(super) fn split_pulled(
+    oid: ObjectId,
+    payload: &Bytes,
+    version: Version,
+) -> Option<(Bytes, Option<Vec<u8>>)> {
+    if oid.strip_index().is_none() {
+        return Some((payload.clone(), None));
+    }
+    let n = payload.len().checked_sub(4)?;
+    let len = u32::from_be_bytes(payload[n..].try_into().ok()?) as usize;
+    let at = n.checked_sub(len)?;
+    let note = Note::decode(&payload[at..n])
+        .filter(|note| note.head.version == version && note.head.flags & FLAG_KNOWN != 0)
+        .map(|note| {
+            Note {
+                head: StripHead {
+                    flags: FLAG_KNOWN,
+                    ..note.head
+                },
+                undo: Undo::Nothing,
+            }
+            .encode()
+        });
+    Some((payload.slice(..at), note))
+}
+
 /// A strip's bytes and the head its holder answered them with.
 pub(super) struct StripRead {
     pub(super) head: StripHead,

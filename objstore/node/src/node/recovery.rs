@@ -383,11 +383,22 @@ impl Node {
                 lost: false,
                 ..ObjState::from_wire(frame.header.offset, frame.header.aux)
             };
+            let Some((data, note)) = super::ec::split_pulled(oid, &frame.payload, state.version)
+            else {
+                why.push(format!("{src}: a malformed strip"));
+                continue;
+            };
             let store = self.store.clone();
             // A replica's write to this object waits while a pull installs it.
             let _ordered = self.replica_lock(oid).lock().await;
             let put = self
-                .blocking(move || store.put_if_newer(oid, &frame.payload, state))
+                .blocking(move || {
+                    let installed = store.put_if_newer(oid, &data, state)?;
+                    if let (true, Some(note)) = (installed, note) {
+                        store.set_note(oid, &note)?;
+                    }
+                    Ok::<_, StoreError>(installed)
+                })
                 .await
                 .expect("store task");
             match put {

@@ -200,12 +200,19 @@ impl Node {
             return Err(format!("{addr}: {}", f.message()));
         }
         let state = ObjState::from_wire(f.header.offset, f.header.aux);
+        let (data, note) = super::ec::split_pulled(oid, &f.payload, state.version)
+            .ok_or_else(|| format!("{addr}: a malformed strip"))?;
         let store = self.store.clone();
         let _replica = self.replica_lock(oid).lock().await;
-        let installed =
-            super::server::blocking(self, move || store.put_if_newer(oid, &f.payload, state))
-                .await
-                .map_err(|f| f.message)?;
+        let installed = super::server::blocking(self, move || {
+            let installed = store.put_if_newer(oid, &data, state)?;
+            if let (true, Some(note)) = (installed, note) {
+                store.set_note(oid, &note)?;
+            }
+            Ok(installed)
+        })
+        .await
+        .map_err(|f| f.message)?;
         if installed {
             self.recovery.restored(oid, state.version);
         }

@@ -360,7 +360,15 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
         },
         Opcode::PeerRead => {
             let store = node.store.clone();
-            let (data, st) = blocking(node, move || store.read_whole(oid)).await?;
+            let (data, st) = blocking(node, move || {
+                let (data, st) = store.read_whole(oid)?;
+                let data = match oid.strip_index() {
+                    Some(_) => super::ec::with_note(data, store.note(oid)),
+                    None => data,
+                };
+                Ok((data, st))
+            })
+            .await?;
             Ok(Reply::state(Bytes::from(data), st))
         }
         Opcode::CheckObj => {

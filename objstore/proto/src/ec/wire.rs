@@ -32,6 +32,8 @@ pub const FLAG_BACK: u8 = 2;
 /// that held it in some epoch since the last clean one is down (a strip that moved to this
 /// node while its old holder was down). Such a strip is missing, not at version 0.
 pub const FLAG_UNSURE: u8 = 4;
+/// The strip is a tombstone (its object was removed). In a `Put`, the strip installed is one.
+pub const FLAG_DELETED: u8 = 8;
 
 /// What a change does to one strip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,9 @@ use crate::node::acting::Acting;
 use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
 use crate::store::{ObjState, StoreError};
-use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_BACK, FLAG_KNOWN, FLAG_UNSURE};
+use objstore_proto::ec::wire::{
+    StripHead, StripOp, FLAG_BACK, FLAG_DELETED, FLAG_KNOWN, FLAG_UNSURE,
+};
 use objstore_proto::ec::{xor_into, Codec};
 use objstore_proto::frame::ResultCode;
 use objstore_proto::oid::ObjectId;
@@ -117,7 +119,12 @@ impl Node {
             } else {
                 Undo::Nothing
             };
-            if !store.put_if_newer(key, bytes, ObjState::live(head.version))? {
+            let installs = if head.flags & FLAG_DELETED != 0 {
+                ObjState::tombstone(head.version)
+            } else {
+                ObjState::live(head.version)
+            };
+            if !store.put_if_newer(key, bytes, installs)? {
                 return Ok(());
             }
             let flags = if at_base {
@@ -127,7 +134,7 @@ impl Node {
             };
             let known = head.base != Version::NONE || !head.touched.is_empty();
             let head = StripHead {
-                flags: if known { flags } else { 0 },
+                flags: if known { flags } else { 0 } | (head.flags & FLAG_DELETED),
                 ..head
             };
             store.set_note(key, &Note { head, undo }.encode())?;
@@ -297,6 +304,9 @@ impl Node {
             let mut head = Note::answer(note.as_ref(), &like, version);
             if state.is_none() && !knows {
                 head.flags |= FLAG_UNSURE;
+            }
+            if state.is_some_and(|s| s.deleted) {
+                head.flags |= FLAG_DELETED;
             }
             Ok(StripRead {
                 head,

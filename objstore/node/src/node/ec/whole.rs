@@ -48,8 +48,15 @@ impl Node {
                     // unreachable) is decoded by reads meanwhile, and the next access tries
                     // again (the stripe is not known whole).
                     let sources = all.minus(rebuild);
+                    // The strips rebuilt keep the change that made the version, when a strip
+                    // says it (so a later resolution can tell their base).
+                    let made = heads
+                        .iter()
+                        .flatten()
+                        .find(|r| r.head.version == version && r.head.flags & wire::FLAG_KNOWN != 0)
+                        .map(|r| stripe.head(StripOp::Put, r.head.base, version, r.head.touched));
                     match self
-                        .rebuild(ep, cfg, stripe, version, sources, rebuild, None)
+                        .rebuild(ep, cfg, stripe, version, sources, rebuild, made)
                         .await
                     {
                         Ok(()) => self.ec_count(EcEvent::Rebuilt),
@@ -104,26 +111,32 @@ impl Node {
                     whole: true,
                 })
             }
-            Resolution::Back {
-                version,
-                roll_back,
-                ..
-            } => {
+            Resolution::Back { version, sources, .. } => {
                 tracing::info!(
                     "object {}: a change left it mixed and too few strips hold it; going back to {version:?}",
                     stripe.oid
                 );
                 self.ec_count(EcEvent::Back);
-                for k in roll_back.iter() {
-                    let Ok(r) = &heads[k] else {
-                        unreachable!("a strip to roll back answered")
-                    };
+                // 1. Every strip valid at the base returns to it: those the change touched from
+                //    what they kept, those it left alone by their number. One that cannot is
+                //    rebuilt instead.
+                let mut at_base = self.strips_at(&heads, version);
+                for k in sources.minus(at_base).iter() {
+                    let Ok(r) = &heads[k] else { continue };
                     let head = stripe.head(StripOp::Back, version, r.head.version, StripSet::default());
-                    self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
-                        .await?;
+                    if self
+                        .strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
+                        .await
+                        .is_ok()
+                    {
+                        at_base.insert(k);
+                    }
                 }
-                // Written whole at a new version, so that no strip left at the undone version
-                // brings it back (rule 4).
+                // 2. The others rebuilt at the base from those.
+                self.rebuild(ep, cfg, stripe, version, at_base, all.minus(at_base), None)
+                    .await?;
+                // 3. Every strip moved to a new version, no byte changed, so that a strip left at
+                //    the undone version on a holder that was away never brings it back.
                 let floor = self.issued.lock().unwrap().get(&stripe.oid).copied();
                 let newest = heads
                     .iter()
@@ -134,18 +147,13 @@ impl Node {
                     .unwrap_or_default();
                 let again = newest.next(ep.view.epoch);
                 self.issued.lock().unwrap().insert(stripe.oid, again);
-                let bumped = roll_back.union(self.strips_at(&heads, version));
-                let rest = all.minus(bumped);
-                let bumps = bumped.iter().map(|k| {
-                    let head = stripe.head(StripOp::Bump, version, again, rest);
+                let bumps = stripe.held().iter().map(|k| {
+                    let head = stripe.head(StripOp::Bump, version, again, StripSet::default());
                     self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
                 });
                 for r in futures::future::join_all(bumps).await {
                     r?;
                 }
-                let head = stripe.head(StripOp::Put, version, again, rest);
-                self.rebuild(ep, cfg, stripe, again, bumped, rest, Some(head))
-                    .await?;
                 self.issued.lock().unwrap().remove(&stripe.oid);
                 let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
                 Ok(Decision {
@@ -204,18 +212,25 @@ impl Node {
                 return None;
             }
             let r = self.strip_read(ep, cfg, stripe, k, 0, len).await.ok()?;
-            (r.head.version == version).then(|| r.bytes.to_vec())
+            (r.head.version == version)
+                .then(|| (r.bytes.to_vec(), r.head.flags & wire::FLAG_DELETED != 0))
         });
-        let mut strips: Vec<Option<Vec<u8>>> = futures::future::join_all(reads).await;
+        let read: Vec<Option<(Vec<u8>, bool)>> = futures::future::join_all(reads).await;
+        // Rebuilt from tombstones (a removed object): tombstones again.
+        let deleted = read.iter().flatten().count() > 0 && read.iter().flatten().all(|r| r.1);
+        let mut strips: Vec<Option<Vec<u8>>> = read.into_iter().map(|r| r.map(|r| r.0)).collect();
         stripe.codec.reconstruct(&mut strips).map_err(|e| {
             Failure::new(
                 ResultCode::Busy,
                 format!("object {} cannot be rebuilt: {e}", stripe.oid),
             )
         })?;
-        let head = head.unwrap_or_else(|| {
+        let mut head = head.unwrap_or_else(|| {
             stripe.head(StripOp::Put, Version::NONE, version, StripSet::default())
         });
+        if deleted {
+            head.flags |= wire::FLAG_DELETED;
+        }
         let puts = rebuild.iter().map(|k| {
             let bytes = Bytes::from(strips[k].clone().expect("reconstructed"));
             self.strip_call(ep, cfg, stripe, k, head, 0, bytes)
