@@ -412,6 +412,9 @@ impl ObjectBackend for HealthStore {
     fn flush(&self) -> Result<(), StoreError> {
         self.saw(ObjectId(0), "sync", self.inner.flush())
     }
+    fn sync_object(&self, oid: ObjectId) -> Result<(), StoreError> {
+        self.saw(oid, "sync", self.inner.sync_object(oid))
+    }
     fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
         self.inner.note(oid)
     }

@@ -396,6 +396,7 @@ impl Node {
                     let installed = store.put_if_newer(oid, &data, state)?;
                     if let (true, Some(note)) = (installed, note) {
                         store.set_note(oid, &note)?;
+                        store.sync_object(oid)?;
                     }
                     Ok::<_, StoreError>(installed)
                 })

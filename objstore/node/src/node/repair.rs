@@ -208,6 +208,7 @@ impl Node {
             let installed = store.put_if_newer(oid, &data, state)?;
             if let (true, Some(note)) = (installed, note) {
                 store.set_note(oid, &note)?;
+                store.sync_object(oid)?;
             }
             Ok(installed)
         })

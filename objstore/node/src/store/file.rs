@@ -617,6 +617,10 @@ impl ObjectBackend for FileStore {
         self.flush_dirty()
     }
 
+    fn sync_object(&self, oid: ObjectId) -> Result<(), StoreError> {
+        self.sync_object_now(oid)
+    }
+
     fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
         self.notes.get(oid)
     }

@@ -623,6 +623,29 @@ impl ObjectBackend for MemStore {
         Ok(())
     }
 
+    fn sync_object(&self, oid: ObjectId) -> Result<(), StoreError> {
+        let mut st = self.state.lock().unwrap();
+        let was_dirty = st.dirty.remove(&oid);
+        if let Err(e) = MemStore::check(&st, Op::Flush, oid) {
+            let failed = if was_dirty {
+                lose(&mut st, oid).into_iter().collect()
+            } else {
+                Vec::new()
+            };
+            return Err(sync_failed(failed, e));
+        }
+        if was_dirty {
+            if let Some(o) = st.live.get(&oid).cloned() {
+                st.durable.insert(oid, o);
+            }
+        }
+        match st.notes.get(&oid).cloned() {
+            Some(n) => st.durable_notes.insert(oid, n),
+            None => st.durable_notes.remove(&oid),
+        };
+        Ok(())
+    }
+
     fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
         self.state.lock().unwrap().notes.get(&oid).cloned()
     }

@@ -380,6 +380,12 @@ pub trait ObjectBackend: Send + Sync + 'static {
     fn forget(&self, oid: ObjectId) -> Result<(), StoreError>;
     /// Makes every write before this call durable.
     fn flush(&self) -> Result<(), StoreError>;
+    /// Makes `oid` durable as it is now: its note, then its bytes and version, as a flush would
+    /// make them (a strip's change is on stable storage before its holder answers). A sync
+    /// that fails loses the copy as a failed flush does. The default flushes everything.
+    fn sync_object(&self, _oid: ObjectId) -> Result<(), StoreError> {
+        self.flush()
+    }
     /// The note kept with `oid` ([`ObjectBackend::set_note`]), if any.
     fn note(&self, _oid: ObjectId) -> Option<Vec<u8>> {
         None

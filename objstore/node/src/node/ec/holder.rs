@@ -138,6 +138,7 @@ impl Node {
                 ..head
             };
             store.set_note(key, &Note { head, undo }.encode())?;
+            store.sync_object(key)?;
             return Ok(());
         }
         if state.lost || state.suspect {
@@ -213,6 +214,9 @@ impl Node {
             }
             StripOp::Put | StripOp::Back => unreachable!("handled above"),
         }
+        // On stable storage before the primary hears of it: a crash of this node takes back
+        // only a change it never answered, so rule 2 (one undecided change) holds after it.
+        store.sync_object(key)?;
         Ok(())
     }
 
@@ -264,6 +268,7 @@ impl Node {
         if store.meta(key).is_some() {
             store.set_note(key, &Note::bare(&head, base).encode())?;
         }
+        store.sync_object(key)?;
         Ok(())
     }
 

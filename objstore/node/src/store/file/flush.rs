@@ -2,12 +2,13 @@
 //! the version synced (see the parent module's documentation).
 
 use std::fs::{self, File};
+use std::io;
 
 use objstore_proto::oid::ObjectId;
 
 use super::names::fsync_dir;
 use super::{Entry, FileStore};
-use crate::store::StoreError;
+use crate::store::{StoreError, Version};
 
 impl FileStore {
     /// [`ObjectBackend::flush`]: every object written since the last flush synced and named
@@ -21,49 +22,10 @@ impl FileStore {
         let mut failed = Vec::new();
         let mut first_err = None;
         for oid in dirty {
-            // Sync under the read lock (writes wait, so the bytes synced are those of
-            // `synced`), then name the file after that version.
-            let synced = {
-                let _g = self.lock(oid).read().unwrap();
-                let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
-                    continue;
-                };
-                if let Err(err) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
-                    // Not retried: after a failed fdatasync the kernel may have dropped the
-                    // dirty pages, so a later sync would succeed without the data.
-                    tracing::error!("fdatasync of object {oid} failed: {err}");
-                    self.bad.lock().unwrap().insert(oid, None);
-                    failed.push((oid, e.state.version));
-                    first_err.get_or_insert(err);
-                    continue;
-                }
-                e.state.version
-            };
-            let _g = self.lock(oid).write().unwrap();
-            let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
-                continue;
-            };
-            // The mark stays while the file holds writes newer than its name (written again
-            // since the sync) or while the copy is suspect.
-            let after = Entry {
-                disk: synced,
-                marked: e.state.version != synced || e.state.suspect,
-                ..e
-            };
-            let (from, to) = (self.path(oid, &e), self.path(oid, &after));
-            if from == to {
-                continue;
-            }
-            if let Err(err) = fs::rename(&from, &to) {
-                self.bad.lock().unwrap().insert(oid, None);
-                failed.push((oid, e.state.version));
+            if let Err((version, err)) = self.sync_one(oid) {
+                failed.push((oid, version));
                 first_err.get_or_insert(err);
-                continue;
             }
-            self.update(oid, |x| {
-                x.disk = after.disk;
-                x.marked = after.marked;
-            });
         }
         if let Some(source) = first_err {
             return Err(StoreError::SyncFailed {
@@ -72,5 +34,68 @@ impl FileStore {
             });
         }
         fsync_dir(&self.dir).map_err(|e| StoreError::io(ObjectId(0), "sync dir", e))
+    }
+
+    /// [`ObjectBackend::sync_object`]: its note, then the object synced and named after its
+    /// version, then the directory if the name changed.
+    pub(super) fn sync_object_now(&self, oid: ObjectId) -> Result<(), StoreError> {
+        self.notes.sync_one(oid)?;
+        if !self.dirty.lock().unwrap().remove(&oid) {
+            return Ok(());
+        }
+        match self.sync_one(oid) {
+            Ok(false) => Ok(()),
+            Ok(true) => fsync_dir(&self.dir).map_err(|e| StoreError::io(oid, "sync dir", e)),
+            Err((version, source)) => Err(StoreError::SyncFailed {
+                oids: vec![(oid, version)],
+                source,
+            }),
+        }
+    }
+
+    /// Syncs one object written since the last flush and names its file after the version
+    /// synced. Ok(whether it renamed the file: the directory then needs a sync); on failure
+    /// the copy is lost (marked bad), and the version it had and the error are returned.
+    fn sync_one(&self, oid: ObjectId) -> Result<bool, (Version, io::Error)> {
+        // Sync under the read lock (writes wait, so the bytes synced are those of
+        // `synced`), then name the file after that version.
+        let synced = {
+            let _g = self.lock(oid).read().unwrap();
+            let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+                return Ok(false);
+            };
+            if let Err(err) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
+                // Not retried: after a failed fdatasync the kernel may have dropped the
+                // dirty pages, so a later sync would succeed without the data.
+                tracing::error!("fdatasync of object {oid} failed: {err}");
+                self.bad.lock().unwrap().insert(oid, None);
+                return Err((e.state.version, err));
+            }
+            e.state.version
+        };
+        let _g = self.lock(oid).write().unwrap();
+        let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
+            return Ok(false);
+        };
+        // The mark stays while the file holds writes newer than its name (written again
+        // since the sync) or while the copy is suspect.
+        let after = Entry {
+            disk: synced,
+            marked: e.state.version != synced || e.state.suspect,
+            ..e
+        };
+        let (from, to) = (self.path(oid, &e), self.path(oid, &after));
+        if from == to {
+            return Ok(false);
+        }
+        if let Err(err) = fs::rename(&from, &to) {
+            self.bad.lock().unwrap().insert(oid, None);
+            return Err((e.state.version, err));
+        }
+        self.update(oid, |x| {
+            x.disk = after.disk;
+            x.marked = after.marked;
+        });
+        Ok(true)
     }
 }

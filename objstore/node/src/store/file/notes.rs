@@ -29,6 +29,8 @@ pub(super) struct Notes {
     dir: PathBuf,
     /// Notes set since the last flush.
     dirty: Mutex<HashSet<ObjectId>>,
+    /// Notes whose file was created since the directory was last synced.
+    fresh: Mutex<HashSet<ObjectId>>,
 }
 
 impl Notes {
@@ -38,6 +40,7 @@ impl Notes {
         Ok(Notes {
             dir,
             dirty: Mutex::default(),
+            fresh: Mutex::default(),
         })
     }
 
@@ -60,12 +63,19 @@ impl Notes {
         b.extend_from_slice(note);
         let sum = crc_fast::crc32_iscsi(&b[4..]);
         b[..4].copy_from_slice(&sum.to_be_bytes());
-        let f = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .open(self.path(oid))
-            .map_err(|e| StoreError::io(oid, "open note", e))?;
+        let path = self.path(oid);
+        let f = match OpenOptions::new().write(true).open(&path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.fresh.lock().unwrap().insert(oid);
+                OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(false)
+                    .open(&path)
+            }
+            f => f,
+        }
+        .map_err(|e| StoreError::io(oid, "open note", e))?;
         f.write_all_at(&b, 0)
             .map_err(|e| StoreError::io(oid, "write note", e))?;
         self.dirty.lock().unwrap().insert(oid);
@@ -77,6 +87,32 @@ impl Notes {
         match fs::remove_file(self.path(oid)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 Err(StoreError::io(oid, "remove note", e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Syncs `oid`'s note if it was set since the last sync, and the directory if the note's
+    /// file is new.
+    pub(super) fn sync_one(&self, oid: ObjectId) -> Result<(), StoreError> {
+        if !self.dirty.lock().unwrap().remove(&oid) {
+            return Ok(());
+        }
+        let fresh = self.fresh.lock().unwrap().remove(&oid);
+        let res = File::open(self.path(oid))
+            .and_then(|f| f.sync_data())
+            .and_then(|()| if fresh { fsync_dir(&self.dir) } else { Ok(()) });
+        match res {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                // Set again so the next sync tries once more; this one fails.
+                self.dirty.lock().unwrap().insert(oid);
+                if fresh {
+                    self.fresh.lock().unwrap().insert(oid);
+                }
+                Err(StoreError::SyncFailed {
+                    oids: Vec::new(),
+                    source: e,
+                })
             }
             _ => Ok(()),
         }
@@ -102,6 +138,8 @@ impl Notes {
                 }
             }
         }
+        // Every note file created so far is named by the sync below.
+        self.fresh.lock().unwrap().clear();
         fsync_dir(&self.dir).map_err(|e| StoreError::io(dirty[0], "sync notes", e))
     }
 }

@@ -368,3 +368,33 @@ fn notes_last_with_their_object() {
     s.forget(a).unwrap();
     assert_eq!(s.note(a), None, "forgotten: the note went");
 }
+
+/// `sync_object` makes one object's version, bytes and note durable as a flush would: a reopen
+/// shows that version, not suspect, with its note; an object not synced stays as it was.
+#[test]
+fn sync_object_makes_one_object_durable() {
+    let d = tempfile::tempdir().unwrap();
+    let a = ObjectId::data(Vid(1), ObjIndex(0)).strip(0);
+    let b = ObjectId::data(Vid(1), ObjIndex(1)).strip(0);
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        for (oid, n) in [(a, b"a"), (b, b"b")] {
+            s.set_note(oid, n).unwrap();
+            s.write(oid, 0, b"1", None, v(1)).unwrap();
+        }
+        s.sync_object(a).unwrap();
+        s.flush().unwrap();
+        s.set_note(a, b"a2").unwrap();
+        s.write(a, 0, b"2", None, v(2)).unwrap();
+        s.sync_object(a).unwrap();
+        s.write(b, 0, b"2", None, v(2)).unwrap();
+        // Dropped without a flush: as after kill -9.
+    }
+    let s = FileStore::open(d.path()).unwrap();
+    let st = s.meta(a).unwrap();
+    assert_eq!((st.version, st.suspect), (v(2), false));
+    assert_eq!(s.read(a, 0, 1).unwrap(), b"2");
+    assert_eq!(s.note(a).as_deref(), Some(&b"a2"[..]));
+    let st = s.meta(b).unwrap();
+    assert_eq!((st.version, st.suspect), (v(1), true));
+}

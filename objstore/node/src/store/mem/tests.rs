@@ -183,3 +183,32 @@ fn notes_follow_kills_crashes_and_flushes() {
     s.forget(a).unwrap();
     assert_eq!(s.note(a), None);
 }
+
+#[test]
+fn sync_object_makes_one_object_durable_and_a_failed_one_lost() {
+    let s = MemStore::default();
+    let a = ObjectId::data(Vid(1), ObjIndex(0)).strip(0);
+    let b = ObjectId::data(Vid(1), ObjIndex(1)).strip(0);
+    for oid in [a, b] {
+        s.set_note(oid, b"n1").unwrap();
+        s.write(oid, 0, b"1", None, Version(1)).unwrap();
+    }
+    s.sync_object(a).unwrap();
+    let c = s.crashed();
+    assert_eq!(c.read(a, 0, 1).unwrap(), b"1");
+    assert_eq!(c.note(a).as_deref(), Some(&b"n1"[..]));
+    assert_eq!((c.meta(b), c.note(b)), (None, None));
+    // A sync that fails loses the copy, back to its durable bytes, as a failed flush does.
+    s.set_note(a, b"n2").unwrap();
+    s.write(a, 0, b"2", None, Version(2)).unwrap();
+    s.fail(Op::Flush, Fault::Io);
+    assert!(s.sync_object(a).is_err());
+    s.clear_faults();
+    assert_eq!(s.meta(a).unwrap().version, Version(2));
+    assert!(matches!(s.read(a, 0, 1), Err(StoreError::Lost(_))));
+    assert_eq!(
+        s.accept_lost(a).unwrap().map(|st| st.version),
+        Some(Version(1))
+    );
+    assert_eq!(s.read(a, 0, 1).unwrap(), b"1");
+}
