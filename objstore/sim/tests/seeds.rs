@@ -254,9 +254,9 @@ fn a_seed_replays_exactly() {
 /// Erasure-coded objects (2:1 on 5 nodes) under partitions, hung and slow nodes and reset
 /// connections, which stop changes on some strips and not others: every stripe still reads as
 /// one version and ends whole. Crashes, full disks and failed fsyncs are left out: under them
-/// the simulator still finds stripes it cannot make whole (strips pulled by recovery arrive
-/// without the note of their change; a strip a crash or a failed fsync lost; `SIM_EC=2:1`
-/// runs every fault; issue 44).
+/// the simulator still finds stripes it cannot make whole (a strip at a version whose change
+/// no note records; a node down with a strip a failed fsync lost; `SIM_EC=2:1` runs every
+/// fault; docs/architecture.md, erasure-coded objects, "Limits"; issue 44).
 #[test]
 fn ec_seeds_without_crashes() {
     let faults = "partitions,hangs,delays,resets";
