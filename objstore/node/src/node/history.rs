@@ -285,6 +285,37 @@ impl Safety {
         })
     }
 
+    /// Whether the strips of erasure-coded object `oid` (`width` strips, changes acknowledged
+    /// with `min` of them) at hand show its newest version: in every epoch since the base, an
+    /// acknowledged change reached `min` strips' holders, so fewer than `min` of them absent
+    /// leaves one that holds it. Otherwise the nodes to wait for and the newest such epoch:
+    /// resolving the stripe without them could take an older version for the newest and
+    /// serve it over acknowledged writes.
+    pub fn stripe_waiting_for(
+        &self,
+        oid: ObjectId,
+        width: usize,
+        min: usize,
+    ) -> Option<(Vec<SocketAddr>, u32)> {
+        let mut addrs = Vec::new();
+        let mut epoch = 0;
+        for u in &self.strips {
+            let absent: Vec<SocketAddr> = (0..width)
+                .filter_map(|k| u.ring.strip_holder(oid, k))
+                .map(|i| &u.ring.nodes()[i])
+                .filter(|n| u.absent.contains(&n.id))
+                .map(|n| n.addr)
+                .collect();
+            if absent.len() >= min.max(1) {
+                addrs.extend(absent);
+                epoch = epoch.max(u.epoch);
+            }
+        }
+        addrs.sort();
+        addrs.dedup();
+        (!addrs.is_empty()).then_some((addrs, epoch))
+    }
+
     /// No object can have a newer version only on nodes that are down.
     pub fn is_complete(&self) -> bool {
         self.uncovered.is_empty()

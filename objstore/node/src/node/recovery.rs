@@ -306,6 +306,16 @@ impl Node {
         self.recovery.safety.read().unwrap().knows_strip(key)
     }
 
+    /// [`Safety::stripe_waiting_for`] now.
+    pub(super) fn stripe_waiting_for(
+        &self,
+        oid: ObjectId,
+        width: usize,
+        min: usize,
+    ) -> Option<(Vec<std::net::SocketAddr>, u32)> {
+        (self.recovery.safety.read().unwrap()).stripe_waiting_for(oid, width, min)
+    }
+
     pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
         let safety = self.recovery.safety.read().unwrap().clone();
         if !safety.safe(oid) {

@@ -11,6 +11,9 @@
 //!   left its bytes alone);
 //! - a strip is valid at `old` if it holds `old`, or holds `new` and is not in `T` or can go
 //!   back;
+//! - a strip at a *sibling* version (older than `new`, made by a change on `old` too: one that
+//!   was undone, the strip's holder away when it went back) counts at `old` once returned to
+//!   it, by what it kept or, if that change left its bytes alone, by its number;
 //! - a strip at any other version is stale (its holder missed changes: it was down) and is
 //!   rebuilt, like a missing one.
 //!
@@ -105,15 +108,18 @@ pub enum Resolution {
     Whole { version: Version, rebuild: StripSet },
     /// The newest change stands: decode from `sources`; `rebuild` (strips of `T` still at the
     /// base, stale and missing ones) get their bytes at `version`; `relabel` (untouched, at
-    /// the base) only its number.
+    /// the base) only its number, once `home` (at an undone sibling change) went back to the
+    /// base.
     Forward {
         version: Version,
         sources: StripSet,
         rebuild: StripSet,
         relabel: StripSet,
+        home: StripSet,
     },
     /// The newest change goes: `sources` hold `version` (the base) once `roll_back` returned
-    /// to it from what they kept; the stripe is then written whole at a new version.
+    /// to it (from what they kept, or by number where their change left them alone); the
+    /// stripe is then written whole at a new version.
     Back {
         version: Version,
         sources: StripSet,
@@ -163,14 +169,17 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
             }
         }
     }
-    let (mut at_new, mut at_old, mut back) = (
+    let (mut at_new, mut at_old, mut back, mut home) = (
+        StripSet::default(),
         StripSet::default(),
         StripSet::default(),
         StripSet::default(),
     );
     for (k, s) in strips.iter().enumerate() {
         if let Strip::At {
-            version, back: b, ..
+            version,
+            back: b,
+            change: own,
         } = *s
         {
             if version == new {
@@ -180,6 +189,15 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
                 }
             } else if change.is_some_and(|(base, _)| version == base) {
                 at_old.insert(k);
+            } else if let (Some((base, _)), Some((own_base, own_t))) = (change, own) {
+                // A sibling: a change made on the same base as the newest, older than it, so
+                // one that was undone (the newest started only once the stripe stood at the
+                // base again). The strip shows the base once returned to it: by its undo, or
+                // by its number if that change left its bytes alone.
+                if own_base == base && version < new && (b || !own_t.contains(k)) {
+                    at_old.insert(k);
+                    home.insert(k);
+                }
             }
         }
     }
@@ -205,9 +223,10 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
             sources: valid_new,
             rebuild: at_old.and(t).union(lost),
             relabel: at_old.minus(t),
+            home: home.minus(t),
         };
     }
-    let roll_back = at_new.and(t).and(back);
+    let roll_back = at_new.and(t).and(back).union(home);
     let valid_old = at_old.union(at_new.minus(t)).union(roll_back);
     if valid_old.len() >= data {
         return Resolution::Back {

@@ -197,8 +197,11 @@ impl Node {
             StripOp::Write | StripOp::Xor | StripOp::Bump => {
                 store.set_note(key, &note)?;
                 if !live && cur.is_some() {
-                    // Over a tombstone: the strip starts again from zeros.
-                    store.forget(key)?;
+                    // Over a tombstone the strip starts again from zeros, written durable at
+                    // once (as any object over a tombstone): its note first. (Forgetting the
+                    // tombstone instead dropped the note with it: a strip at a version no note
+                    // explained, that no resolution could take back; seed 60017 with crashes.)
+                    store.sync_object(key)?;
                 }
                 let data = match head.op {
                     StripOp::Xor => {
@@ -237,8 +240,16 @@ impl Node {
             return Ok(());
         }
         let note = store.note(key).and_then(|b| Note::decode(&b));
+        // A strip the change left alone goes back by its number, whatever it kept (one pulled
+        // by recovery keeps no undo).
+        let untouched = |n: &Note| {
+            n.head.flags & FLAG_KNOWN != 0
+                && key
+                    .strip_index()
+                    .is_some_and(|k| !n.head.touched.contains(k))
+        };
         let Some(note) = note.filter(|n| {
-            n.head.flags & FLAG_BACK != 0
+            (n.head.flags & FLAG_BACK != 0 || untouched(n))
                 && n.head.version == state.version
                 && state.version == head.version
                 && n.head.base == head.base
@@ -252,7 +263,12 @@ impl Node {
             ));
         };
         let base = head.base;
-        match &note.undo {
+        let undo = if note.head.flags & FLAG_BACK != 0 {
+            &note.undo
+        } else {
+            &Undo::Nothing // untouched
+        };
+        match undo {
             Undo::Nothing => store.write(key, 0, &[], None, base)?,
             Undo::Range { offset, old } => store.write(key, *offset, old, None, base)?,
             Undo::Whole(old) => {

@@ -27,16 +27,44 @@ impl Node {
         stripe: &Stripe,
     ) -> Result<Decision, Failure> {
         let w = stripe.width();
+        let waiting = self.stripe_waiting_for(stripe.oid, w, stripe.scheme.default_min() as usize);
+        if let Some((nodes, epoch)) = waiting {
+            return Err(crate::node::failure::not_recovered(
+                stripe.oid,
+                crate::node::recovery::PullFailed::Waiting { nodes, epoch },
+            ));
+        }
         let heads =
             futures::future::join_all((0..w).map(|k| self.strip_read(ep, cfg, stripe, k, 0, 0)))
                 .await;
-        let strips: Vec<Strip> = heads
+        let mut strips: Vec<Strip> = heads
             .iter()
             .map(|r| match r {
                 Ok(r) => r.head.strip(),
                 Err(_) => Strip::Missing,
             })
             .collect();
+        // A holder that has nothing of its strip says it was never made only if every node
+        // that held that strip since the newest change's epoch is a member now (recovery
+        // pulled the strip from any that had it): else the strip may be on a node that is
+        // gone, and this "nothing" would take the stripe back over acknowledged writes (seed
+        // 70588 with crashes: a strip never rebuilt once its holder died left a later holder
+        // that "knew" it since a clean epoch). Such a strip counts as missing.
+        let newest = (strips.iter())
+            .filter_map(|s| match s {
+                Strip::At { version, .. } => Some(*version),
+                Strip::Missing => None,
+            })
+            .max()
+            .unwrap_or_default();
+        if newest != Version::NONE {
+            for (k, s) in strips.iter_mut().enumerate() {
+                let absent = matches!(*s, Strip::At { version, .. } if version == Version::NONE);
+                if absent && !self.held_by_members(ep, stripe, k, newest.epoch()).await {
+                    *s = Strip::Missing;
+                }
+            }
+        }
         let x = stripe.codec.data();
         tracing::debug!("object {}: strips {strips:?}", stripe.oid);
         let all = StripSet::first(w);
@@ -70,7 +98,7 @@ impl Node {
                         }
                     }
                 }
-                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                let empty = self.stripe_empty(stripe, &heads, version);
                 Ok(Decision {
                     version,
                     empty,
@@ -82,6 +110,7 @@ impl Node {
                 sources,
                 rebuild,
                 relabel,
+                home,
             } => {
                 let t = heads
                     .iter()
@@ -94,6 +123,15 @@ impl Node {
                     stripe.oid
                 );
                 self.ec_count(EcEvent::Forward);
+                // Strips at an undone sibling change return to the base first.
+                let homes = home.iter().filter_map(|k| {
+                    let r = heads[k].as_ref().ok()?;
+                    let head = stripe.head(StripOp::Back, t.base, r.head.version, StripSet::default());
+                    Some(self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new()))
+                });
+                for r in futures::future::join_all(homes).await {
+                    r?;
+                }
                 let bumps = relabel.iter().map(|k| {
                     let head = stripe.head(StripOp::Bump, t.base, version, t.touched);
                     self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
@@ -104,7 +142,7 @@ impl Node {
                 let head = stripe.head(StripOp::Put, t.base, version, t.touched);
                 self.rebuild(ep, cfg, stripe, version, sources, rebuild, Some(head))
                     .await?;
-                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                let empty = self.stripe_empty(stripe, &heads, version);
                 Ok(Decision {
                     version,
                     empty,
@@ -133,10 +171,15 @@ impl Node {
                     }
                 }
                 // 2. The others rebuilt at the base from those.
-                self.rebuild(ep, cfg, stripe, version, at_base, all.minus(at_base), None)
-                    .await?;
+                let rebuilt = self
+                    .rebuild(ep, cfg, stripe, version, at_base, all.minus(at_base), None)
+                    .await;
                 // 3. Every strip moved to a new version, no byte changed, so that a strip left at
-                //    the undone version on a holder that was away never brings it back.
+                //    the undone version on a holder that was away never brings it back. Done
+                //    even when a strip could not be rebuilt: else the undone version stays the
+                //    newest, and recovery may bring it back from a holder that kept it (seed
+                //    60031 with crashes). A strip not at the base refuses the bump; the stripe
+                //    stands at the new version once x strips took it.
                 let floor = self.issued.lock().unwrap().get(&stripe.oid).copied();
                 let newest = heads
                     .iter()
@@ -151,15 +194,23 @@ impl Node {
                     let head = stripe.head(StripOp::Bump, version, again, StripSet::default());
                     self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
                 });
-                for r in futures::future::join_all(bumps).await {
-                    r?;
+                let bumped = futures::future::join_all(bumps).await;
+                let took = bumped.iter().filter(|r| r.is_ok()).count();
+                let failed = bumped.into_iter().find_map(Result::err);
+                if took < stripe.codec.data() {
+                    return Err(failed.or(rebuilt.err()).unwrap_or_else(|| {
+                        Failure::new(ResultCode::Busy, format!("object {}: too few strips took {again:?}", stripe.oid))
+                    }));
                 }
-                self.issued.lock().unwrap().remove(&stripe.oid);
-                let empty = self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
+                let whole = failed.is_none() && rebuilt.is_ok();
+                if whole {
+                    self.issued.lock().unwrap().remove(&stripe.oid);
+                }
+                let empty = self.stripe_empty(stripe, &heads, version);
                 Ok(Decision {
                     version: again,
                     empty,
-                    whole: true,
+                    whole,
                 })
             }
             Resolution::Undecided { valid, need } => Err(Failure::new(
@@ -174,6 +225,56 @@ impl Node {
                 ResultCode::Io,
                 format!("object {}: {why}", stripe.oid),
             )),
+        }
+    }
+
+    /// Whether every node that held strip `k` of the stripe in an epoch from `from` to now is a
+    /// member of `ep` (views read from the cluster store; an epoch whose view is gone counts
+    /// as held by a node that is gone).
+    async fn held_by_members(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        stripe: &Stripe,
+        k: usize,
+        from: u32,
+    ) -> bool {
+        let members: std::collections::HashSet<u64> = ep.view.nodes.iter().map(|n| n.id).collect();
+        let (oid, cur, driver) = (stripe.oid, ep.view.epoch, self.driver.clone());
+        let held = self
+            .blocking(move || {
+                (from.max(1)..cur).all(|e| match driver.view_at(e) {
+                    Ok(Some(view)) => {
+                        let ring = objstore_proto::placement::Ring::new(&view.nodes);
+                        (ring.strip_holder(oid, k))
+                            .is_none_or(|i| members.contains(&ring.nodes()[i].id))
+                    }
+                    _ => false,
+                })
+            })
+            .await;
+        held.unwrap_or(false)
+    }
+
+    /// Whether the stripe at `version` holds nothing (never written, or removed): what the
+    /// strips at that version say (tombstones), not whether this node's strip 0 is here: a
+    /// primary whose strip 0 is missing or not rebuilt yet must not read zeros for data that
+    /// exists (seed 70588 with crashes).
+    fn stripe_empty(
+        &self,
+        stripe: &Stripe,
+        heads: &[Result<StripRead, Failure>],
+        version: Version,
+    ) -> bool {
+        if version == Version::NONE {
+            return true;
+        }
+        let at: Vec<bool> = (heads.iter().flatten())
+            .filter(|r| r.head.version == version)
+            .map(|r| r.head.flags & wire::FLAG_DELETED != 0)
+            .collect();
+        match at.first() {
+            Some(_) => at.iter().all(|&d| d),
+            None => self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted),
         }
     }
 
