@@ -128,6 +128,7 @@ impl Node {
                 }
                 let store = self.store.clone();
                 if let Ok(Ok(())) = self.blocking(move || store.forget(oid)).await {
+                    tracing::debug!("epoch {e}: dropped {oid} at {:?}", state.version);
                     removed += 1;
                 }
             }

@@ -363,6 +363,7 @@ impl Node {
             tokio::time::sleep(self.pull_delay).await;
         }
         let started = std::time::Instant::now();
+        tracing::debug!("pulling {oid} at {:?} from {:?}", pull.want, pull.sources);
         for &src in &pull.sources {
             let mut h = Header::request(Opcode::PeerRead, 0, self.epoch().view.epoch);
             h.oid = oid.0;
