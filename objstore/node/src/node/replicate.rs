@@ -277,15 +277,7 @@ impl Node {
             // since. Never applied over it; the client retries from `base`.
             return Err(conflict(oid, base, expected));
         }
-        let floor = self
-            .issued
-            .lock()
-            .unwrap()
-            .get(&oid)
-            .copied()
-            .unwrap_or_default()
-            .max(base);
-        let new = floor.next(ep.view.epoch);
+        let new = self.version_floor(oid, base).next(ep.view.epoch);
         let epoch = ep.view.epoch;
 
         let store = self.store.clone();
@@ -369,11 +361,7 @@ impl Node {
                 Ok(new)
             }
             Some(f) => {
-                {
-                    let mut issued = self.issued.lock().unwrap();
-                    let v = issued.entry(oid).or_default();
-                    *v = (*v).max(new);
-                }
+                self.raise_floor(oid, new);
                 // Some owners may hold the change and others not: bring them to one version
                 // now rather than at the object's next write.
                 self.schedule_repair(epoch, oid);
@@ -469,10 +457,7 @@ impl Node {
             Ok(f) => {
                 if f.header.result_code() == ResultCode::Conflict {
                     // It holds a newer version than this one: go above it next time.
-                    let theirs = Version(f.header.offset);
-                    let mut issued = self.issued.lock().unwrap();
-                    let v = issued.entry(oid).or_default();
-                    *v = (*v).max(theirs);
+                    self.raise_floor(oid, Version(f.header.offset));
                 }
                 Forwarded::Failed(replica_failure(addr, f.header.result_code(), f.message()))
             }
@@ -605,5 +590,21 @@ impl Node {
             ),
             local,
         ))
+    }
+}
+
+impl Node {
+    /// The version the next change of `oid` goes above: `cur`, or a version given to a change
+    /// that failed somewhere (or that a replica said it holds), if higher.
+    pub(super) fn version_floor(&self, oid: ObjectId, cur: Version) -> Version {
+        let issued = self.issued.lock().unwrap();
+        issued.get(&oid).copied().unwrap_or_default().max(cur)
+    }
+
+    /// Keeps `v` as a floor for the next change of `oid` (a change at `v` failed somewhere).
+    pub(super) fn raise_floor(&self, oid: ObjectId, v: Version) {
+        let mut issued = self.issued.lock().unwrap();
+        let floor = issued.entry(oid).or_default();
+        *floor = (*floor).max(v);
     }
 }

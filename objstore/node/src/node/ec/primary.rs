@@ -54,15 +54,7 @@ impl Node {
         if expected != now.version {
             return Err(conflict(oid, now.version, expected));
         }
-        let floor = self
-            .issued
-            .lock()
-            .unwrap()
-            .get(&oid)
-            .copied()
-            .unwrap_or_default()
-            .max(now.version);
-        let new = floor.next(ep.view.epoch);
+        let new = self.version_floor(oid, now.version).next(ep.view.epoch);
         // Strips without a holder (fewer nodes than strips) are rebuilt when one joins.
         let held = stripe.held();
         let min = scheme.default_min() as usize;
@@ -89,11 +81,7 @@ impl Node {
                 Ok(new)
             }
             Some(f) => {
-                {
-                    let mut issued = self.issued.lock().unwrap();
-                    let v = issued.entry(oid).or_default();
-                    *v = (*v).max(new);
-                }
+                self.raise_floor(oid, new);
                 // Undecided now: resolved before the next read or change of the object.
                 self.ec_known.remove(oid);
                 Err(self.retry_io(f))

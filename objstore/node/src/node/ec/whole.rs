@@ -180,16 +180,10 @@ impl Node {
                 //    newest, and recovery may bring it back from a holder that kept it (seed
                 //    60031 with crashes). A strip not at the base refuses the bump; the stripe
                 //    stands at the new version once x strips took it.
-                let floor = self.issued.lock().unwrap().get(&stripe.oid).copied();
-                let newest = heads
-                    .iter()
-                    .flatten()
-                    .map(|r| r.head.version)
-                    .chain(floor)
-                    .max()
-                    .unwrap_or_default();
-                let again = newest.next(ep.view.epoch);
-                self.issued.lock().unwrap().insert(stripe.oid, again);
+                let newest = heads.iter().flatten().map(|r| r.head.version).max();
+                let again = (self.version_floor(stripe.oid, newest.unwrap_or_default()))
+                    .next(ep.view.epoch);
+                self.raise_floor(stripe.oid, again);
                 let bumps = stripe.held().iter().map(|k| {
                     let head = stripe.head(StripOp::Bump, version, again, StripSet::default());
                     self.strip_call(ep, cfg, stripe, k, head, 0, Bytes::new())
