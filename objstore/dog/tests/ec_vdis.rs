@@ -90,6 +90,9 @@ fn a_4_2_vdi_keeps_its_data_at_one_and_a_half_times_its_size() {
 fn the_cluster_default_and_impossible_schemes() {
     let c = Cluster::start(&bins(), 4);
     c.wait_members(4);
+    // Every node at the epoch of 4 (the first node's count alone let a node still at the
+    // epoch of 3 answer the format: "3 zone(s)").
+    c.wait_recovered();
     let e = c.dog_err(&["cluster", "format", "--copies", "4:2", "--experimental"]);
     assert!(
         e.contains("6 strips in distinct zones") && e.contains("4 zone(s)"),
