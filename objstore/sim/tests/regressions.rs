@@ -547,3 +547,12 @@ fn an_ec_stripe_going_back_moves_on_though_a_strip_is_missing() {
 fn an_ec_sibling_change_returns_to_its_base() {
     assert_clean_with(60178, ec_with_crashes());
 }
+
+/// A strip read of an epoch the holder had just left was answered from the holder's new
+/// epoch: a node that held strip 2 in the request's epoch (and never got it) said "nothing,
+/// known", though in its new epoch another node held the strip, and the stripe went back
+/// over an acknowledged write (Lost). A holder answers strip reads of its current epoch only.
+#[test]
+fn an_ec_strip_read_of_an_epoch_left_is_refused() {
+    assert_clean_with(70588, ec_with_crashes());
+}
