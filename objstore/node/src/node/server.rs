@@ -14,7 +14,7 @@ use objstore_client::transport::{Listener, Reader, Writer};
 use super::acting::Acting;
 use super::gate;
 use super::replicate::Change;
-use super::{Epoch, Node};
+use super::Node;
 use crate::membership::{Driver, DriverError};
 use crate::store::{ObjState, StoreError, Version};
 use objstore_proto::api::{
@@ -22,16 +22,19 @@ use objstore_proto::api::{
 };
 use objstore_proto::frame::{read_frame, write_frame, Frame, Header, Opcode, ResultCode};
 use objstore_proto::keys;
-use objstore_proto::oid::{ObjectId, MAX_INODE_LEN};
+use objstore_proto::oid::ObjectId;
 use objstore_proto::payload::{split_cow, split_expected, split_peer_cow, split_peer_write};
-use objstore_proto::view::{ClusterConfig, ClusterInfo};
+use objstore_proto::view::ClusterInfo;
 
 /// Reads up to this size run on the request's task instead of the blocking pool.
 pub(super) const INLINE_READ: usize = 64 << 10;
 
 mod ec;
+mod epoch;
 mod format;
 mod list;
+use epoch::forwarded;
+pub(super) use epoch::{change_epoch, check_range, io_epoch, stale_epoch};
 use format::format;
 
 pub(super) use super::failure::{blocking, not_recovered, task_failure, Failure};
@@ -575,97 +578,6 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
 /// The longest lease `LeaseGrant` makes: a day (a lease that must outlive its holder longer
 /// is no lease: take a plain key).
 const MAX_LEASE_TTL_SECS: u64 = 86_400;
-
-/// Checks the request's epoch and waits for this epoch's recovery plan.
-/// [`io_epoch`] for a change of an object: the node records that it takes changes in this
-/// epoch before it applies the first ([`Node::note_change`]), so a node that took none is never
-/// waited for once it is gone.
-pub(super) async fn change_epoch(
-    node: &Node,
-    h: &Header,
-) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
-    let (ep, cfg) = io_epoch(node, h).await?;
-    node.note_change(ep.view.epoch).await?;
-    Ok((ep, cfg))
-}
-
-pub(super) async fn io_epoch(
-    node: &Node,
-    h: &Header,
-) -> Result<(Arc<Epoch>, ClusterConfig), Failure> {
-    let cfg = node.config().ok_or_else(|| {
-        Failure::new(
-            ResultCode::NotFormatted,
-            "the cluster is not formatted: run 'dog cluster format'",
-        )
-    })?;
-    node.check_member()?;
-    node.check_fenced()?;
-    let ep = node.epoch();
-    let cur = ep.view.epoch;
-    if h.epoch < cur {
-        return Err(Failure {
-            code: ResultCode::StaleEpoch,
-            message: format!("request epoch {} is older than the node's {cur}", h.epoch),
-            aux: cur,
-            version: None,
-        });
-    }
-    if h.epoch > cur {
-        return Err(Failure {
-            code: ResultCode::NodeBehind,
-            message: format!("node is at epoch {cur}, request at {}", h.epoch),
-            aux: cur,
-            version: None,
-        });
-    }
-    if !node.recovery.wait_planned(cur).await {
-        return Err(Failure::new(
-            ResultCode::Busy,
-            format!("still planning recovery for epoch {cur}"),
-        ));
-    }
-    Ok((ep, cfg))
-}
-
-/// The checks of a forwarded write's data (`PeerWrite`, `PeerCow`): its length, its block
-/// sums, its range; the sums to store.
-fn forwarded(
-    h: &Header,
-    cfg: &ClusterConfig,
-    data: &[u8],
-    sums: Vec<u32>,
-) -> Result<Option<Arc<[u32]>>, Failure> {
-    if data.len() != h.length as usize {
-        return Err(Failure::invalid(format!(
-            "write length {} but {} bytes of data",
-            h.length,
-            data.len()
-        )));
-    }
-    let sums = super::replicate::given_sums(h.offset, data, sums)?;
-    check_range(ObjectId(h.oid), h.offset, h.length, cfg)?;
-    Ok(sums)
-}
-
-pub(super) fn check_range(
-    oid: ObjectId,
-    offset: u64,
-    length: u32,
-    cfg: &ClusterConfig,
-) -> Result<(), Failure> {
-    let limit = if oid.is_inode() {
-        MAX_INODE_LEN
-    } else {
-        cfg.object_size as u64
-    };
-    match offset.checked_add(length as u64) {
-        Some(end) if end <= limit => Ok(()),
-        _ => Err(Failure::invalid(format!(
-            "range {offset}+{length} is outside object {oid} ({limit} bytes)"
-        ))),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -350,15 +350,7 @@ impl Node {
         if now == ep.view.epoch {
             return Ok(());
         }
-        Err(Failure {
-            code: ResultCode::StaleEpoch,
-            message: format!(
-                "request epoch {} is older than the node's {now}",
-                ep.view.epoch
-            ),
-            aux: now,
-            version: None,
-        })
+        Err(crate::node::server::stale_epoch(ep.view.epoch, now))
     }
 }
 

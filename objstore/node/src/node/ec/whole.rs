@@ -262,14 +262,13 @@ impl Node {
         if version == Version::NONE {
             return true;
         }
-        let at: Vec<bool> = (heads.iter().flatten())
+        let mut at = (heads.iter().flatten())
             .filter(|r| r.head.version == version)
-            .map(|r| r.head.flags & wire::FLAG_DELETED != 0)
-            .collect();
-        match at.first() {
-            Some(_) => at.iter().all(|&d| d),
-            None => self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted),
+            .peekable();
+        if at.peek().is_none() {
+            return self.store.meta(stripe.key(0)).is_none_or(|s| s.deleted);
         }
+        at.all(|r| r.head.flags & wire::FLAG_DELETED != 0)
     }
 
     /// The strips whose holder answered at `version`.
