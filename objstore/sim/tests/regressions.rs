@@ -556,3 +556,33 @@ fn an_ec_sibling_change_returns_to_its_base() {
 fn an_ec_strip_read_of_an_epoch_left_is_refused() {
     assert_clean_with(70588, ec_with_crashes());
 }
+
+/// An epoch was recorded clean (every member recovered it) while the holder of strip 2 of a
+/// stripe lacked it: its holder of the epoch before had crashed, and a strip key is never
+/// waited for. A later holder judged from that clean epoch, answered "nothing, known", and the
+/// stripe went back over an acknowledged write (Lost). A node records an epoch recovered only
+/// once every stripe it is the primary of is whole in it (`Node::ec_sweep`).
+#[test]
+fn an_epoch_with_a_strip_not_rebuilt_is_not_clean() {
+    assert_clean_with(70627, ec_with_crashes());
+}
+
+/// A stripe went back (a new change) on strip 0 only: the holders of the other strips were
+/// down. Recovery then moved strip 2 at the undone change to new holders without its undo,
+/// over the one copy of the base; with strip 1 stale, no version had 2 strips and the stripe
+/// waited for good (NotSettled, FinalReadFailed). A strip pulled keeps its holder's undo, so
+/// it counts at the base (a sibling of the change that went back).
+#[test]
+fn a_strip_pulled_at_an_undone_change_keeps_its_undo() {
+    assert_clean_with(70021, ec_with_crashes());
+}
+
+/// A node back from a crash, the primary of a stripe, answered its own strip at the base of an
+/// acknowledged change it had missed (the change's holder of that strip not listed yet); with
+/// the parity strip at the change, pulled with its undo, the stripe went back over the change
+/// (Lost). A holder that cannot vouch for what it has of a strip (its holder of some epoch
+/// since the clean one not listed) answers it unsure: missing, not at its version.
+#[test]
+fn a_strip_back_from_a_crash_is_not_taken_for_the_newest() {
+    assert_clean_with(70393, ec_with_crashes());
+}

@@ -29,7 +29,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use objstore_proto::ec::resolve::StripSet;
-use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_KNOWN, HEAD_LEN};
+use objstore_proto::ec::wire::{StripHead, StripOp, FLAG_BACK, FLAG_KNOWN, HEAD_LEN};
 use objstore_proto::ec::Codec;
 use objstore_proto::oid::ObjectId;
 use objstore_proto::redundancy::Redundancy;
@@ -287,9 +287,15 @@ pub(super) fn with_note(data: Vec<u8>, note: Option<Vec<u8>>) -> Vec<u8> {
 }
 
 /// A `PeerRead` answer of key `oid` as [`with_note`] made it for a strip's key: its bytes, and
-/// the note to keep with them once installed at `version` (the change that made the version,
-/// known; nothing to go back with: the undo stays with the holder it was made on). None for a
-/// malformed answer.
+/// the note to keep with them once installed at `version`: the change that made the version,
+/// known, and what returns the strip to that change's base (the undo is of the strip's bytes,
+/// the same on every holder of the version). None for a malformed answer.
+///
+/// The undo travels too: a stripe that went back may have done so on none of a strip's holders
+/// (they were down), and recovery then moves the undone change's strip to the new holder; only
+/// its undo lets it count at the base (seed 70021 with crashes and SIM_EC=2:1: strip 2, pulled
+/// at the undone change without its undo over the one copy of the base, left the stripe
+/// undecided for good).
 pub(super) fn split_pulled(
     oid: ObjectId,
     payload: &Bytes,
@@ -306,10 +312,10 @@ pub(super) fn split_pulled(
         .map(|note| {
             Note {
                 head: StripHead {
-                    flags: FLAG_KNOWN,
+                    flags: note.head.flags & (FLAG_KNOWN | FLAG_BACK),
                     ..note.head
                 },
-                undo: Undo::Nothing,
+                undo: note.undo,
             }
             .encode()
         });
@@ -352,5 +358,40 @@ mod tests {
             let b = n.encode();
             assert_eq!(Note::decode(&b[..b.len() - 1]), None, "{n:?}");
         }
+    }
+
+    /// A strip pulled keeps the change that made its version and what returns it to the
+    /// change's base; a note of another version, or not known, is dropped.
+    #[test]
+    fn a_pulled_strip_keeps_its_note_and_undo() {
+        let key = ObjectId::data(
+            objstore_proto::oid::Vid(1),
+            objstore_proto::oid::ObjIndex(3),
+        )
+        .strip(2);
+        let head = StripHead {
+            data: 2,
+            parity: 1,
+            op: StripOp::Write,
+            flags: FLAG_KNOWN | FLAG_BACK,
+            touched: StripSet(0b101),
+            base: Version(32),
+            version: Version(38),
+        };
+        let undo = Undo::Range {
+            offset: 512,
+            old: vec![9; 64],
+        };
+        let note = Note { head, undo }.encode();
+        let payload = Bytes::from(with_note(vec![5; 100], Some(note.clone())));
+        let (data, kept) = split_pulled(key, &payload, Version(38)).unwrap();
+        assert_eq!(&data[..], &[5; 100][..]);
+        assert_eq!(kept, Some(note));
+        // Of another version: no note kept, the bytes still are.
+        let (data, kept) = split_pulled(key, &payload, Version(39)).unwrap();
+        assert_eq!((data.len(), kept), (100, None));
+        // Malformed: a note length past the payload.
+        let bad = Bytes::from(vec![0, 0, 1, 0]);
+        assert!(split_pulled(key, &bad, Version(38)).is_none());
     }
 }

@@ -14,7 +14,8 @@
 //! and the change touched the strips of `touched`. In an answer it is what the holder keeps of
 //! the strip's last change (its record): `version` is the strip's, and with [`FLAG_KNOWN`],
 //! `base` and `touched` are that change's (without it, a strip whose record a crash lost);
-//! [`FLAG_UNSURE`] marks a strip the holder has nothing of and cannot vouch was never made.
+//! [`FLAG_UNSURE`] marks a strip whose holder cannot vouch that what it has (or that it has
+//! nothing) is the strip's newest version.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -28,9 +29,10 @@ pub const HEAD_LEN: usize = 24;
 pub const FLAG_KNOWN: u8 = 1;
 /// The holder kept what returns the strip to `base` (rule 3).
 pub const FLAG_BACK: u8 = 2;
-/// The holder has nothing of the strip and cannot tell that it was never made: the node
-/// that held it in some epoch since the last clean one is down (a strip that moved to this
-/// node while its old holder was down). Such a strip is missing, not at version 0.
+/// The holder cannot tell that what it has of the strip (or that it has nothing) is its
+/// newest version: the node that held it in some epoch since the last clean one is down or
+/// not listed yet (a strip that moved to this node, or a node back from a crash). Such a
+/// strip is missing, not at the version its holder has.
 pub const FLAG_UNSURE: u8 = 4;
 /// The strip is a tombstone (its object was removed). In a `Put`, the strip installed is one.
 pub const FLAG_DELETED: u8 = 8;
@@ -133,7 +135,7 @@ impl StripHead {
 
     /// What a holder's answer says of its strip, as [`super::resolve`] takes it.
     pub fn strip(&self) -> Strip {
-        if self.flags & FLAG_UNSURE != 0 && self.version == Version::NONE {
+        if self.flags & FLAG_UNSURE != 0 {
             return Strip::Missing;
         }
         Strip::At {

@@ -87,10 +87,23 @@ impl Node {
         }
         let _ordered = self.replica_lock(key).lock().await;
         let node = self.clone();
-        in_store(self, move || {
+        let len = bytes.len();
+        let res = in_store(self, move || {
             node.apply_strip_here(key, head, offset, &bytes)
         })
-        .await?;
+        .await;
+        tracing::debug!(
+            "strip {key}: {:?} {:?} -> {:?} touching {:?} ({len} bytes at {offset}): {}",
+            head.op,
+            head.base,
+            head.version,
+            head.touched,
+            match &res {
+                Ok(()) => "applied".to_string(),
+                Err(f) => format!("{:?} {}", f.code, f.message),
+            }
+        );
+        res?;
         if head.op == StripOp::Put {
             self.recovery.settled(key, head.version);
         }
@@ -241,7 +254,7 @@ impl Node {
         }
         let note = store.note(key).and_then(|b| Note::decode(&b));
         // A strip the change left alone goes back by its number, whatever it kept (one pulled
-        // by recovery keeps no undo).
+        // by recovery keeps its holder's undo, if it had one).
         let untouched = |n: &Note| {
             n.head.flags & FLAG_KNOWN != 0
                 && key
@@ -323,7 +336,12 @@ impl Node {
             };
             let note = store.note(key).and_then(|b| Note::decode(&b));
             let mut head = Note::answer(note.as_ref(), &like, version);
-            if state.is_none() && !knows {
+            // Nothing here, or a version here, is the strip's newest only if its holder of
+            // every epoch since the clean one is listed: else a newer version may be on one
+            // that is not (seed 70393 with crashes and SIM_EC=2:1: a node back from a crash
+            // answered its strip at the base of an acknowledged change it had missed, which
+            // with a strip at the change that kept its undo took the stripe back over it).
+            if !knows {
                 head.flags |= FLAG_UNSURE;
             }
             if state.is_some_and(|s| s.deleted) {

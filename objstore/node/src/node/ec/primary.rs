@@ -126,9 +126,13 @@ impl Node {
     /// After an epoch's recovery: resolves every stripe this node is the primary of and has
     /// not served yet in the epoch, rebuilding the strips its holders lack (those of a node
     /// that is gone), so an object nobody reads gets its redundancy back too. Stops when the
-    /// epoch changes.
-    pub(in crate::node) async fn ec_sweep(self: &Arc<Self>, ep: &Arc<Epoch>) {
-        let Some(cfg) = self.config() else { return };
+    /// epoch changes. True when every such stripe is whole in the epoch (none waits, none
+    /// failed): only then may the epoch count as clean for strips (see
+    /// [`Node::recover_epoch`]).
+    pub(in crate::node) async fn ec_sweep(self: &Arc<Self>, ep: &Arc<Epoch>) -> bool {
+        let Some(cfg) = self.config() else {
+            return false;
+        };
         let store = self.store.clone();
         let Ok(keys) = self
             .low_priority(move || {
@@ -139,13 +143,14 @@ impl Node {
             })
             .await
         else {
-            return;
+            return false;
         };
         let epoch = ep.view.epoch;
         let mut resolved = 0usize;
+        let mut whole = true;
         for key in keys {
             if self.epoch().view.epoch != epoch {
-                return;
+                return false;
             }
             let oid = key.base();
             if self.ec_known.contains(epoch, oid) {
@@ -161,6 +166,7 @@ impl Node {
             match self.ec_decided(ep, &cfg, &stripe).await {
                 Ok(_) => resolved += 1,
                 Err(f) => {
+                    whole = false;
                     tracing::warn!("epoch {epoch}: object {oid} not made whole: {}", f.message)
                 }
             }
@@ -168,6 +174,7 @@ impl Node {
         if resolved > 0 {
             tracing::info!("epoch {epoch}: {resolved} erasure-coded object(s) checked whole");
         }
+        whole
     }
 
     /// The stripe of `oid` in `ep` with this node its primary.
