@@ -11,6 +11,7 @@
 //! | `iops-vs-hit-ratio` | sweep | cache size, % of file | IOPS; cache off as a line |
 //! | `ratio-to-bindfs` | any | ratio to the bindfs figure | a bar per figure |
 //! | `objsize-<read\|write>[-<target>]` | objsize | object size | MiB/s, a bar per block size |
+//! | `raid-<read\|write>` | raid | copies and object size | MiB/s, a bar per block size |
 //! | `scale-vs-nodes` | scale | nodes | entries fetched per object owned (join, kill) |
 //! | `scale-vs-objects` | scale | objects per node | a restarted node's plan, ms |
 
@@ -108,6 +109,9 @@ pub fn plan(r: &Report) -> (Vec<Chart>, Vec<String>) {
     take(split(ratio_to_bindfs(r)));
     for dir in ["read", "write"] {
         take(objsize(r, dir));
+    }
+    for dir in ["read", "write"] {
+        take(split(raid(r, dir)));
     }
     take(split(scale::by_nodes(r)));
     take(split(scale::by_objects(r)));
@@ -396,6 +400,54 @@ fn objsize(r: &Report, dir: &str) -> (Vec<Chart>, Vec<String>) {
     (charts, Vec::new())
 }
 
+/// Group "raid", one direction: bars per scheme and object size, one per block size.
+fn raid(r: &Report, dir: &str) -> Result<Chart, String> {
+    let figs: Vec<&Figure> = (r.figures.iter())
+        .filter(|f| f.group == "raid" && !f.job.contains("-down"))
+        .filter(|f| param_str(f, "rw").as_deref() == Some(dir))
+        .filter(|f| param_f64(f, "object_size").is_some() && param_f64(f, "bs").is_some())
+        .collect();
+    if figs.is_empty() {
+        return Err(format!(
+            "raid-{dir}: no sequential {dir} figure of group raid"
+        ));
+    }
+    let rows = distinct(
+        figs.iter()
+            .filter_map(|f| Some((param_str(f, "redundancy")?, param_f64(f, "object_size")?))),
+    );
+    let series = sorted_values(&figs, "bs")
+        .into_iter()
+        .map(|bs| {
+            let value = |row: &(String, f64)| {
+                figs.iter()
+                    .find(|f| {
+                        param_str(f, "redundancy").as_ref() == Some(&row.0)
+                            && param_f64(f, "object_size") == Some(row.1)
+                            && param_f64(f, "bs") == Some(bs)
+                    })
+                    .map(|f| f.value)
+            };
+            (
+                format!("bs {}", size_label(bs)),
+                rows.iter().map(value).collect(),
+            )
+        })
+        .collect();
+    Ok(Chart {
+        title: format!("Sequential {dir}: MiB/s by copies, object size and block size"),
+        stem: format!("raid-{dir}"),
+        plot: Plot::Grouped(Grouped {
+            x_desc: "copies, object size".into(),
+            y_desc: figs[0].unit.clone(),
+            categories: (rows.iter())
+                .map(|(s, o)| format!("{s} {}", size_label(*o)))
+                .collect(),
+            series,
+        }),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,6 +473,8 @@ mod tests {
                 "ratio-to-bindfs",
                 "objsize-read",
                 "objsize-write",
+                "raid-read",
+                "raid-write",
                 "scale-vs-nodes",
                 "scale-vs-objects",
             ]

@@ -14,6 +14,7 @@ pub(crate) mod fixture;
 mod handover;
 mod layouts;
 pub(crate) mod query;
+mod raid;
 mod table;
 
 use std::fmt::Write as _;
@@ -41,6 +42,7 @@ const GROUP_ORDER: &[&str] = &[
     "metadata",
     "snapshot",
     "handover",
+    "raid",
 ];
 
 /// Loads `json`, draws the charts into `charts` (created if missing) when given, and writes

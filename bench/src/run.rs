@@ -23,6 +23,7 @@ mod main_rig;
 mod metadata;
 mod plan;
 mod proc;
+mod raid;
 mod record;
 mod rig;
 mod scale;
@@ -183,6 +184,7 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     let main = plan::MainPlan::build(s);
     let objsize = s.runs(Group::Objsize).then(|| OffStage::objsize(s));
     let scaling = s.runs(Group::Scaling).then(|| OffStage::scaling(s));
+    let raid = s.runs(Group::Raid).then(|| raid::RaidStage::new(s));
     let rss = if s.runs(Group::Cache) { 2 } else { 0 };
     let runs = |steps: &[plan::Step]| steps.iter().map(plan::Step::passes).sum::<usize>();
     let main_runs = runs(&main.key) * s.rounds + runs(&main.rest) + rss;
@@ -195,6 +197,9 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     rec.plan(main.order.iter().map(String::as_str), main_runs);
     for stage in objsize.iter().chain(&scaling) {
         stage.plan(rec);
+    }
+    if let Some(raid) = &raid {
+        raid.plan(rec);
     }
     if s.runs(Group::Metadata) {
         rec.plan([], metadata::FIGURES);
@@ -230,6 +235,9 @@ fn measure(s: &Settings, bins: &Bins, work: &Path, rec: &mut Recorder) -> Result
     }
     for stage in objsize.iter().chain(&scaling) {
         stage.run(bins, work, s.runtime_s, rec)?;
+    }
+    if let Some(raid) = &raid {
+        raid.run(bins, work, s.runtime_s, rec)?;
     }
     if s.runs(Group::Metadata) {
         let dir = work.join("metadata");

@@ -100,6 +100,7 @@ fn check_report(report: &Value) {
         "scaling",
         "metadata",
         "handover",
+        "raid",
     ] {
         assert!(
             figures.iter().any(|f| f["group"] == group),

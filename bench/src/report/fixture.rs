@@ -165,6 +165,28 @@ fn objsize_group(figs: &mut Vec<Figure>) {
     }
 }
 
+/// The raid table: 3 copies and 4:2 at two object sizes and block sizes.
+fn raid_group(figs: &mut Vec<Figure>) {
+    for (scheme, target, w) in [("3", "c3", 1.0), ("4:2", "ec4-2", 1.3)] {
+        for obj in [1u64 << 20, 4 << 20] {
+            for dir in ["write", "read"] {
+                for (label, bs) in [("4k", 4096u64), ("1m", 1 << 20)] {
+                    let v = w * (bs as f64 / 4096.0).powf(0.5) * (obj >> 20) as f64;
+                    let job = format!("{dir}-{label}-obj{}m", obj >> 20);
+                    let p = json!({"rw": dir, "bs": bs, "object_size": obj, "redundancy": scheme});
+                    figs.push(with_params(fig("raid", &job, target, "MiB/s", v), p));
+                }
+            }
+            let p = json!({"object_size": obj, "redundancy": scheme});
+            let job = format!("raw-per-gib-obj{}m", obj >> 20);
+            figs.push(with_params(
+                fig("raid", &job, target, "GiB/GiB", w * 1.5),
+                p,
+            ));
+        }
+    }
+}
+
 fn other_groups(figs: &mut Vec<Figure>) {
     figs.push(fig("flush", "flush-1g", "cachectl", "MiB/s", 190.0));
     figs.push(fig("flush", "write-1m", "off", "MiB/s", 146.0));
@@ -297,6 +319,7 @@ pub fn full() -> Report {
     sweep_group(&mut figs);
     throughput_group(&mut figs);
     objsize_group(&mut figs);
+    raid_group(&mut figs);
     other_groups(&mut figs);
     annotate(&mut figs);
     handover_group(&mut figs);

@@ -28,6 +28,7 @@ fn group_title(group: &str) -> &str {
         "scaling" => "nodes and copies",
         "metadata" => "metadata operations (lower is better)",
         "handover" => "lock hand-over between two mounts (lower is better)",
+        "raid" => "redundancy × object size × block size (the RAID HOWTO's table)",
         _ => "",
     }
 }
@@ -44,6 +45,7 @@ pub fn section(group: &str, figs: &[&Figure]) -> String {
         "sweep" => sweep_view(figs),
         "objsize" => objsize_view(figs),
         "handover" => super::handover::view(figs),
+        "raid" => super::raid::view(figs),
         _ => job_grid(figs),
     };
     let details = detail_table(figs).render();

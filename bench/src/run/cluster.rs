@@ -105,6 +105,11 @@ impl Cluster {
         Ok(self.nodes.check_alive()?)
     }
 
+    /// SIGKILL to node `i` (it stays down).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes.kill9(i);
+    }
+
     pub fn node_dirs(&self) -> Vec<PathBuf> {
         (0..self.nodes.nodes.len())
             .map(|i| self.nodes.node_dir(i))
@@ -137,8 +142,15 @@ impl Cluster {
     }
 
     pub fn create_vdi(&self, name: &str, size: u64) -> Result<()> {
-        self.dog(&["vdi", "create", name, &size.to_string()])
-            .map(drop)
+        self.create_vdi_with(name, size, &[])
+    }
+
+    /// `dog vdi create NAME SIZE` with `extra` arguments.
+    pub fn create_vdi_with(&self, name: &str, size: u64, extra: &[&str]) -> Result<()> {
+        let size = size.to_string();
+        let mut args = vec!["vdi", "create", name, size.as_str()];
+        args.extend_from_slice(extra);
+        self.dog(&args).map(drop)
     }
 
     /// `dog vdi write NAME < src`.

@@ -32,6 +32,8 @@ enum Check {
     Figure(&'static str, f64),
     /// value below this (in the figure's unit).
     Below(f64),
+    /// value within `lo ..= hi` (in the figure's unit).
+    Between(f64, f64),
 }
 
 struct Goal {
@@ -88,6 +90,23 @@ fn goal_of(id: &str, copies: usize) -> Option<Goal> {
             "≥ 0.9× reads of the parent (snapshot/randread-4k-qd16/parent)",
             Reference(0.9),
         ),
+        // Issue 44: 4:2 against 3 copies, same run, 4 MiB objects, 6 nodes.
+        "raid/write-1m-obj4m/ec4-2" => goal(
+            "≥ 0.9× 3 copies (raid/write-1m-obj4m/c3)",
+            Figure("raid/write-1m-obj4m/c3", 0.9),
+        ),
+        "raid/read-1m-obj4m/ec4-2" => goal(
+            "≥ 0.9× 3 copies (raid/read-1m-obj4m/c3)",
+            Figure("raid/read-1m-obj4m/c3", 0.9),
+        ),
+        "raid/randwrite-4k-libaio-qd16-obj4m/ec4-2" => goal(
+            "≥ 0.3× 3 copies (raid/randwrite-4k-libaio-qd16-obj4m/c3)",
+            Figure("raid/randwrite-4k-libaio-qd16-obj4m/c3", 0.3),
+        ),
+        "raid/read-1m-down-obj4m/ec4-2" => goal("≥ 0.5× healthy", Reference(0.5)),
+        "raid/raw-per-gib-obj4m/ec4-2" | "raid/raw-per-gib-obj4m/ec2-1" => {
+            goal("1.5 ± 2 % ((x + y) / x)", Between(1.47, 1.53))
+        }
         _ if id.starts_with("sweep/") && id.ends_with("/cache") && id != SWEEP_MODE_OFF => {
             goal("≥ 1.0× cache off (never below it)", Off(1.0))
         }
@@ -171,6 +190,7 @@ pub fn finish(figs: &mut [Figure], copies: usize) {
                     checked.map(|r| r >= min)
                 }
                 Check::Below(max) => Some(f.value < max),
+                Check::Between(lo, hi) => Some((lo..=hi).contains(&f.value)),
             };
             f.goal_ratio = checked;
             f.goal = Some(g.text);
@@ -185,7 +205,7 @@ fn compared_id(f: &Figure, check: &Check) -> Option<String> {
         Check::Reference(_) => f.reference.clone(),
         Check::Off(_) => Some(f.params.get("reference_off")?.as_str()?.to_string()),
         Check::Figure(id, _) => Some(id.to_string()),
-        Check::Below(_) => None,
+        Check::Below(_) | Check::Between(..) => None,
     }
 }
 
@@ -298,5 +318,22 @@ mod tests {
         assert!(goal_of("dog/write/dog", 3).is_some());
         assert!(goal_of("sweep/randread-4k-hit25/cache", 1).is_some());
         assert!(goal_of("handover/overhead-dirty/cache", 1).is_some());
+    }
+
+    /// The raid goals: 4:2 against the 3-copy figure of the same run, raw bytes in a band.
+    #[test]
+    fn raid_goals() {
+        let mut figs = vec![
+            fig("raid/write-1m-obj4m/ec4-2", 95.0),
+            fig("raid/write-1m-obj4m/c3", 100.0),
+            fig("raid/raw-per-gib-obj4m/ec4-2", 1.502),
+            fig("raid/raw-per-gib-obj4m/ec2-1", 1.6),
+        ];
+        finish(&mut figs, 3);
+        assert_eq!(figs[0].goal_met, Some(true));
+        assert_eq!(figs[0].goal_ratio, Some(0.95));
+        assert_eq!(figs[2].goal_met, Some(true));
+        assert_eq!(figs[3].goal_met, Some(false));
+        assert!(goal_of("raid/write-1m-obj4m/c3", 3).is_none());
     }
 }

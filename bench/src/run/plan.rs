@@ -129,7 +129,8 @@ impl MainPlan {
                 | Group::Metadata
                 | Group::Snapshot
                 | Group::Handover
-                | Group::Scale => Vec::new(),
+                | Group::Scale
+                | Group::Raid => Vec::new(),
             });
         }
         let mut steps = merge(steps);

@@ -55,9 +55,22 @@ impl OffRig {
         runtime_s: u64,
         fill: Fill,
     ) -> Result<OffRig> {
+        OffRig::start_with(bins, dir, shape, size, runtime_s, fill, &[])
+    }
+
+    /// [`OffRig::start`] with `vdi_args` added to `dog vdi create` (e.g. a scheme of its own).
+    pub fn start_with(
+        bins: &Bins,
+        dir: &Path,
+        shape: Shape,
+        size: u64,
+        runtime_s: u64,
+        fill: Fill,
+        vdi_args: &[&str],
+    ) -> Result<OffRig> {
         let cluster = Cluster::start(bins, dir, shape.nodes, shape.membership)?;
         cluster.format(shape.copies, shape.object_size)?;
-        cluster.create_vdi(VDI, size)?;
+        cluster.create_vdi_with(VDI, size, vdi_args)?;
         if let Fill::From(src) = fill {
             cluster.write_vdi(VDI, src)?;
         }

@@ -8,6 +8,7 @@ use clap::ValueEnum;
 
 use super::fio::Engine;
 use super::RunArgs;
+use objstore_proto::redundancy::Redundancy;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -68,6 +69,7 @@ pub enum Group {
     Snapshot,
     Handover,
     Scale,
+    Raid,
 }
 
 impl Group {
@@ -85,6 +87,7 @@ impl Group {
             Group::Snapshot => "snapshot",
             Group::Handover => "handover",
             Group::Scale => "scale",
+            Group::Raid => "raid",
         }
     }
 
@@ -98,6 +101,7 @@ impl Group {
                 | Group::Snapshot
                 | Group::Handover
                 | Group::Scale
+                | Group::Raid
         )
     }
 
@@ -115,6 +119,7 @@ impl Group {
             Group::Snapshot,
             Group::Handover,
             Group::Scale,
+            Group::Raid,
         ]
     }
 }
@@ -166,6 +171,22 @@ pub struct Matrix {
     pub scale_file_objects: u64,
     /// Objects of the node the `scale` group reads while peers list it.
     pub scale_listed: u64,
+    /// Redundancy schemes of the `raid` table (a cluster each per object size).
+    pub raid_schemes: Vec<Redundancy>,
+    /// Object sizes of the `raid` table.
+    pub raid_objects: Vec<u64>,
+    /// Block sizes of the `raid` table's sequential jobs.
+    pub raid_bs: Vec<u64>,
+    /// Nodes of each `raid` cluster (at least the widest scheme's strips).
+    pub raid_nodes: usize,
+    /// Largest file of the `raid` jobs.
+    pub raid_file_cap: u64,
+}
+
+fn schemes(list: &[&str]) -> Vec<Redundancy> {
+    list.iter()
+        .map(|r| r.parse().expect("a scheme of the profile"))
+        .collect()
 }
 
 impl Matrix {
@@ -204,6 +225,11 @@ impl Matrix {
                     scale_objects: vec![10_000, 100_000, 1_000_000, 10_000_000],
                     scale_file_objects: 200_000,
                     scale_listed: 1_000_000,
+                    raid_schemes: schemes(&["2", "3", "2:1", "4:2"]),
+                    raid_objects: vec![MIB, 4 * MIB],
+                    raid_bs: vec![4 * KIB, 64 * KIB, MIB],
+                    raid_nodes: 6,
+                    raid_file_cap: 256 * MIB,
                 }
             }
             Profile::Quick => Matrix {
@@ -228,6 +254,11 @@ impl Matrix {
                 scale_objects: vec![10_000, 100_000],
                 scale_file_objects: 20_000,
                 scale_listed: 100_000,
+                raid_schemes: schemes(&["3", "4:2"]),
+                raid_objects: vec![4 * MIB],
+                raid_bs: vec![MIB],
+                raid_nodes: 6,
+                raid_file_cap: 64 * MIB,
             },
             Profile::Smoke => Matrix {
                 iops: vec![
@@ -251,6 +282,11 @@ impl Matrix {
                 scale_objects: vec![10_000],
                 scale_file_objects: 2_000,
                 scale_listed: 10_000,
+                raid_schemes: schemes(&["3", "2:1"]),
+                raid_objects: vec![4 * MIB],
+                raid_bs: vec![MIB],
+                raid_nodes: 3,
+                raid_file_cap: 16 * MIB,
             },
         }
     }
@@ -291,7 +327,11 @@ impl Settings {
             groups.retain(|g| {
                 !matches!(
                     g,
-                    Group::Objsize | Group::Scaling | Group::Metadata | Group::Snapshot
+                    Group::Objsize
+                        | Group::Scaling
+                        | Group::Metadata
+                        | Group::Snapshot
+                        | Group::Raid
                 )
             });
         }
