@@ -708,3 +708,68 @@ async fn write(v: Arc<Vdi>, offset: u64, len: Option<u64>) -> anyhow::Result<u64
     pb.finish_and_clear();
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(vdi: &str, owner: &str, gen: u64) -> LockInfo {
+        LockInfo {
+            vdi: vdi.into(),
+            owner: owner.into(),
+            host: "h".into(),
+            since: 1_764_633_600,
+            gen,
+            lease: Some(7),
+            ttl_secs: Some(15),
+            control: None,
+        }
+    }
+
+    #[test]
+    fn lock_table_keeps_its_columns_for_long_and_short_values() {
+        let long = lock(
+            "a-vdi-name-longer-than-any-fixed-width",
+            "host/mount:/mnt",
+            1,
+        );
+        let short = lock(
+            "x",
+            "a-very-long-owner-name-of-forty-characters",
+            4_294_967_296,
+        );
+        let asked = [lock::LockRequest {
+            vdi: "x".into(),
+            owner: "b/mount:/mnt".into(),
+            host: "b".into(),
+            since: 1_764_633_600,
+            gen: 4_294_967_296,
+            lease: None,
+        }];
+        let t = lock_table(&[long, short], &asked);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        // Every column starts at the same place on the header and on both rows.
+        for (header, values) in [
+            ("Host", ["h", "h"]),
+            ("Owner", ["host/mount", "a-very-long-owner"]),
+            ("Since", ["2025-12-02", "2025-12-02"]),
+            ("Kind", ["lease 15s", "lease 15s"]),
+        ] {
+            let at = lines[0].find(header).unwrap();
+            for (line, v) in lines[1..3].iter().zip(values) {
+                assert_eq!(&line[at..at + v.len()], v, "{header}:\n{t}");
+            }
+        }
+        // Gen is right-aligned: the 10-digit generation and the 1 end where "Gen" ends.
+        let end = lines[0].find("Gen").unwrap() + 3;
+        assert!(lines[1][..end].ends_with(" 1"), "{t}");
+        assert!(lines[2][..end].ends_with("4294967296"), "{t}");
+        // The pending hand-over sits under the row it belongs to, from the second column.
+        assert_eq!(
+            lines[3].find("asked for by b"),
+            lines[0].find("Host"),
+            "{t}"
+        );
+    }
+}
