@@ -38,12 +38,17 @@ test: deps guest
 	$(CARGO) test --release -p objstore-node -p objstore-sim --test scale -- --test-threads=1
 
 ## check: formatting, clippy with warnings denied, docs with broken links denied, quick (unit)
-## tests.
+## tests, every relative link of docs/ and README.md (scripts/check-links.sh), and docs/reference
+## against the debug binaries' --help (scripts/gen-reference.sh --check; after changing a help
+## text: make build, scripts/gen-reference.sh, commit the pages).
 check:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 	$(CARGO) test --workspace --lib --bins
+	./scripts/check-links.sh
+	$(CARGO) build --workspace --bins
+	BIN_DIR=$${CARGO_TARGET_DIR:-target}/debug ./scripts/gen-reference.sh --check
 
 ## sim: the deterministic fault simulator over SEEDS seeds from SEED_BASE (release build;
 ## `cargo test` runs 1000). It fails on every rule of the checker (SIM_STRICT=0: only the

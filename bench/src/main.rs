@@ -25,7 +25,14 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "bench",
     version,
-    about = "Benchmark harness: sheepfs and the object cache against raw/bindfs references"
+    about = "bench: measure sheepfs and its object cache with fio against the raw disk and \
+bindfs, and run the soak test",
+    long_about = "bench: the benchmark harness behind make bench and make soak. 'bench run' \
+starts a local cluster and sheepfs mounts (with and without the object cache), runs fio jobs on \
+them and on reference paths on the same disk (the raw file with O_DIRECT, bindfs over it), and \
+writes every figure as JSON; 'bench report' turns that JSON into tables and charts; 'bench \
+compare' flags regressions between two runs; 'bench soak' checks data under node failures.",
+    after_help = "Guide: docs/benchmarks.md"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -15,14 +15,19 @@ use serde_json::json;
 use crate::client::{dirty_of, Client, Target};
 use crate::render;
 
-/// Inspect, flush and evict the object cache of a running sheepfs, through the control socket
-/// in its cache directory.
+/// `cachectl`'s command line.
 #[derive(Parser, Debug)]
 #[command(
     name = "cachectl",
     version,
-    about,
-    long_about = None,
+    about = "cachectl: inspect, flush and evict the local object cache of a running sheepfs mount",
+    long_about = "cachectl: inspect, flush and evict the local object cache of a running sheepfs \
+mount. It talks to the mount through the control socket in the mount's cache directory (name the \
+directory with --cache-dir DIR, or the socket with --socket PATH); run it as the user who \
+mounted.",
+    after_help = "Examples:\n  cachectl --cache-dir /var/cache/sheepfs stats\n  \
+cachectl --cache-dir /var/cache/sheepfs flush disk0 --timeout 30s\n\
+Guide: docs/cache.md",
     override_usage = "cachectl [--cache-dir DIR | --socket PATH] [--json] <COMMAND>"
 )]
 pub struct Args {
@@ -81,8 +86,9 @@ pub enum Cmd {
         #[arg(value_name = "writeback|writethrough|off")]
         mode: CacheMode,
     },
-    /// Take snapshot VDI@TAG of a VDI this mount has attached: its writes wait, its dirty data
-    /// is pushed and flushed, the snapshot is taken, and the mount goes on with the VDI
+    /// Take snapshot VDI@TAG of a VDI this mount has attached, pushing its cached writes first.
+    ///
+    /// Its writes wait, its dirty data is pushed and flushed, the snapshot is taken, and the mount goes on with the VDI
     /// (`dog vdi snapshot` asks the mount the same way when it finds the VDI attached here).
     Snapshot {
         vdi: String,
@@ -90,9 +96,10 @@ pub enum Cmd {
         #[arg(short = 's', long)]
         tag: Option<String>,
     },
-    /// Roll a VDI back to snapshot NAME@TAG: what this mount cached of it is dropped,
-    /// unpushed writes included (a rollback discards everything written since the snapshot);
-    /// its open files go on reading the rolled-back data.
+    /// Roll a VDI back to snapshot NAME@TAG, dropping what this mount cached of it.
+    ///
+    /// Unpushed writes are dropped too (a rollback discards everything written since the
+    /// snapshot); its open files go on reading the rolled-back data.
     Rollback {
         #[arg(value_name = "NAME@TAG")]
         snapshot: String,

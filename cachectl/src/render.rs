@@ -5,6 +5,10 @@ use std::fmt::Write;
 
 use cache_control::{CacheStats, VdiStats};
 use objstore_proto::size::format_size;
+use objstore_proto::table::{
+    Align::{Left, Right},
+    Table,
+};
 
 /// `hits / (hits + misses)` as a percentage, or `-` when there was nothing to count.
 pub fn ratio(hits: u64, misses: u64) -> String {
@@ -133,33 +137,30 @@ pub fn table(vdis: &[VdiStats]) -> String {
     if vdis.is_empty() {
         return "no VDIs in the cache\n".to_string();
     }
-    let names: Vec<String> = vdis.iter().map(|v| printable(&v.name)).collect();
-    let w = names
-        .iter()
-        .map(|n| n.chars().count())
-        .max()
-        .unwrap_or(0)
-        .max(4);
-    let mut o = format!(
-        "{:<w$}  {:<12}  {:>10}  {:>10}  {:>10}  {:>10}  {:>6}  {:>10}\n",
-        "Name", "Mode", "Used", "Dirty", "Hits", "Misses", "Hit %", "Pushed"
-    );
-    for (v, name) in vdis.iter().zip(&names) {
+    let mut t = Table::new(&[
+        ("Name", Left),
+        ("Mode", Left),
+        ("Used", Right),
+        ("Dirty", Right),
+        ("Hits", Right),
+        ("Misses", Right),
+        ("Hit %", Right),
+        ("Pushed", Right),
+    ]);
+    for v in vdis {
         let mode = v.mode.map(|m| m.to_string()).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            o,
-            "{:<w$}  {:<12}  {:>10}  {:>10}  {:>10}  {:>10}  {:>6}  {:>10}",
-            name,
+        t.row([
+            printable(&v.name),
             mode,
             format_size(v.used),
             format_size(v.dirty),
-            v.hits,
-            v.misses,
+            v.hits.to_string(),
+            v.misses.to_string(),
             ratio(v.hits, v.misses),
-            format_size(v.pushed_bytes)
-        );
+            format_size(v.pushed_bytes),
+        ]);
     }
-    o
+    t.render()
 }
 
 /// A name with its control characters escaped, so that it stays on its line.
@@ -661,9 +662,9 @@ Full cache:      7 writes straight to the cluster (28.0 KiB)
 Corrupt blocks:  0 found after a restart (clean ones fetched again, dirty ones quarantined)
 Lock hand-overs: 0 given to other mounts, 0 taken from them
 
-Name           Mode                Used       Dirty        Hits      Misses   Hit %      Pushed
-disk0          writeback      300.0 MiB    48.0 MiB         300         100   75.0%     1.0 GiB
-we\"ird\\na\\nme  -                4.0 KiB         0 B           0           0       -         0 B
+Name           Mode            Used     Dirty  Hits  Misses  Hit %   Pushed
+disk0          writeback  300.0 MiB  48.0 MiB   300     100  75.0%  1.0 GiB
+we\"ird\\na\\nme  -            4.0 KiB       0 B     0       0      -      0 B
 ";
         assert_eq!(h, want, "\n{h}");
     }
@@ -677,5 +678,32 @@ we\"ird\\na\\nme  -                4.0 KiB         0 B           0           0  
         assert!(widths.iter().all(|w| *w == widths[0]), "\n{t}");
         assert!(t.starts_with("Name                "));
         assert_eq!(table(&[]), "no VDIs in the cache\n");
+    }
+
+    #[test]
+    fn long_counts_and_sizes_keep_the_columns_aligned() {
+        let mut s = stats();
+        s.vdis[0].hits = 12_345_678_901;
+        s.vdis[0].used = u64::MAX;
+        s.vdis[1].misses = 7;
+        let t = table(&s.vdis);
+        let lines: Vec<&str> = t.lines().collect();
+        // Every right-aligned column ends where its header ends, on every line.
+        for header in ["Used", "Hits", "Misses", "Pushed"] {
+            let end = lines[0].find(header).unwrap() + header.len();
+            for l in &lines[1..] {
+                let before = &l[..end];
+                assert!(
+                    !before.ends_with(' '),
+                    "{header} does not end at {end}:\n{t}"
+                );
+                assert!(
+                    l.len() == end || l.as_bytes()[end] == b' ',
+                    "{header} spills past {end}:\n{t}"
+                );
+            }
+        }
+        assert!(t.contains("12345678901"), "{t}");
+        assert!(t.contains("16.0 EiB"), "{t}");
     }
 }

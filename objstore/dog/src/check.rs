@@ -7,6 +7,10 @@ use objstore_client::lock::format_utc;
 use objstore_client::vdi::check::{self, CheckOptions, Summary, Target};
 use objstore_proto::api::{ScrubPass, ScrubStatus};
 use objstore_proto::size::format_size;
+use objstore_proto::table::{
+    Align::{Left, Right},
+    Table,
+};
 
 use crate::Ctx;
 
@@ -119,11 +123,14 @@ pub fn last_scrub(s: &ScrubStatus) -> String {
 
 fn pass_line(label: &str, p: &ScrubPass) -> String {
     format!(
-        "{:<22} {label}: started {}, {}{} cop(ies), {} read, {} bad, {} repaired, {} unrecoverable\n",
-        "",
+        "{label}: started {}, {}{} cop(ies), {} read, {} bad, {} repaired, {} unrecoverable",
         format_utc(p.started),
         match p.ended {
-            Some(e) => format!("ended {} ({} s), ", format_utc(e), e.saturating_sub(p.started)),
+            Some(e) => format!(
+                "ended {} ({} s), ",
+                format_utc(e),
+                e.saturating_sub(p.started)
+            ),
             None => String::new(),
         },
         p.objects,
@@ -134,8 +141,19 @@ fn pass_line(label: &str, p: &ScrubPass) -> String {
     )
 }
 
-/// `dog node scrub` for one node.
-pub fn scrub_text(addr: std::net::SocketAddr, s: &ScrubStatus) -> String {
+/// The table of `dog node scrub`, without rows.
+pub fn scrub_table() -> Table {
+    Table::new(&[
+        ("Address", Left),
+        ("Rate", Right),
+        ("State", Left),
+        ("Passes", Right),
+        ("Last scrub", Left),
+    ])
+}
+
+/// `dog node scrub`'s row for one node, and a line each for its current and last pass.
+pub fn scrub_rows(t: &mut Table, addr: std::net::SocketAddr, s: &ScrubStatus) {
     let rate = if s.rate == 0 {
         "off".to_string()
     } else {
@@ -146,19 +164,17 @@ pub fn scrub_text(addr: std::net::SocketAddr, s: &ScrubStatus) -> String {
     } else {
         "idle"
     };
-    let mut out = format!(
-        "{:<22} {:>12} {:<8} {:>7} {}\n",
-        addr,
+    t.row([
+        addr.to_string(),
         rate,
-        state,
-        s.passes,
-        last_scrub(s)
-    );
+        state.to_string(),
+        s.passes.to_string(),
+        last_scrub(s),
+    ]);
     if let Some(p) = &s.current {
-        out += &pass_line("this pass", p);
+        t.note(1, pass_line("this pass", p));
     }
     if let Some(p) = &s.last {
-        out += &pass_line("last pass", p);
+        t.note(1, pass_line("last pass", p));
     }
-    out
 }

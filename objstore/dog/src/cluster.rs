@@ -2,6 +2,10 @@
 
 use clap::Subcommand;
 use objstore_proto::size::format_size;
+use objstore_proto::table::{
+    Align::{Left, Right},
+    Table,
+};
 use objstore_proto::view::DEFAULT_OBJECT_SIZE;
 use serde::Serialize;
 
@@ -16,8 +20,9 @@ pub const EC_PREVIEW: &str = "erasure coding is a preview in this version: the f
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {
-    /// Format a new cluster (once): set the copy count and object size. With --key-file PATH
-    /// and no file at PATH, a new cluster key is written there first.
+    /// Format a new cluster (once): set the copy count and object size.
+    ///
+    /// With --key-file PATH and no file at PATH, a new cluster key is written there first.
     Format {
         /// Copies of every object (on distinct nodes, in distinct zones where possible), or
         /// x:y to erasure-code VDIs by default: x data and y parity strips of each object on
@@ -61,26 +66,29 @@ pub enum ClusterCmd {
         #[command(flatten)]
         args: crate::check::CheckArgs,
     },
-    /// Cluster key files (needs no running cluster).
+    /// Make the cluster key file (needs no running cluster).
     #[command(subcommand)]
     Key(crate::key::KeyCmd),
 }
 
 #[derive(Subcommand)]
 pub enum NodeCmd {
-    /// List the nodes of the current epoch.
+    /// List the nodes: address, zone, objects, disk space, health, last scrub.
     List,
     /// Show each node's recovery progress for the current epoch.
     Recovery,
-    /// A node's counters at a glance: requests, bytes and latency per operation, errors,
-    /// disk health, recovery (the same numbers `sheep --metrics` serves). ADDR: any node,
-    /// fenced ones included; default the first --address.
+    /// Show one node's counters: requests, bytes and latency per operation, errors, disk health.
+    ///
+    /// The same numbers `sheep --metrics` serves, recovery included. ADDR: any node, fenced
+    /// ones included; default the first --address.
     Stat {
         /// The node to ask (HOST:PORT).
         addr: Option<String>,
     },
-    /// Show each node's background scrub (`sheep --scrub-rate`): its rate, the pass in
-    /// progress and the last one (copies verified, bytes read, bad copies found and repaired).
+    /// Show each node's background scrub: its rate, this pass and the last one.
+    ///
+    /// The rate is `sheep --scrub-rate`; for the pass in progress and the last one: copies
+    /// verified, bytes read, bad copies found and repaired.
     Scrub,
 }
 
@@ -219,10 +227,15 @@ pub async fn cluster(ctx: &Ctx, cmd: ClusterCmd) -> anyhow::Result<()> {
                     "\nEpoch: {}\nNodes: {} in {} zone(s)\n",
                     out.epoch, out.nodes, out.zones
                 );
+                let mut t = Table::new(&[("Id", Left), ("Address", Left), ("Zone", Right)]);
                 for n in &info.view.nodes {
-                    s += &format!("  {:016x}  {}  zone {}\n", n.id, n.addr, n.zone);
+                    t.row([
+                        format!("{:016x}", n.id),
+                        n.addr.to_string(),
+                        n.zone.to_string(),
+                    ]);
                 }
-                s
+                s + &t.render()
             });
         }
         ClusterCmd::Recover { force, yes } => recover(ctx, force, yes).await?,
@@ -393,46 +406,58 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
     match cmd {
         NodeCmd::Stat { .. } => unreachable!("answered above"),
         NodeCmd::List => ctx.print(&rows, || {
-            let mut s = format!(
-                "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8} {:<12} {}\n",
-                "Id", "Address", "Zone", "VNodes", "Objects", "Disk", "Free", "Lease", "Health", "Last scrub"
-            );
+            let mut t = Table::new(&[
+                ("Id", Left),
+                ("Address", Left),
+                ("Zone", Right),
+                ("VNodes", Right),
+                ("Objects", Right),
+                ("Disk", Right),
+                ("Free", Right),
+                ("Lease", Right),
+                ("Health", Left),
+                ("Last scrub", Left),
+            ]);
             for r in &rows {
+                let (id, addr, zone, vnodes) = (
+                    r.id.clone(),
+                    r.addr.to_string(),
+                    r.zone.to_string(),
+                    r.vnodes.to_string(),
+                );
                 match &r.status {
-                    Some(st) => {
-                        s += &format!(
-                            "{:<18} {:<22} {:>6} {:>6} {:>8} {:>11} {:>11} {:>8} {:<12} {}\n",
-                            r.id,
-                            r.addr,
-                            r.zone,
-                            r.vnodes,
-                            st.objects,
-                            format_size(st.disk_total),
-                            format_size(st.disk_free),
-                            lease_left(st.lease_left_ms),
-                            crate::stat::health_word(&st.health),
-                            crate::check::last_scrub(&st.scrub)
-                        )
-                    }
-                    None => {
-                        s += &format!(
-                            "{:<18} {:<22} {:>6} {:>6} unreachable: {}\n",
-                            r.id,
-                            r.addr,
-                            r.zone,
-                            r.vnodes,
-                            r.error.as_deref().unwrap_or("")
-                        )
-                    }
+                    Some(st) => t.row([
+                        id,
+                        addr,
+                        zone,
+                        vnodes,
+                        st.objects.to_string(),
+                        format_size(st.disk_total),
+                        format_size(st.disk_free),
+                        lease_left(st.lease_left_ms),
+                        crate::stat::health_word(&st.health),
+                        crate::check::last_scrub(&st.scrub),
+                    ]),
+                    None => t.row([
+                        id,
+                        addr,
+                        zone,
+                        vnodes,
+                        format!("unreachable: {}", r.error.as_deref().unwrap_or("")),
+                    ]),
                 }
             }
-            s
+            t.render()
         }),
         NodeCmd::Recovery => ctx.print(&rows, || {
-            let mut s = format!(
-                "{:<22} {:>6} {:<11} {:>17} {:>7} {:>8}\n",
-                "Address", "Epoch", "State", "Recovered", "Failed", "Waiting"
-            );
+            let mut t = Table::new(&[
+                ("Address", Left),
+                ("Epoch", Right),
+                ("State", Left),
+                ("Recovered", Right),
+                ("Failed", Right),
+                ("Waiting", Right),
+            ]);
             for r in &rows {
                 match &r.status {
                     Some(st) => {
@@ -442,49 +467,49 @@ pub async fn node(ctx: &Ctx, cmd: NodeCmd) -> anyhow::Result<()> {
                         } else {
                             rc.done as f64 * 100.0 / rc.total as f64
                         };
-                        s += &format!(
-                            "{:<22} {:>6} {:<11} {:>8}/{:<8} {:>6.1}% {:>7} {:>8}\n",
-                            r.addr,
-                            rc.epoch,
+                        t.row([
+                            r.addr.to_string(),
+                            rc.epoch.to_string(),
                             format!("{:?}", rc.state).to_lowercase(),
-                            rc.done,
-                            rc.total,
-                            pct,
-                            rc.failed,
-                            rc.incomplete
-                        );
+                            format!("{}/{} {:.1}%", rc.done, rc.total, pct),
+                            rc.failed.to_string(),
+                            rc.incomplete.to_string(),
+                        ]);
                         if !rc.waiting_for.is_empty() {
-                            s += &format!(
-                                "{:<22} waiting for {} (they may hold objects written at epoch {})\n",
-                                "",
-                                list_addrs(&rc.waiting_for),
-                                rc.waiting_epoch
+                            t.note(
+                                1,
+                                format!(
+                                    "waiting for {} (they may hold objects written at epoch {})",
+                                    list_addrs(&rc.waiting_for),
+                                    rc.waiting_epoch
+                                ),
                             );
                         }
                         if rc.data_lost > 0 {
-                            s += &format!(
-                                "{:<22} {} object(s) lost data with failed fdatasyncs that no other node held (see the node's log)\n",
-                                "", rc.data_lost
+                            t.note(
+                                1,
+                                format!(
+                                    "{} object(s) lost data with failed fdatasyncs that no \
+                                     other node held (see the node's log)",
+                                    rc.data_lost
+                                ),
                             );
                         }
                     }
-                    None => s += &format!("{:<22} unreachable\n", r.addr),
+                    None => t.row([r.addr.to_string(), "unreachable".to_string()]),
                 }
             }
-            s
+            t.render()
         }),
         NodeCmd::Scrub => ctx.print(&rows, || {
-            let mut s = format!(
-                "{:<22} {:>12} {:<8} {:>7} {}\n",
-                "Address", "Rate", "State", "Passes", "Last scrub"
-            );
+            let mut t = crate::check::scrub_table();
             for r in &rows {
                 match &r.status {
-                    Some(st) => s += &crate::check::scrub_text(r.addr, &st.scrub),
-                    None => s += &format!("{:<22} unreachable\n", r.addr),
+                    Some(st) => crate::check::scrub_rows(&mut t, r.addr, &st.scrub),
+                    None => t.row([r.addr.to_string(), "unreachable".to_string()]),
                 }
             }
-            s
+            t.render()
         }),
     }
     Ok(())

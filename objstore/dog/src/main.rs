@@ -21,9 +21,17 @@ use objstore_client::{Client, ClientOptions};
 use objstore_proto::auth::KeyFile;
 use objstore_proto::size::parse_size;
 
-/// Administer a sheep cluster: format it, list nodes and recovery, manage VDIs.
+/// `dog`'s command line.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about = "dog: administer a sheep cluster: format it, watch its nodes and recovery, and \
+create, snapshot, check and back up its virtual disks (VDIs)",
+    long_about = None,
+    after_help = "dog talks to the nodes named by --address (default 127.0.0.1:7000, or \
+$DOG_ADDRESS) and proves it holds the cluster key (--key-file, or $SHEEP_KEY_FILE). \
+Every command takes --help. Guide: docs/README.md"
+)]
 struct Args {
     /// Node(s) to talk to, comma-separated HOST:PORT.
     #[arg(
@@ -55,13 +63,13 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Cluster-wide commands.
+    /// The whole cluster: its key, format, status, recovery after losses, check.
     #[command(subcommand)]
     Cluster(cluster::ClusterCmd),
-    /// Node commands.
+    /// The storage nodes: their disks, recovery, scrub and counters.
     #[command(subcommand)]
     Node(cluster::NodeCmd),
-    /// Virtual disk images.
+    /// Virtual disk images (VDIs): create, list, read, write, snapshot, back up, check.
     #[command(subcommand)]
     Vdi(vdi::VdiCmd),
 }

@@ -8,6 +8,10 @@ use objstore_client::vdi::{self, TreeNode, VdiInfo};
 use objstore_proto::oid::Vid;
 use objstore_proto::redundancy::Redundancy;
 use objstore_proto::size::format_size;
+use objstore_proto::table::{
+    Align::{Left, Right},
+    Table,
+};
 
 use crate::Ctx;
 
@@ -35,10 +39,19 @@ pub fn confirm(yes: bool, question: &str) -> anyhow::Result<()> {
 /// Used takes on the nodes' disks (its copies, or its strips).
 pub fn table(list: &[VdiInfo]) -> String {
     let by_vid: HashMap<Vid, &VdiInfo> = list.iter().map(|v| (v.vid, v)).collect();
-    let mut s = format!(
-        "  {:<24} {:<20} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:<20}\n",
-        "Name", "Tag", "Id", "Size", "Used", "Shared", "Raw", "Redundancy", "Object", "Created"
-    );
+    let mut t = Table::new(&[
+        ("", Left),
+        ("Name", Left),
+        ("Tag", Left),
+        ("Id", Right),
+        ("Size", Right),
+        ("Used", Right),
+        ("Shared", Right),
+        ("Raw", Right),
+        ("Redundancy", Right),
+        ("Object", Right),
+        ("Created", Left),
+    ]);
     for v in list {
         let clone = by_vid.get(&v.parent_vid).is_some_and(|p| v.is_clone_of(p));
         let mark = if v.tag.is_some() {
@@ -46,7 +59,7 @@ pub fn table(list: &[VdiInfo]) -> String {
         } else if clone {
             "c"
         } else {
-            " "
+            ""
         };
         let alone = v.alone.unwrap_or(v.used);
         let time = if v.snapshot_time != 0 {
@@ -65,21 +78,21 @@ pub fn table(list: &[VdiInfo]) -> String {
             Some(r) => format!("{r} copies"),
             None => format!("{} copies", v.copies),
         };
-        s += &format!(
-            "{mark} {:<24} {:<20} {:>6x} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:<20}\n",
-            v.name,
-            v.tag.as_deref().unwrap_or(""),
-            v.vid,
+        t.row([
+            mark.to_string(),
+            v.name.clone(),
+            v.tag.clone().unwrap_or_default(),
+            format!("{:x}", v.vid),
             format_size(v.size),
             format_size(alone),
             format_size(v.used.saturating_sub(alone)),
             format_size(raw),
             redundancy,
             format_size(v.object_size as u64),
-            lock::format_utc(time)
-        );
+            lock::format_utc(time),
+        ]);
     }
-    s
+    t.render()
 }
 
 /// `dog vdi tree`: every inode under the one it was made from.

@@ -5,6 +5,10 @@ use std::net::ToSocketAddrs;
 use anyhow::Context;
 use objstore_proto::api::{DiskHealth, HealthState, NodeStats, OpStats};
 use objstore_proto::size::format_size;
+use objstore_proto::table::{
+    Align::{Left, Right},
+    Table,
+};
 
 use crate::Ctx;
 
@@ -103,24 +107,31 @@ fn human(s: &NodeStats) -> String {
         rc.failed,
         rc.incomplete
     );
-    o += &format!(
-        "\n{:<15} {:>10} {:>8} {:>11} {:>11} {:>9} {:>9} {:>9}\n",
-        "Operation", "Requests", "Errors", "In", "Out", "Avg", "p50", "p99"
-    );
+    let mut t = Table::new(&[
+        ("Operation", Left),
+        ("Requests", Right),
+        ("Errors", Right),
+        ("In", Right),
+        ("Out", Right),
+        ("Avg", Right),
+        ("p50", Right),
+        ("p99", Right),
+    ]);
     for x in &s.ops {
         let avg = x.latency_sum_us / x.requests.max(1);
-        o += &format!(
-            "{:<15} {:>10} {:>8} {:>11} {:>11} {:>9} {:>9} {:>9}\n",
-            x.op,
-            x.requests,
-            x.errors,
+        t.row([
+            x.op.clone(),
+            x.requests.to_string(),
+            x.errors.to_string(),
             format_size(x.bytes_in),
             format_size(x.bytes_out),
             micros(avg),
             quantile(x, 0.5),
-            quantile(x, 0.99)
-        );
+            quantile(x, 0.99),
+        ]);
     }
+    o += "\n";
+    o += &t.render();
     if !s.errors.is_empty() {
         let e: Vec<String> = s.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
         o += &format!("\nError answers: {}\n", e.join(", "));

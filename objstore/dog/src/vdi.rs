@@ -14,6 +14,10 @@ use objstore_client::{Client, Vdi};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::redundancy::Redundancy;
 use objstore_proto::size::format_size;
+use objstore_proto::table::{
+    Align::{Left, Right},
+    Table,
+};
 use serde::Serialize;
 use std::io::{Read, Write};
 
@@ -38,17 +42,22 @@ pub enum VdiCmd {
         #[arg(long)]
         experimental: bool,
     },
-    /// List every VDI and its snapshots (s) and clones (c). Used: bytes of the objects it alone
-    /// holds (what deleting it frees); Shared: of those it reads that others hold too. Counted
-    /// in whole objects, as Sheepdog does.
+    /// List every VDI, its snapshots (s) and clones (c), and the space each takes.
+    ///
+    /// Used: bytes of the objects it alone holds (what deleting it frees); Shared: of those it
+    /// reads that others hold too; Raw: what Used takes on the nodes' disks. Counted in whole
+    /// objects, as Sheepdog does.
     List,
     /// Show one VDI or snapshot (NAME@TAG).
     Info { name: String },
-    /// Delete a VDI and all its objects (its snapshots stay), or a snapshot NAME@TAG (refused
-    /// while clones were made from it). Objects nothing reads any more are freed.
+    /// Delete a VDI (its snapshots stay), or a snapshot NAME@TAG.
+    ///
+    /// A VDI's objects are deleted with it; a snapshot is refused while clones were made from
+    /// it. Objects nothing reads any more are freed.
     Delete { name: String },
-    /// Take a read-only snapshot NAME@TAG of a VDI; no data is copied. A VDI attached by a
-    /// mount on this host is snapshotted by that mount (asked over its control socket: it
+    /// Take a read-only snapshot NAME@TAG of a VDI; no data is copied.
+    ///
+    /// A VDI attached by a mount on this host is snapshotted by that mount (asked over its control socket: it
     /// flushes its cache first); attached on another host, refused (run `cachectl snapshot`
     /// there).
     Snapshot {
@@ -59,8 +68,9 @@ pub enum VdiCmd {
     },
     /// Make VDI NEW from snapshot NAME@TAG; it shares the snapshot's objects until written.
     Clone { snapshot: String, new: String },
-    /// Roll VDI NAME back to its snapshot NAME@TAG, discarding what was written since. A VDI
-    /// attached by a mount on this host is rolled back by that mount (it drops what it
+    /// Roll VDI NAME back to its snapshot NAME@TAG, discarding what was written since.
+    ///
+    /// A VDI attached by a mount on this host is rolled back by that mount (it drops what it
     /// cached, unpushed writes too); attached on another host, refused.
     Rollback {
         snapshot: String,
@@ -80,10 +90,12 @@ pub enum VdiCmd {
         #[arg(value_parser = size_arg)]
         size: u64,
     },
-    /// Write a snapshot to stdout as a delta (docs/backup.md): with FROM, only what changed
-    /// since snapshot FROM of the same VDI (objects whose map entry differs, cut to the 4 KiB
-    /// blocks that differ); without, all of TO (holes and zero blocks left out). Progress and
-    /// a summary go to stderr (the summary as JSON with --json). Refused onto a terminal.
+    /// Back up a snapshot to stdout: all of it, or only what changed since an earlier one.
+    ///
+    /// Writes a delta (docs/backup.md): with FROM, only the 4 KiB blocks that changed since
+    /// snapshot FROM of the same VDI; without, all of TO (holes and zero blocks left out).
+    /// Progress and a summary go to stderr (the summary as JSON with --json). Refused onto a
+    /// terminal.
     Backup {
         /// NAME@TO, or NAME@FROM then NAME@TO.
         #[arg(value_name = "[NAME@FROM] NAME@TO")]
@@ -91,7 +103,9 @@ pub enum VdiCmd {
         #[arg(hide = true)]
         second: Option<String>,
     },
-    /// Apply a delta from stdin to VDI NAME, then take snapshot NAME@TO. A full delta creates
+    /// Restore a backup: apply a delta from stdin to VDI NAME, then take snapshot NAME@TO.
+    ///
+    /// A full delta creates
     /// NAME (or fills an empty one); an incremental one applies onto NAME only while it still
     /// equals NAME@FROM. Refused while NAME is attached.
     Restore {
@@ -110,6 +124,7 @@ pub enum VdiCmd {
         len: Option<u64>,
     },
     /// Copy stdin into a VDI at OFFSET (default 0), up to LEN bytes or the end of stdin.
+    ///
     /// Refused while a cache has the VDI attached read-write (see `dog vdi lock list`).
     Write {
         name: String,
@@ -124,8 +139,8 @@ pub enum VdiCmd {
     },
     /// Show which nodes hold object INDEX of a VDI.
     Object { name: String, index: u64 },
-    /// Show which nodes hold each object of a VDI: its inode, then every allocated data object
-    /// (for checking that replicas agree; `index` is null for the inode).
+    /// Show which nodes hold each object of a VDI: its inode, then every allocated data object,
+    /// to see whether the copies agree (with --json, `index` is null for the inode).
     Objects { name: String },
     /// Attachment locks: who has a VDI attached read-write.
     #[command(subcommand)]
@@ -146,15 +161,20 @@ pub enum VdiCmd {
 
 #[derive(Subcommand)]
 pub enum LockCmd {
-    /// List every attachment lock: its holder, generation and lease, and the mount asking
-    /// for it if a hand-over is pending (`requested_by` with --json).
+    /// List every attachment lock: who holds it, since when, and its lease.
+    ///
+    /// Shows each lock's holder, generation and lease, and the mount asking for it if a
+    /// hand-over is pending (`requested_by` with --json).
     List,
-    /// Free a VDI's lock whoever holds it, persistent or lease-bound (a lease-bound lock of a
-    /// dead host frees itself within its TTL). A live holder that finds its lock broken takes
+    /// Free a VDI's lock, whoever holds it (for a holder that is dead or gone for good).
+    ///
+    /// Persistent or lease-bound (a lease-bound lock of a dead host frees itself within its
+    /// TTL). A live holder that finds its lock broken takes
     /// it back if nobody attached meanwhile, and stops writing otherwise.
     Break { name: String },
-    /// Take a VDI's lock for OWNER (for scripts and tests; sheepfs takes its own). Without
-    /// --ttl the lock is persistent: it stays until released or broken.
+    /// Take a VDI's lock for OWNER (for scripts and tests; sheepfs takes its own).
+    ///
+    /// Without --ttl the lock is persistent: it stays until released or broken.
     #[command(alias = "take")]
     Acquire {
         name: String,
@@ -211,30 +231,36 @@ fn lock_kind(l: &LockInfo) -> String {
 }
 
 fn lock_table(list: &[LockInfo], asked: &[lock::LockRequest]) -> String {
-    let mut s = format!(
-        "{:<24} {:<20} {:<24} {:<23} {:>6} {:<12}\n",
-        "VDI", "Host", "Owner", "Since", "Gen", "Kind"
-    );
+    let mut t = Table::new(&[
+        ("VDI", Left),
+        ("Host", Left),
+        ("Owner", Left),
+        ("Since", Left),
+        ("Gen", Right),
+        ("Kind", Left),
+    ]);
     for l in list {
-        s += &format!(
-            "{:<24} {:<20} {:<24} {:<23} {:>6} {:<12}\n",
-            l.vdi,
-            l.host,
-            l.owner,
+        t.row([
+            l.vdi.clone(),
+            l.host.clone(),
+            l.owner.clone(),
             lock::format_utc(l.since),
-            l.gen,
-            lock_kind(l)
-        );
+            l.gen.to_string(),
+            lock_kind(l),
+        ]);
         if let Some(r) = asked.iter().find(|r| r.vdi == l.vdi && r.gen == l.gen) {
-            s += &format!(
-                "  asked for by {} (owner {}) since {}: a hand-over is pending\n",
-                r.host,
-                r.owner,
-                lock::format_utc(r.since)
+            t.note(
+                1,
+                format!(
+                    "asked for by {} (owner {}) since {}: a hand-over is pending",
+                    r.host,
+                    r.owner,
+                    lock::format_utc(r.since)
+                ),
             );
         }
     }
-    s
+    t.render()
 }
 
 /// A lock as `dog vdi lock list`, `acquire` and `break` show it with `--json`: the record, and
@@ -553,7 +579,7 @@ fn object_text(out: &ObjectOut) -> String {
     match &out.oid {
         None => format!("{what} of VDI '{name}' is a hole: no object\n"),
         Some(oid) => {
-            let mut s = format!("object {oid} ({what} of VDI '{name}')\n");
+            let mut t = Table::new(&[("Node", Left), ("Copy", Left)]);
             for h in &out.holders {
                 let placed = if out.placement.contains(&h.addr) {
                     ""
@@ -561,14 +587,14 @@ fn object_text(out: &ObjectOut) -> String {
                     " (not an owner: will be dropped after recovery)"
                 };
                 let what = if h.deleted { "deleted at" } else { "version" };
-                s += &format!("  {}  {what} {}{placed}\n", h.addr, h.version);
+                t.row([h.addr.to_string(), format!("{what} {}{placed}", h.version)]);
             }
             for p in &out.placement {
                 if !out.holders.iter().any(|h| h.addr == *p) {
-                    s += &format!("  {p}  missing (to be recovered)\n");
+                    t.row([p.to_string(), "missing (to be recovered)".to_string()]);
                 }
             }
-            s
+            format!("object {oid} ({what} of VDI '{name}')\n{}", t.render())
         }
     }
 }
@@ -681,4 +707,69 @@ async fn write(v: Arc<Vdi>, offset: u64, len: Option<u64>) -> anyhow::Result<u64
     }
     pb.finish_and_clear();
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(vdi: &str, owner: &str, gen: u64) -> LockInfo {
+        LockInfo {
+            vdi: vdi.into(),
+            owner: owner.into(),
+            host: "h".into(),
+            since: 1_764_633_600,
+            gen,
+            lease: Some(7),
+            ttl_secs: Some(15),
+            control: None,
+        }
+    }
+
+    #[test]
+    fn lock_table_keeps_its_columns_for_long_and_short_values() {
+        let long = lock(
+            "a-vdi-name-longer-than-any-fixed-width",
+            "host/mount:/mnt",
+            1,
+        );
+        let short = lock(
+            "x",
+            "a-very-long-owner-name-of-forty-characters",
+            4_294_967_296,
+        );
+        let asked = [lock::LockRequest {
+            vdi: "x".into(),
+            owner: "b/mount:/mnt".into(),
+            host: "b".into(),
+            since: 1_764_633_600,
+            gen: 4_294_967_296,
+            lease: None,
+        }];
+        let t = lock_table(&[long, short], &asked);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        // Every column starts at the same place on the header and on both rows.
+        for (header, values) in [
+            ("Host", ["h", "h"]),
+            ("Owner", ["host/mount", "a-very-long-owner"]),
+            ("Since", ["2025-12-02", "2025-12-02"]),
+            ("Kind", ["lease 15s", "lease 15s"]),
+        ] {
+            let at = lines[0].find(header).unwrap();
+            for (line, v) in lines[1..3].iter().zip(values) {
+                assert_eq!(&line[at..at + v.len()], v, "{header}:\n{t}");
+            }
+        }
+        // Gen is right-aligned: the 10-digit generation and the 1 end where "Gen" ends.
+        let end = lines[0].find("Gen").unwrap() + 3;
+        assert!(lines[1][..end].ends_with(" 1"), "{t}");
+        assert!(lines[2][..end].ends_with("4294967296"), "{t}");
+        // The pending hand-over sits under the row it belongs to, from the second column.
+        assert_eq!(
+            lines[3].find("asked for by b"),
+            lines[0].find("Host"),
+            "{t}"
+        );
+    }
 }

@@ -2,7 +2,7 @@
 //! I/O beyond reading and writing frames on a stream.
 //!
 //! - [`oid`], [`view`], [`size`], [`duration`]: object ids, cluster views and formats, human
-//!   sizes and durations.
+//!   sizes and durations; [`table`]: text tables for the command-line tools.
 //! - [`name`]: VDI names. [`keys`]: the cluster key-value store's key names.
 //! - [`extent`]: a VDI range cut at object boundaries.
 //! - [`placement`]: which nodes hold an object, a pure function.
@@ -34,6 +34,7 @@ pub mod placement;
 pub mod redundancy;
 pub mod rlimit;
 pub mod size;
+pub mod table;
 pub mod version;
 pub mod view;
 

@@ -18,9 +18,21 @@ use sheepfs::{LockMode, SheepFs, WriteLocks};
 
 const READY: &str = "sheepfs-ready";
 
-/// Mount every VDI of a sheep cluster as a file at MOUNTPOINT (use them as raw disks).
+/// `sheepfs`'s command line.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about = "sheepfs: mount the cluster's virtual disks as files, one per VDI, for qemu to use \
+as raw disks",
+    long_about = "sheepfs: mount the cluster's virtual disks as files. Every VDI appears as a \
+regular file at the root of MOUNTPOINT (snapshots as read-only NAME@TAG files) that qemu, \
+qemu-img and fio use as a raw disk; creating a file creates a VDI, growing it resizes it, \
+removing it deletes it. With --cache-dir, a local object cache on fast disk sits between the \
+mount and the cluster (control it with cachectl).",
+    after_help = "Example: sheepfs --cluster 10.0.0.1:7000,10.0.0.2:7000 /mnt/sheep \
+--key-file /etc/sheep/cluster.key --cache-dir /var/cache/sheepfs --cache-size 20G\n\
+Unmount with: umount MOUNTPOINT (or fusermount3 -u). Guide: docs/sheepfs.md"
+)]
 struct Args {
     /// Node(s) of the cluster, comma-separated HOST:PORT.
     #[arg(long)]

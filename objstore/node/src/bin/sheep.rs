@@ -9,9 +9,21 @@ use clap::Parser;
 use objstore_node::{Access, Limits, Node, NodeOptions};
 use objstore_proto::auth::KeyFile;
 
-/// A storage node: keeps objects under DIR and serves them to clients and peers.
+/// `sheep`'s command line.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about = "sheep: a storage node of the cluster; stores object copies on a local disk and \
+serves them",
+    long_about = "sheep: a storage node of the cluster. It stores copies of the VDIs' objects as \
+files under --dir and serves them over TCP to clients (dog, sheepfs) and to the other nodes. \
+Nodes find each other through a membership driver (--cluster): local:STATE_DIR for nodes on one \
+host, etcd://... for nodes on several hosts. Run one sheep per data disk; every node of a \
+cluster needs the cluster key (--key-file).",
+    after_help = "Example: sheep --dir /srv/sheep/disk0 --listen 10.0.0.1:7000 \
+--cluster etcd://10.0.0.1:2379/sheep --zone 1 --key-file /etc/sheep/cluster.key\n\
+SIGTERM or SIGINT: the node leaves the cluster at once, then exits. Guide: docs/README.md"
+)]
 // The field docs are `--help` text, not rustdoc: `[/PREFIX]` is an optional part, not a link.
 #[allow(rustdoc::broken_intra_doc_links)]
 struct Args {
