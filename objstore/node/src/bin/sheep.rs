@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use objstore_node::{Access, Limits, Node, NodeOptions};
 use objstore_proto::auth::KeyFile;
 
@@ -182,6 +182,7 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    clidoc::run_if_asked("sheep", "8", Args::command);
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&args.log));
