@@ -20,7 +20,7 @@ OUT=target/debian
 STAGE=$OUT/stage
 BIN=target/release
 
-for tool in dpkg-deb gzip strip; do
+for tool in dpkg-deb gzip strip objdump; do
     command -v "$tool" >/dev/null || { echo "build-deb: $tool is missing (Debian: dpkg, gzip, binutils)" >&2; exit 1; }
 done
 
@@ -85,7 +85,12 @@ for s in postinst prerm postrm; do
 done
 echo /etc/sheep/1.conf > "$STAGE/DEBIAN/conffiles"
 size=$(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)
-sed -e "s/@VERSION@/$VERSION/" -e "s/@ARCH@/$ARCH/" -e "s/@SIZE@/$size/" \
+# The binaries link libc, libm and libgcc_s: libc6 at least as new as the newest symbol
+# version they use (what dpkg-shlibdeps would find, without needing dpkg-dev).
+glibc=$(for b in sheep dog sheepfs cachectl; do objdump -T "$STAGE/usr/bin/$b"; done |
+    grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -Vu | tail -1)
+[ -n "$glibc" ] || { echo "build-deb: no GLIBC symbol version found in the binaries" >&2; exit 1; }
+sed -e "s/@VERSION@/$VERSION/" -e "s/@ARCH@/$ARCH/" -e "s/@SIZE@/$size/" -e "s/@GLIBC@/$glibc/" \
     packaging/debian/control.in > "$STAGE/DEBIAN/control"
 (cd "$STAGE" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | sort -z | xargs -0 md5sum) \
     > "$STAGE/DEBIAN/md5sums"
