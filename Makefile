@@ -4,7 +4,7 @@ RELEASE := target/release
 # End-to-end tests start whole clusters and mounts: on 2 cores, a few at a time.
 TEST_THREADS ?= 2
 
-.PHONY: all build run test deps guest check sim fuzz bench bench-quick soak clean
+.PHONY: all build run test deps guest deb check sim fuzz bench bench-quick soak clean
 
 all: build
 
@@ -29,10 +29,17 @@ deps:
 guest:
 	./scripts/fetch-guest.sh $(TESTKIT_GUEST_DIR)
 
-## test: install what is missing, fetch the guest, then run unit and end-to-end tests, and the
-## scale harness's (objstore/node/tests/scale.rs, objstore/sim/tests/scale.rs) in a release
-## build.
-test: deps guest
+## deb: the Debian package target/debian/sheepstore_VERSION_ARCH.deb (scripts/build-deb.sh:
+## release binaries, sheep@.service, /etc/sheep/1.conf, mount.fuse.sheepfs, man pages and
+## completions generated from the command lines), built with dpkg-deb.
+deb:
+	./scripts/install-deps.sh build
+	CARGO=$(CARGO) ./scripts/build-deb.sh
+
+## test: install what is missing, fetch the guest, build the package (its test installs it),
+## then run unit and end-to-end tests, and the scale harness's (objstore/node/tests/scale.rs,
+## objstore/sim/tests/scale.rs) in a release build.
+test: deps guest deb
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --lib --bins --tests -- --test-threads=$(TEST_THREADS)
 	$(CARGO) test --release -p objstore-node -p objstore-sim --test scale -- --test-threads=1

@@ -15,7 +15,9 @@ set -euo pipefail
 # harness) start real etcd servers: etcd-server gives /usr/bin/etcd. protobuf-compiler gives
 # protoc, which the etcd-client crate's build script needs to generate its gRPC code.
 # iproute2 (`ip netns`, bridges, veths) puts nodes in network namespaces in the multi-host
-# tests (fusefs/sheepfs/tests/multihost.rs; nsenter is util-linux, always there). The
+# tests (fusefs/sheepfs/tests/multihost.rs; nsenter is util-linux, always there). man-db
+# gives `man`, with which the package test (fusefs/sheepfs/tests/package.rs) reads every
+# packaged man page; dpkg-deb, which builds the package (make deb), is in every Debian. The
 # live-migration tests' VM (scripts/fetch-guest.sh, `make guest`, run by `make test`) needs
 # nothing from here: it downloads qemu-system-x86, the libraries of it the host lacks, a
 # kernel and busybox-static with apt-get download and unpacks them with dpkg-deb, tools every
@@ -23,7 +25,7 @@ set -euo pipefail
 case "${1:-all}" in
     build) PACKAGES=(gcc protobuf-compiler) ;;
     run) PACKAGES=(gcc protobuf-compiler fuse3 etcd-server) ;;
-    all) PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler iproute2) ;;
+    all) PACKAGES=(gcc fio fuse3 qemu-utils bindfs fonts-dejavu-core etcd-server protobuf-compiler iproute2 man-db) ;;
     *) echo "install-deps: unknown set '$1': expected build, run or nothing (all)" >&2; exit 2 ;;
 esac
 

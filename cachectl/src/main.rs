@@ -2,9 +2,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 
 fn main() -> ExitCode {
+    clidoc::run_if_asked("cachectl", "1", cachectl::cli::Args::command);
     let args = cachectl::cli::Args::parse();
     match cachectl::cli::run(args, &mut std::io::stdout().lock()) {
         Ok(()) => ExitCode::SUCCESS,

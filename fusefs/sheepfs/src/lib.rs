@@ -22,11 +22,14 @@
 //!   crate (`fusefs/control`), shared with `cachectl`.
 //! - [`errno`]: the one mapping from library errors to errno values.
 //! - [`mount`]: mount options and the checks made before mounting.
+//! - [`fstab`]: `sheepfs` run as `mount.fuse.sheepfs` by mount(8), `/etc/fstab` and systemd:
+//!   the `-o` options turned into `sheepfs` flags.
 
 mod alloc;
 mod cachelocks;
 pub mod errno;
 pub mod fs;
+pub mod fstab;
 mod handles;
 mod handover;
 mod locks;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use objstore_client::{Client, ClientOptions};
 use objstore_proto::auth::KeyFile;
 use objstore_proto::size::parse_size;
@@ -24,6 +24,7 @@ use objstore_proto::size::parse_size;
 /// `dog`'s command line.
 #[derive(Parser)]
 #[command(
+    name = "dog",
     version,
     about = "dog: administer a sheep cluster: format it, watch its nodes and recovery, and \
 create, snapshot, check and back up its virtual disks (VDIs)",
@@ -150,6 +151,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    clidoc::run_if_asked("dog", "8", Args::command);
     // Output into a pipe whose reader has gone (`dog vdi list | head -1`) ends dog quietly,
     // as it ends cat, instead of failing on the next print.
     // SAFETY: restoring the default action of a signal, before any thread is started.

@@ -1,5 +1,6 @@
 //! `sheepfs`: mount the cluster's VDIs as files.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::unix::process::CommandExt;
@@ -10,11 +11,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use cache_control::CacheMode;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use objcache::{Cache, CacheConfig};
 use objstore_client::{Client, ClientOptions};
 use sheepfs::mount::{check_mountpoint, config, set_thread_sched, FuseSched};
-use sheepfs::{LockMode, SheepFs, WriteLocks};
+use sheepfs::{fstab, LockMode, SheepFs, WriteLocks};
 
 const READY: &str = "sheepfs-ready";
 
@@ -154,12 +155,12 @@ fn addresses(spec: &str) -> anyhow::Result<Vec<SocketAddr>> {
     Ok(out)
 }
 
-/// Re-runs this program in the foreground in a new session and returns once it reports the
-/// mount ready (or fails).
-fn daemonize() -> anyhow::Result<()> {
+/// Re-runs this program with `args` in the foreground in a new session and returns once it
+/// reports the mount ready (or fails).
+fn daemonize(args: Vec<OsString>) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("finding sheepfs itself")?;
     let mut cmd = Command::new(exe);
-    cmd.args(std::env::args_os().skip(1))
+    cmd.args(args)
         .arg("--foreground")
         .env("SHEEPFS_NOTIFY", "1")
         .stdin(Stdio::null())
@@ -181,7 +182,9 @@ fn daemonize() -> anyhow::Result<()> {
     bail!("sheepfs could not mount ({status})")
 }
 
-fn notify_ready() {
+/// Tells the waiting parent the mount is up. With `--log-file`, stderr is let go too: the
+/// parent's caller (mount(8), a pipe) must not wait for the daemon to close it.
+fn notify_ready(logs_to_file: bool) {
     if std::env::var_os("SHEEPFS_NOTIFY").is_none() {
         return;
     }
@@ -191,8 +194,13 @@ fn notify_ready() {
     // Nobody reads our stdout any more: point it at /dev/null.
     if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
         use std::os::unix::io::AsRawFd;
-        // SAFETY: dup2 onto stdout with a valid descriptor.
-        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+        // SAFETY: dup2 onto stdout (and stderr) with a valid descriptor.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 1);
+            if logs_to_file {
+                libc::dup2(null.as_raw_fd(), 2);
+            }
+        }
     }
 }
 
@@ -330,7 +338,7 @@ fn serve(args: Args) -> anyhow::Result<()> {
         })
         .context("starting the FUSE session")?;
     tracing::info!("mounted {} from {}", mountpoint.display(), args.cluster);
-    notify_ready();
+    notify_ready(args.log_file.is_some());
 
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
@@ -386,15 +394,45 @@ fn serve(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The command line: the `Args` definition, with the mount(8) and fstab spellings of its
+/// options in the long help (and so in the man page).
+fn command() -> clap::Command {
+    Args::command().after_long_help(fstab::LONG_HELP)
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    clidoc::run_if_asked("sheepfs", "8", command);
+    let mut argv = std::env::args_os();
+    let helper = argv.next().is_some_and(|a| fstab::called_as_helper(&a));
+    let mut args_only: Vec<OsString> = argv.collect();
+    if helper {
+        // mount(8)'s own statuses: 1 for a bad command line, 32 for a mount that failed.
+        match fstab::sheepfs_args(&command(), &args_only) {
+            Ok(fstab::Request::Fake) => return ExitCode::SUCCESS,
+            Ok(fstab::Request::Mount(a)) => args_only = a,
+            Err(e) => {
+                eprintln!("{}: {e}", fstab::HELPER);
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let matches = command()
+        .get_matches_from(std::iter::once(OsString::from("sheepfs")).chain(args_only.clone()));
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
     let res = if args.foreground {
         serve(args)
     } else {
-        daemonize()
+        daemonize(args_only)
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if helper => {
+            eprintln!("{}: {e:#}", fstab::HELPER);
+            ExitCode::from(32)
+        }
         Err(e) => {
             eprintln!("sheepfs: {e:#}");
             ExitCode::FAILURE

@@ -5,13 +5,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use objstore_node::{Access, Limits, Node, NodeOptions};
 use objstore_proto::auth::KeyFile;
 
 /// `sheep`'s command line.
 #[derive(Parser)]
 #[command(
+    name = "sheep",
     version,
     about = "sheep: a storage node of the cluster; stores object copies on a local disk and \
 serves them",
@@ -194,6 +195,7 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
+    clidoc::run_if_asked("sheep", "8", Args::command);
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&args.log));
