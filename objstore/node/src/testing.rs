@@ -181,6 +181,7 @@ impl MemCluster {
             zone: None,
             vnodes: 128,
             pull_delay: std::time::Duration::ZERO,
+            settle_from: crate::node::SETTLE_FROM,
             driver_opts: crate::membership::DriverOptions {
                 lease_ttl: self.lease_ttl,
             },

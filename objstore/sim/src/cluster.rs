@@ -113,6 +113,8 @@ impl SimCluster {
             zone: None,
             vnodes,
             pull_delay: Duration::ZERO,
+            // Every acknowledged change drops its undos: the workload's writes are small.
+            settle_from: 0,
             driver_opts: Default::default(),
             // The nemesis fails flushes on purpose: counted, never fenced.
             health: objstore_node::health::HealthOptions::never_fenced(),

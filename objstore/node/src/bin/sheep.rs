@@ -220,6 +220,7 @@ fn main() -> anyhow::Result<()> {
             zone: args.zone,
             vnodes: args.vnodes,
             pull_delay: std::time::Duration::from_millis(args.test_pull_delay_ms),
+            settle_from: objstore_node::node::SETTLE_FROM,
             driver_opts: objstore_node::membership::DriverOptions {
                 lease_ttl: args.lease_ttl,
             },

@@ -58,6 +58,9 @@ use objstore_proto::keys;
 use objstore_proto::placement::Ring;
 use objstore_proto::view::{ClusterConfig, ClusterInfo, NodeInfo, View};
 
+/// The default of [`NodeOptions::settle_from`]: 64 KiB.
+pub const SETTLE_FROM: usize = 64 << 10;
+
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
     pub dir: PathBuf,
@@ -72,6 +75,11 @@ pub struct NodeOptions {
     /// Test hook: a pause before each recovery pull, so an end-to-end test can act while a
     /// node is still recovering. Zero (no pause) unless a test asks.
     pub pull_delay: std::time::Duration,
+    /// An erasure-coded change that sends at least this many bytes to one strip has its
+    /// holders drop their undos once it is acknowledged (`StripOp::Settle`); smaller undos
+    /// stay until the next change replaces them ([`SETTLE_FROM`] unless a test asks: the
+    /// simulator settles every change).
+    pub settle_from: usize,
     /// When the node fences itself for disk errors (`--io-error-limit`, `--io-error-window`).
     pub health: HealthOptions,
     /// The background scrub (`sheep --scrub-rate`); off by default.
@@ -183,6 +191,7 @@ pub struct Node {
     /// The newest membership tick failure and when it was logged.
     tick_error: Mutex<Option<(String, std::time::Instant)>>,
     pull_delay: std::time::Duration,
+    settle_from: usize,
     /// Store and driver calls run inline instead of on the blocking pool (see [`NodeParts`]).
     inline: bool,
     /// The data directory's lock; None when the caller chose the identity (see [`NodeParts`]).
@@ -402,6 +411,7 @@ impl Node {
             stop: AtomicBool::new(false),
             tick_error: Mutex::new(None),
             pull_delay: opts.pull_delay,
+            settle_from: opts.settle_from,
             span: if inline {
                 tracing::info_span!("node", addr = %me_addr)
             } else {

@@ -54,6 +54,10 @@ pub enum StripOp {
     /// The strip returns to `base` from what its holder kept, and is then labelled `version`
     /// (a stripe resolved back, written whole at a new version).
     Back = 5,
+    /// The change that made `version` was acknowledged: the holder may drop what would
+    /// return the strip to `base` (its undo), as no resolution takes the stripe back over it.
+    /// Nothing changes if the strip is at another version.
+    Settle = 6,
 }
 
 impl StripOp {
@@ -65,6 +69,7 @@ impl StripOp {
             3 => StripOp::Remove,
             4 => StripOp::Put,
             5 => StripOp::Back,
+            6 => StripOp::Settle,
             _ => return None,
         })
     }

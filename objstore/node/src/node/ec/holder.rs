@@ -79,6 +79,8 @@ impl Node {
             // A strip made whole by its primary (rebuilt from the others): needs no pull
             // first, and ends one its holder could not do (its old holder is down).
             self.note_change(ep.view.epoch).await?;
+        } else if head.op == StripOp::Settle {
+            // Changes nothing but the note of a strip already here.
         } else if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
             return Err(Failure::new(
                 ResultCode::NoSpace,
@@ -166,6 +168,28 @@ impl Node {
         if head.op == StripOp::Back {
             return self.undo_strip(key, head, state);
         }
+        if head.op == StripOp::Settle {
+            // The change is acknowledged: its undo is never needed. Not synced: an undo a
+            // crash brings back costs only space.
+            let note = store.note(key).and_then(|b| Note::decode(&b));
+            if let Some(n) = note.filter(|n| {
+                n.head.version == head.version && state.version == head.version && cur.is_some()
+            }) {
+                let head = StripHead {
+                    flags: n.head.flags & !FLAG_BACK,
+                    ..n.head
+                };
+                store.set_note(
+                    key,
+                    &Note {
+                        head,
+                        undo: Undo::Nothing,
+                    }
+                    .encode(),
+                )?;
+            }
+            return Ok(());
+        }
         if state.version == head.version && cur.is_some() {
             return Ok(()); // a retry of a change applied already
         }
@@ -228,7 +252,7 @@ impl Node {
                 let at = if head.op == StripOp::Bump { 0 } else { offset };
                 store.write(key, at, &data, None, head.version)?;
             }
-            StripOp::Put | StripOp::Back => unreachable!("handled above"),
+            StripOp::Put | StripOp::Back | StripOp::Settle => unreachable!("handled above"),
         }
         // On stable storage before the primary hears of it: a crash of this node takes back
         // only a change it never answered, so rule 2 (one undecided change) holds after it.

@@ -69,6 +69,10 @@ impl Node {
             ));
         }
         let ops = self.plan_change(ep, cfg, &stripe, now, new, change).await?;
+        // A change that moved large ranges leaves as large undos on its holders: once it is
+        // acknowledged they are dropped (`Settle`), so the raw bytes stay near (x + y) / x.
+        let settle = (ops.iter().any(|(_, _, b)| b.len() >= self.settle_from))
+            .then(|| ops.iter().map(|(h, _, _)| *h).collect::<Vec<_>>());
         let calls = (ops.into_iter().enumerate())
             .filter(|(k, _)| held.contains(*k))
             .map(|(k, (head, offset, bytes))| {
@@ -78,6 +82,9 @@ impl Node {
         match results.into_iter().find_map(Result::err) {
             None => {
                 self.issued.lock().unwrap().remove(&oid);
+                if let Some(heads) = settle {
+                    self.settle_later(ep.view.epoch, cfg.clone(), oid, scheme, heads);
+                }
                 Ok(new)
             }
             Some(f) => {
@@ -87,6 +94,40 @@ impl Node {
                 Err(self.retry_io(f))
             }
         }
+    }
+
+    /// Tells every holder of `oid`'s stripe, in the background, that the change whose ops had
+    /// `heads` is acknowledged (`Settle`): each drops its undo if its strip is still at that
+    /// version. Best effort: an undo kept costs only space.
+    fn settle_later(
+        self: &Arc<Self>,
+        epoch: u32,
+        cfg: ClusterConfig,
+        oid: ObjectId,
+        scheme: Redundancy,
+        heads: Vec<StripHead>,
+    ) {
+        let node = self.clone();
+        tokio::spawn(async move {
+            let ep = node.epoch();
+            if ep.view.epoch != epoch {
+                return;
+            }
+            let Ok(stripe) = Stripe::new(&ep, &cfg, oid, scheme) else {
+                return;
+            };
+            let held = stripe.held();
+            let calls = (heads.into_iter().enumerate())
+                .filter(|(k, _)| held.contains(*k))
+                .map(|(k, h)| {
+                    let head = StripHead {
+                        op: StripOp::Settle,
+                        ..h
+                    };
+                    node.strip_call(&ep, &cfg, &stripe, k, head, 0, Bytes::new())
+                });
+            futures::future::join_all(calls).await;
+        });
     }
 
     /// `EcRead`: bytes `offset .. offset + len` of `oid` as its primary (`NotFound` for an
