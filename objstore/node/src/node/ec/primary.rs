@@ -83,7 +83,7 @@ impl Node {
             None => {
                 self.issued.lock().unwrap().remove(&oid);
                 if let Some(heads) = settle {
-                    self.settle_later(ep.view.epoch, cfg.clone(), oid, scheme, heads);
+                    self.settle_later(ep.view.epoch, *cfg, oid, scheme, heads);
                 }
                 Ok(new)
             }
