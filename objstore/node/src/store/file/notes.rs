@@ -78,6 +78,13 @@ impl Notes {
         .map_err(|e| StoreError::io(oid, "open note", e))?;
         f.write_all_at(&b, 0)
             .map_err(|e| StoreError::io(oid, "write note", e))?;
+        // A shorter note (an undo dropped: `StripOp::Settle`) gives its old tail's space back.
+        // The length and crc in front make a tail a crash leaves unread, so the order is safe.
+        let old_len = f.metadata().map_or(0, |m| m.len());
+        if old_len > b.len() as u64 {
+            f.set_len(b.len() as u64)
+                .map_err(|e| StoreError::io(oid, "shorten note", e))?;
+        }
         self.dirty.lock().unwrap().insert(oid);
         Ok(())
     }

@@ -350,13 +350,18 @@ fn notes_last_with_their_object() {
     s.write(a, 0, b"x", None, v(1)).unwrap();
     s.set_note(a, b"2nd").unwrap();
     assert_eq!(s.note(a).as_deref(), Some(&b"2nd"[..]));
+    let path = d.path().join(".notes").join(a.to_string());
+    assert_eq!(
+        fs::metadata(&path).unwrap().len(),
+        8 + 3,
+        "a shorter note frees its tail"
+    );
     s.flush().unwrap();
     drop(s);
     let s = FileStore::open(d.path()).unwrap();
     assert_eq!(s.note(a).as_deref(), Some(&b"2nd"[..]));
     assert_eq!(s.list().len(), 1, "the notes are not objects");
     // Torn: its sum no longer matches.
-    let path = d.path().join(".notes").join(a.to_string());
     let mut b = fs::read(&path).unwrap();
     b[8] ^= 1;
     fs::write(&path, &b).unwrap();
