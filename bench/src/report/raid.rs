@@ -21,11 +21,21 @@ fn sequential(f: &Figure, dir: &str) -> bool {
     param_str(f, "rw").as_deref() == Some(dir) && !f.job.contains("-down")
 }
 
+/// Copies before erasure codes, each by its numbers, then by object size.
+fn row_key(r: &Row) -> (bool, u32, u32, u64) {
+    let nums: Vec<u32> = r.0.split(':').filter_map(|n| n.parse().ok()).collect();
+    let (a, b) = (
+        nums.first().copied().unwrap_or(0),
+        nums.get(1).copied().unwrap_or(0),
+    );
+    (nums.len() > 1, a, b, r.1 as u64)
+}
+
 fn rows(figs: &[&Figure]) -> Vec<Row> {
-    distinct(
-        figs.iter()
-            .filter_map(|f| Some((scheme(f)?, param_f64(f, "object_size")?))),
-    )
+    let mut rows =
+        distinct((figs.iter()).filter_map(|f| Some((scheme(f)?, param_f64(f, "object_size")?))));
+    rows.sort_by_key(row_key);
+    rows
 }
 
 fn find<'a>(figs: &[&'a Figure], row: &Row, job_starts: &str) -> Option<&'a Figure> {
@@ -69,9 +79,11 @@ pub fn view(figs: &[&Figure]) -> String {
             }
             t.row(cells);
         }
+        let nodes = (seq.iter().find_map(|f| param_f64(f, "nodes")))
+            .map_or(String::new(), |n| format!("{n} nodes, "));
         let _ = write!(
             out,
-            "**Sequential {dir}** (sheepfs without cache):\n\n{}\n",
+            "**Sequential {dir}** ({nodes}sheepfs without cache):\n\n{}\n",
             t.render()
         );
         for line in what_matters(&seq, &rows, &bss) {

@@ -94,8 +94,11 @@ impl RaidStage {
         for &scheme in &m.raid_schemes {
             for &obj in &m.raid_objects {
                 let mut steps = Vec::new();
+                let nodes = m.raid_nodes;
                 let fio = |job: &str, fio: FioJob, unit: &str| {
-                    let fig = raid_fig(job, scheme, obj, unit, fio.params());
+                    let mut params = fio.params();
+                    params.push(("nodes", Value::from(nodes)));
+                    let fig = raid_fig(job, scheme, obj, unit, params);
                     RaidStep {
                         fig,
                         work: RaidWork::Fio(fio),
