@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+mod common;
+
+use common::run;
 use testkit::cluster::{Bins, Cluster, ClusterOptions};
 use testkit::mount::is_mounted;
 
@@ -24,22 +27,6 @@ const DATA_ROOT: &str = "/var/lib/sheep";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Runs `prog args`; panics with its output unless it succeeds.
-fn run(prog: &str, args: &[&str]) -> Output {
-    let out = Command::new(prog)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {prog}: {e}"));
-    assert!(
-        out.status.success(),
-        "{prog} {args:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 fn stdout(o: &Output) -> String {
