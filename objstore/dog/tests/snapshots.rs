@@ -92,8 +92,10 @@ fn snapshot_keeps_its_data_while_the_vdi_goes_on() {
     assert_eq!(d["parent"], "disk@one");
     let text = String::from_utf8(c.dog_ok(&["vdi", "list"])).unwrap();
     assert!(
-        text.lines()
-            .any(|l| l.starts_with("s disk") && l.contains("one")),
+        text.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"s") && cols.get(1) == Some(&"disk") && l.contains("one")
+        }),
         "{text}"
     );
     let tree = String::from_utf8(c.dog_ok(&["vdi", "tree"])).unwrap();
