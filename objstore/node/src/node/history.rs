@@ -296,6 +296,24 @@ impl Safety {
         })
     }
 
+    /// Whether node `me`, holding a version of strip key `key`, may vouch that it is the
+    /// newest: in no epoch since the base was the strip's holder unlisted now while `me` was
+    /// not a member (a node back from a crash or a partition holds its strips as it left
+    /// them; a change of an epoch it missed may be on that holder only: seed 70393 with
+    /// crashes and SIM_EC=2:1). A member of such an epoch kept its copies current through
+    /// recovery, so what it holds counts (else two nodes lost one after the other, the
+    /// second before the first's epoch is clean, would leave a 4:2 stripe unreadable).
+    pub fn knows_present_strip(&self, key: ObjectId, me: u64) -> bool {
+        self.strips.iter().all(|u| {
+            let member = u.ring.nodes().iter().any(|n| n.id == me);
+            member
+                || u.ring
+                    .replicas(key, 1)
+                    .iter()
+                    .any(|n| !u.unlisted.contains(&n.id))
+        })
+    }
+
     /// Whether the strips of erasure-coded object `oid` (`width` strips, changes acknowledged
     /// with `min` of them) at hand show its newest version: in every epoch since the base, an
     /// acknowledged change reached `min` strips' holders, so fewer than `min` of them absent

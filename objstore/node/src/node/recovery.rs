@@ -306,6 +306,12 @@ impl Node {
         self.recovery.safety.read().unwrap().knows_strip(key)
     }
 
+    /// Whether this node may vouch for the version it holds of strip key `key` (see
+    /// [`Safety::knows_present_strip`]).
+    pub(super) fn knows_present_strip(&self, key: ObjectId) -> bool {
+        (self.recovery.safety.read().unwrap()).knows_present_strip(key, self.me.id)
+    }
+
     /// [`Safety::stripe_waiting_for`] now.
     pub(super) fn stripe_waiting_for(
         &self,

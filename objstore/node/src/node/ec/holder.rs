@@ -342,6 +342,7 @@ impl Node {
             .await
             .map_err(|why| crate::node::failure::not_recovered(key, why))?;
         let knows = self.knows_strip(key);
+        let knows_present = self.knows_present_strip(key);
         let store = self.store.clone();
         let read = in_store(self, move || {
             let state = store.meta(key);
@@ -360,12 +361,13 @@ impl Node {
             };
             let note = store.note(key).and_then(|b| Note::decode(&b));
             let mut head = Note::answer(note.as_ref(), &like, version);
-            // Nothing here, or a version here, is the strip's newest only if its holder of
-            // every epoch since the clean one is listed: else a newer version may be on one
-            // that is not (seed 70393 with crashes and SIM_EC=2:1: a node back from a crash
-            // answered its strip at the base of an acknowledged change it had missed, which
-            // with a strip at the change that kept its undo took the stripe back over it).
-            if !knows {
+            // Nothing here is "never made" only if the strip's holder of every epoch since
+            // the clean one is listed; a version here is the newest unless this node missed
+            // an epoch whose holder is not listed (seed 70393 with crashes and SIM_EC=2:1: a
+            // node back from a crash answered its strip at the base of an acknowledged change
+            // it had missed, which with a strip at the change that kept its undo took the
+            // stripe back over it). Either way, unsure counts as missing.
+            if (state.is_none() && !knows) || (state.is_some() && !knows_present) {
                 head.flags |= FLAG_UNSURE;
             }
             if state.is_some_and(|s| s.deleted) {
