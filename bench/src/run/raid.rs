@@ -187,14 +187,23 @@ impl RaidStage {
                 size_label(c.object_size),
                 self.file_size / MIB
             );
+            // N copies: the cluster's own number (a VDI may not differ); x:y: a VDI of its
+            // own on a cluster of 3 copies (its inode's).
+            let copies = match c.scheme {
+                Redundancy::Copies(n) => n as usize,
+                Redundancy::Ec { .. } => 3.min(self.nodes),
+            };
             let shape = Shape {
                 nodes: self.nodes,
-                copies: 3.min(self.nodes),
+                copies,
                 object_size: c.object_size,
                 membership: self.membership,
             };
-            let copies = c.scheme.to_string();
-            let vdi_args = ["--copies", copies.as_str(), "--experimental"];
+            let scheme = c.scheme.to_string();
+            let vdi_args: &[&str] = match c.scheme {
+                Redundancy::Copies(_) => &[],
+                Redundancy::Ec { .. } => &["--copies", scheme.as_str(), "--experimental"],
+            };
             let mut rig = OffRig::start_with(
                 bins,
                 &dir,
@@ -202,7 +211,7 @@ impl RaidStage {
                 self.file_size,
                 runtime_s,
                 Fill::Fio,
-                &vdi_args,
+                vdi_args,
             )?;
             for step in &c.steps {
                 self.run_step(&mut rig, rec, step)
