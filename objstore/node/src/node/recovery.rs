@@ -30,23 +30,22 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::{Notify, OnceCell};
 
 mod listing;
 mod plan;
+mod pull;
 mod sweep;
 
 use super::history::{self, Safety};
 use super::{Epoch, Node};
-use crate::store::{ObjState, StoreError, Version};
+use crate::store::{ObjState, Version};
 use objstore_proto::api::{RecoveryState, RecoveryStatus};
-use objstore_proto::frame::{Header, Opcode, ResultCode};
 use objstore_proto::oid::ObjectId;
 use plan::Plan;
+use pull::Pulled;
 
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
-const PULL_PARALLEL: usize = 4;
 const PLAN_WAIT: Duration = Duration::from_secs(10);
 /// The first wait before failed pulls are tried again, doubling up to [`RETRY_MAX`].
 pub(super) const RETRY_FIRST: Duration = Duration::from_millis(500);
@@ -62,19 +61,6 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(2);
 /// parts to ask ([`objstore_proto::version::ListRequest`]): a node holding few of this node's
 /// objects costs one request, one holding millions a pass more.
 pub(super) const PAGE_ENTRIES: usize = 1 << 20;
-
-/// How many times a round tries its failed pulls from the same sources before it plans
-/// again (a source may have lost or dropped its copy since the plan).
-const PULL_PASSES: u32 = 3;
-
-/// How [`Node::pull_all`] ended.
-enum Pulled {
-    All,
-    /// The epoch changed: the round ends.
-    Changed,
-    /// This many objects are still pending after [`PULL_PASSES`] tries.
-    Failed(usize),
-}
 
 pub(super) struct Pull {
     pub(super) want: ObjState,
@@ -295,11 +281,6 @@ impl Recovery {
 }
 
 impl Node {
-    /// Ok when the local copy of `oid` may be used: it is not waiting for nodes that are down,
-    /// and nothing is to be pulled, or the pull succeeded (waiting if another task is pulling).
-    /// A failed pull leaves the object pending with its failure, which later requests get at
-    /// once (its local copy, stale or missing, must be neither served nor written into); only
-    /// the recovery round tries it again (`Recovery::retry`), with backoff.
     /// Whether this node knows the newest version of strip key `key` (see
     /// [`Safety::knows_strip`]).
     pub(super) fn knows_strip(&self, key: ObjectId) -> bool {
@@ -322,6 +303,11 @@ impl Node {
         (self.recovery.safety.read().unwrap()).stripe_waiting_for(oid, width, min)
     }
 
+    /// Ok when the local copy of `oid` may be used: it is not waiting for nodes that are down,
+    /// and nothing is to be pulled, or the pull succeeded (waiting if another task is pulling).
+    /// A failed pull leaves the object pending with its failure, which later requests get at
+    /// once (its local copy, stale or missing, must be neither served nor written into); only
+    /// the recovery round tries it again (`Recovery::retry`), with backoff.
     pub(super) async fn ensure_recovered(&self, oid: ObjectId) -> Result<(), PullFailed> {
         let safety = self.recovery.safety.read().unwrap().clone();
         if !safety.safe(oid) {
@@ -359,100 +345,6 @@ impl Node {
             }
         }
         res
-    }
-
-    async fn pull(&self, oid: ObjectId, pull: &Pull) -> Result<(), PullFailed> {
-        let mut no_space = false;
-        // Why each source gave nothing, for the warning if none does.
-        let mut why = Vec::new();
-        if !self.pull_delay.is_zero() {
-            tokio::time::sleep(self.pull_delay).await;
-        }
-        let started = std::time::Instant::now();
-        tracing::debug!("pulling {oid} at {:?} from {:?}", pull.want, pull.sources);
-        for &src in &pull.sources {
-            let mut h = Header::request(Opcode::PeerRead, 0, self.epoch().view.epoch);
-            h.oid = oid.0;
-            let res = match self.peers.get(src, PEER_TIMEOUT).await {
-                Ok(c) => c.call(h, Bytes::new(), PEER_TIMEOUT).await,
-                Err(e) => Err(e),
-            };
-            let frame = match res {
-                Ok(f) if f.header.result_code() == ResultCode::Ok => f,
-                Ok(f) => {
-                    why.push(format!(
-                        "{src}: {:?} {}",
-                        f.header.result_code(),
-                        f.message()
-                    ));
-                    continue;
-                }
-                Err(e) => {
-                    self.peers.drop_conn(src).await;
-                    why.push(format!("{src}: {e}"));
-                    continue;
-                }
-            };
-            // The copy pulled is the reference this node takes, even when its holder's is
-            // suspect (every copy of the newest version was): installed, it is not suspect.
-            let state = ObjState {
-                suspect: false,
-                lost: false,
-                ..ObjState::from_wire(frame.header.offset, frame.header.aux)
-            };
-            let Some((data, note)) = super::ec::split_pulled(oid, &frame.payload, state.version)
-            else {
-                why.push(format!("{src}: a malformed strip"));
-                continue;
-            };
-            let store = self.store.clone();
-            // A replica's write to this object waits while a pull installs it.
-            let _ordered = self.replica_lock(oid).lock().await;
-            let put = self
-                .blocking(move || {
-                    let installed = store.put_if_newer(oid, &data, state)?;
-                    if let (true, Some(note)) = (installed, note) {
-                        store.set_note(oid, &note)?;
-                        store.sync_object(oid)?;
-                    }
-                    Ok::<_, StoreError>(installed)
-                })
-                .await
-                .expect("store task");
-            match put {
-                Ok(installed) => {
-                    // Not installed: the copy here is at least as new (a write came first).
-                    // A copy lost here counts as restored only by an install: a lost copy
-                    // never outranks the copy that restores it.
-                    if installed {
-                        self.recovery.restored(oid, state.version);
-                    }
-                    self.recovery.update(|s| s.done += 1);
-                    return Ok(());
-                }
-                Err(e) => {
-                    no_space |= matches!(e, StoreError::NoSpace);
-                    tracing::warn!("recovering {oid}: {e}");
-                    why.push(format!("{src}: storing it here: {e}"));
-                }
-            }
-        }
-        tracing::warn!(
-            "could not recover object {oid} ({:?}) from any of {:?} (after {:?}: {}); it stays pending",
-            pull.want,
-            pull.sources,
-            started.elapsed(),
-            if why.is_empty() {
-                "no source".to_string()
-            } else {
-                why.join("; ")
-            }
-        );
-        Err(if no_space {
-            PullFailed::NoSpace
-        } else {
-            PullFailed::Unavailable
-        })
     }
 
     /// One round of recovery for `ep`; returns early when the epoch changes.
@@ -613,50 +505,6 @@ impl Node {
         tokio::time::sleep(*wait).await;
         *wait = (*wait * 2).min(RETRY_MAX);
         self.epoch().view.epoch == e
-    }
-
-    /// Pulls `oids`; what failed is retried with backoff from the same sources
-    /// [`PULL_PASSES`] times in all, then left pending for the next plan.
-    async fn pull_all(&self, e: u32, mut oids: Vec<ObjectId>) -> Pulled {
-        use futures::StreamExt;
-        let changed = || self.epoch().view.epoch != e;
-        let mut backoff = RETRY_FIRST;
-        let mut pass = 0;
-        loop {
-            pass += 1;
-            let mut failed = Vec::new();
-            let mut work = futures::stream::iter(oids)
-                .map(|oid| async move { (oid, self.ensure_recovered(oid).await.is_ok()) })
-                .buffered(PULL_PARALLEL);
-            while let Some((oid, ok)) = work.next().await {
-                if changed() {
-                    return Pulled::Changed;
-                }
-                if !ok {
-                    failed.push(oid);
-                }
-            }
-            drop(work);
-            self.recovery.update(|s| s.failed = failed.len() as u64);
-            if failed.is_empty() {
-                return Pulled::All;
-            }
-            if pass >= PULL_PASSES {
-                // Left failed (requests get that at once) until the next plan replaces every
-                // pending pull with one from the holders it finds.
-                return Pulled::Failed(failed.len());
-            }
-            tracing::warn!(
-                "epoch {e}: {} object(s) could not be recovered; retrying in {backoff:?}",
-                failed.len()
-            );
-            tokio::time::sleep(backoff).await;
-            if changed() {
-                return Pulled::Changed;
-            }
-            backoff = (backoff * 2).min(RETRY_MAX);
-            oids = self.recovery.retry(failed);
-        }
     }
 
     /// Writes this node into the epoch's recovery record, retrying while the store fails.
