@@ -46,7 +46,7 @@ pub fn scheme_label(r: Redundancy) -> String {
 enum RaidWork {
     /// A fio job on the healthy cluster.
     Fio(FioJob),
-    /// The bytes under the nodes' object directories ÷ the bytes the fill wrote.
+    /// The bytes allocated under the nodes' object directories ÷ the bytes the fill wrote.
     Raw,
     /// The fio job after one node is killed.
     Degraded(FioJob),
@@ -255,8 +255,12 @@ impl RaidStage {
     }
 }
 
-/// Apparent bytes of every file under `dir` (0 if it is missing).
+/// Bytes the disk gives to every file under `dir` (0 if it is missing): allocated blocks, as
+/// `du` counts them, not apparent lengths. An object file's header reserves room for the sums
+/// of the largest object (68 KiB) but a strip's sums fill only its first block: the rest is a
+/// hole, which takes no space.
 fn tree_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -264,7 +268,7 @@ fn tree_bytes(dir: &Path) -> u64 {
         .flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => tree_bytes(&e.path()),
-            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Ok(_) => e.metadata().map_or(0, |m| m.blocks() * 512),
             Err(_) => 0,
         })
         .sum()
@@ -347,12 +351,21 @@ mod tests {
     }
 
     #[test]
-    fn tree_bytes_counts_nested_files() {
+    fn tree_bytes_counts_allocated_blocks_of_nested_files() {
+        use std::os::unix::fs::FileExt;
         let d = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(d.path().join("a/b")).unwrap();
-        std::fs::write(d.path().join("x"), [0u8; 10]).unwrap();
-        std::fs::write(d.path().join("a/b/y"), [0u8; 5]).unwrap();
-        assert_eq!(tree_bytes(d.path()), 15);
+        std::fs::write(d.path().join("x"), vec![1u8; 8192]).unwrap();
+        // 1 MiB long, one block written at its end: a hole before it takes no space.
+        let f = std::fs::File::create(d.path().join("a/b/y")).unwrap();
+        f.write_all_at(&[1u8; 4096], (1 << 20) - 4096).unwrap();
+        f.sync_all().unwrap();
+        std::fs::File::open(d.path().join("x"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        let n = tree_bytes(d.path());
+        assert!((8192 + 4096..=8192 + 4096 + 16384).contains(&n), "{n}");
         assert_eq!(tree_bytes(&d.path().join("none")), 0);
     }
 }

@@ -191,6 +191,8 @@ pub struct Client {
     versions: Mutex<HashMap<ObjectId, Version>>,
     /// What a flush writes first ([`Client::before_flush`]).
     before_flush: Mutex<Vec<std::sync::Weak<dyn BeforeFlush>>>,
+    /// Writes of erasure-coded objects waiting for their object's turn (`batch`).
+    batches: batch::Batches,
 }
 
 /// Changes a client holds back and writes before each flush: a VDI handle's map entries
@@ -238,6 +240,7 @@ impl Client {
             suspects: Mutex::default(),
             versions: Mutex::default(),
             before_flush: Mutex::default(),
+            batches: batch::Batches::default(),
         };
         client.refresh().await?;
         Ok(client)
@@ -618,6 +621,7 @@ impl Client {
     }
 }
 
+mod batch;
 mod change;
 mod check;
 mod kv;

@@ -84,6 +84,12 @@ pub struct Config {
     /// left out, and the final check compares every stripe's strips (one version, parity that
     /// matches) instead of copies.
     pub ec: Option<objstore_proto::redundancy::Redundancy>,
+    /// With `ec`: the VDI clients' VDIs are of the scheme too, and their tasks also send
+    /// bursts of adjacent writes (`SIM_EC_VDIS=1`): many changes of one erasure-coded object
+    /// in flight through one handle, first writes racing, waiting writes sent as one by the
+    /// client. Off by default so that the seeds kept in `tests/regressions.rs` run the
+    /// schedules they were found with.
+    pub ec_vdis: bool,
     /// At most this many nodes are down at once.
     pub max_down: usize,
     /// Longest pause of the nemesis between two decisions, in ms.
@@ -113,6 +119,7 @@ impl Default for Config {
             think: Duration::from_millis(100),
             shared_objects: false,
             ec: None,
+            ec_vdis: false,
             vdi_clients: 1,
             vdi_depth: 8,
             vdi_ops: 32,

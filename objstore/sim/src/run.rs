@@ -17,6 +17,7 @@ use objstore_client::vdi::{self, Vdi};
 use objstore_client::{Client, ClientOptions};
 use objstore_proto::keys;
 use objstore_proto::oid::{ObjIndex, ObjectId};
+use objstore_proto::redundancy::Redundancy;
 
 use crate::checker::{Kind, Model, Violation};
 use crate::cluster::SimCluster;
@@ -170,7 +171,8 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
             .kv_cas(keys::NEXT_VID, None, Some(&vdis::FIRST_VID.to_string()))
             .await?;
         for c in 0..cfg.vdi_clients {
-            let info = vdi::create(&admin, &vdis::name(c), vdis::size(cfg)).await?;
+            let ec = cfg.ec.filter(|_| cfg.ec_vdis);
+            let info = vdi::create_with(&admin, &vdis::name(c), vdis::size(cfg), ec).await?;
             assert_eq!(info.vid, vdis::vid(c), "VDI client {c}'s VDI id");
         }
     }
@@ -385,17 +387,27 @@ async fn run_seed(seed: u64, cfg: &Config) -> Result<Report, SimError> {
             let inode = ObjectId::inode(vdis::vid(c));
             objects.push((format!("VDI client {c}'s inode ({inode})"), inode));
         }
+        // The stripes: the object clients' erasure-coded objects, and with `ec_vdis` every
+        // VDI's data objects.
+        let mut stripes: Vec<(String, ObjectId, Redundancy)> = Vec::new();
         for obj in workload::all_objects(cfg.objects) {
-            let Some(scheme) = workload::ec_of(cfg.ec, obj) else {
-                continue;
-            };
-            if let Some(d) =
-                cluster.stripe_divergence(workload::oid(obj), scheme, OBJECT_SIZE as u64)
-            {
+            if let Some(scheme) = workload::ec_of(cfg.ec, obj) {
+                stripes.push((format!("object {obj}"), workload::oid(obj), scheme));
+            }
+        }
+        for c in (0..cfg.vdi_clients).filter(|_| cfg.ec.is_some() && cfg.ec_vdis) {
+            for index in 0..cfg.vdi_objects {
+                let oid = ObjectId::data(vdis::vid(c), ObjIndex(index as u32));
+                let what = format!("VDI client {c}'s object {index} ({oid})");
+                stripes.extend(cfg.ec.map(|scheme| (what, oid, scheme)));
+            }
+        }
+        for (what, oid, scheme) in stripes {
+            if let Some(d) = cluster.stripe_divergence(oid, scheme, OBJECT_SIZE as u64) {
                 violations.push(Violation {
                     kind: Kind::Divergent,
                     at: shared.now(),
-                    detail: format!("object {obj}: {d}"),
+                    detail: format!("{what}: {d}"),
                 });
             }
         }

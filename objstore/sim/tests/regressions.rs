@@ -523,6 +523,15 @@ fn ec_with_crashes() -> Config {
     }
 }
 
+/// [`ec_with_crashes`] with the VDI clients' VDIs erasure-coded too, and their bursts of
+/// adjacent writes (`SIM_EC_VDIS=1`).
+fn ec_vdis_with_crashes() -> Config {
+    Config {
+        ec_vdis: true,
+        ..ec_with_crashes()
+    }
+}
+
 /// A write over a removed EC object forgot the strip's tombstone after setting its note, which
 /// dropped the note with it: strip 0 at a version no note explained, which no resolution
 /// could take back (Divergent, the object's reads waiting for good). The strip is written over
@@ -585,4 +594,23 @@ fn a_strip_pulled_at_an_undone_change_keeps_its_undo() {
 #[test]
 fn a_strip_back_from_a_crash_is_not_taken_for_the_newest() {
     assert_clean_with(70393, ec_with_crashes());
+}
+
+/// A VDI's object was discarded (every strip a tombstone) while the holder of one strip was
+/// down; that strip, back at its old version, was never made a tombstone: the sweep after
+/// each epoch's recovery skipped stripes whose strip 0 is a tombstone, and nobody reads a
+/// discarded object (Divergent at the end). The sweep resolves removed stripes too.
+#[test]
+fn a_strip_that_missed_a_remove_becomes_a_tombstone() {
+    assert_clean_with(65, ec_vdis_with_crashes());
+}
+
+/// A stripe went back and took its new version on strip 0 only; strip 0's holder, unsure of
+/// it later, answered it as missing, and the change undone came forward again from a holder
+/// that had been away; strip 0 refused the older version and the next change diverged (the
+/// object unreadable for good). A strip newer than the version the others decide on is
+/// counted in (`with_newer_unsure`).
+#[test]
+fn an_unsure_strip_newer_than_the_decision_is_counted_in() {
+    assert_clean_with(99, ec_vdis_with_crashes());
 }

@@ -39,7 +39,13 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn replay(seed: u64) -> String {
     let mut env = String::new();
-    for var in ["SIM_FAULTS", "SIM_SHARED", "SIM_VDI_CLIENTS", "SIM_EC"] {
+    for var in [
+        "SIM_FAULTS",
+        "SIM_SHARED",
+        "SIM_VDI_CLIENTS",
+        "SIM_EC",
+        "SIM_EC_VDIS",
+    ] {
         if let Ok(v) = std::env::var(var) {
             env.push_str(&format!("{var}={v} "));
         }
@@ -82,6 +88,7 @@ fn config() -> Config {
     if let Ok(ec) = std::env::var("SIM_EC") {
         cfg.ec = Some(ec.parse().unwrap_or_else(|e| panic!("SIM_EC: {e}")));
     }
+    cfg.ec_vdis = std::env::var("SIM_EC_VDIS").is_ok_and(|v| v == "1");
     if let Some(n) = env_u64("SIM_VDI_CLIENTS") {
         cfg.vdi_clients = n as usize;
     }

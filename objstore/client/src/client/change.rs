@@ -115,6 +115,9 @@ impl Client {
     /// Writes `data` at `offset` of erasure-coded object `oid` of scheme `scheme` (`x:y`): its
     /// primary cuts the change into its strips and parity. Ordered and retried as
     /// [`Client::write_obj`].
+    ///
+    /// Writes of the object that wait meanwhile for this client's change in flight go
+    /// together as one (see `batch`).
     pub async fn ec_write_obj(
         &self,
         oid: ObjectId,
@@ -123,8 +126,48 @@ impl Client {
         data: Bytes,
     ) -> Result<(), ClientError> {
         let aux = wire::scheme_aux(scheme);
-        self.write_via_primary(Opcode::EcWrite, oid, None, offset, data, aux)
-            .await
+        let mut queued = Queued {
+            batches: &self.batches,
+            oid,
+            ticket: self.batches.enqueue(oid, offset, data.clone()),
+        };
+        let order = self.order_lock(oid).lock().await;
+        let Some(runs) = self.batches.take(oid, &queued.ticket) else {
+            drop(order);
+            if (&mut queued.ticket.answer).await == Ok(true) {
+                return Ok(());
+            }
+            // The batch that took it failed or was dropped: on its own now.
+            return self
+                .write_via_primary(Opcode::EcWrite, oid, None, offset, data, aux)
+                .await;
+        };
+        let mut mine = Ok(());
+        for run in runs {
+            if run.writes() > 1 {
+                tracing::debug!(
+                    "object {oid}: {} waiting writes sent as one of {} bytes at {}",
+                    run.writes(),
+                    run.data.len(),
+                    run.offset
+                );
+            }
+            let r = (self.send_change(
+                Opcode::EcWrite,
+                oid,
+                None,
+                run.offset,
+                run.data.clone(),
+                aux,
+            ))
+            .await;
+            let written = r.is_ok();
+            if run.mine {
+                mine = r;
+            }
+            run.finish(written);
+        }
+        mine
     }
 
     /// [`Client::write_obj`], or [`Client::ec_write_obj`] for an object of erasure code `ec`.
@@ -235,6 +278,19 @@ impl Client {
         aux: u32,
     ) -> Result<(), ClientError> {
         let _order = self.order_lock(oid).lock().await;
+        self.send_change(op, oid, source, offset, data, aux).await
+    }
+
+    /// [`Client::write_via_primary`] with the object's turn ([`Client::order_lock`]) held.
+    async fn send_change(
+        &self,
+        op: Opcode,
+        oid: ObjectId,
+        source: Option<ObjectId>,
+        offset: u64,
+        data: Bytes,
+        aux: u32,
+    ) -> Result<(), ClientError> {
         let mut h = Header::request(op, 0, 0);
         h.oid = oid.0;
         h.offset = offset;
@@ -262,5 +318,19 @@ impl Client {
         h.oid = oid.0;
         self.retry(|v| async move { self.to_primary(&v, h, None, Bytes::new()).await })
             .await
+    }
+}
+
+/// A write queued for a batch (`batch`), dropped from the queue if its caller gives up before
+/// a batch takes it.
+struct Queued<'a> {
+    batches: &'a super::batch::Batches,
+    oid: ObjectId,
+    ticket: super::batch::Ticket,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.batches.cancel(self.oid, &self.ticket);
     }
 }

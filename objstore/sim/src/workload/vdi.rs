@@ -12,6 +12,9 @@
 //!   and the [`EDGE`] first of object 1, so that some writes span two new objects, or the
 //!   first blocks of a further object; the first writes into a new object race each other and
 //!   reads of it; a third of the writes are read back at once;
+//! - with `Config::ec_vdis`, a burst: 2 to 4 such writes of adjacent runs, all in flight at
+//!   once (a sequential writer with several requests in flight), which an erasure-coded VDI's
+//!   client sends as one change;
 //! - a read of a run of blocks of a window (across the boundary or not);
 //! - a flush ([`Vdi::flush`]: writes the map entries held, then flushes every node);
 //! - a discard of one whole object: it is unmapped (the map entry written at once) and
@@ -233,6 +236,25 @@ impl Io {
         ok
     }
 
+    /// A sequential writer's burst: 2 to 4 writes of adjacent runs of blocks in one window,
+    /// all in flight at once (as fio with iodepth > 1 or a guest's block layer sends them), so
+    /// they wait together for the object's turn in the client and go as one change when the
+    /// object is erasure-coded (`objstore_client`'s write batches).
+    async fn burst(&self, rng: &mut StdRng) {
+        let w = &self.windows[rng.gen_range(0..self.windows.len())];
+        let mut at = rng.gen_range(w.start..w.end);
+        let mut writes = Vec::new();
+        for _ in 0..rng.gen_range(2..=4) {
+            if at >= w.end {
+                break;
+            }
+            let n = rng.gen_range(1..=MAX_WRITE.min(w.end - at));
+            writes.push((at, n));
+            at += n;
+        }
+        futures::future::join_all(writes.into_iter().map(|(first, n)| self.write(first, n))).await;
+    }
+
     /// A run of blocks within a random window: (first, count), at most `most` blocks.
     fn run(&self, rng: &mut StdRng, most: usize) -> (usize, usize) {
         let w = &self.windows[rng.gen_range(0..self.windows.len())];
@@ -247,7 +269,9 @@ impl Io {
                 tokio::time::sleep(Duration::from_micros(pause)).await;
             }
             let roll = rng.gen_range(0..100);
-            if roll < 50 {
+            if roll < 12 && self.cfg.ec_vdis {
+                self.burst(&mut rng).await;
+            } else if roll < 50 {
                 let (first, n) = self.run(&mut rng, MAX_WRITE);
                 if self.write(first, n).await && rng.gen_ratio(1, 3) {
                     self.read(first, n).await;

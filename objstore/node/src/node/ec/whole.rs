@@ -65,10 +65,9 @@ impl Node {
                 }
             }
         }
-        let x = stripe.codec.data();
         tracing::debug!("object {}: strips {strips:?}", stripe.oid);
         let all = StripSet::first(w);
-        match resolve(x, &strips) {
+        match self.with_newer_unsure(stripe, &heads, &strips) {
             Resolution::Whole { version, rebuild } => {
                 let mut whole = true;
                 if !rebuild.is_empty() && version != Version::NONE {
@@ -219,6 +218,59 @@ impl Node {
                 ResultCode::Io,
                 format!("object {}: {why}", stripe.oid),
             )),
+        }
+    }
+
+    /// The resolution of `strips`, taking into account a strip its holder was unsure of
+    /// (`FLAG_UNSURE`, read as missing: it may be older than a version on a node not listed)
+    /// when it is *newer* than the version the others decide on. Such a strip proves the
+    /// stripe went past that version (a change, or the new version of a stripe gone back,
+    /// reached it), and no strip can be put back to an older version than it holds: deciding
+    /// without it would make the stripe "whole" at a version that strip refuses, and the next
+    /// change would start from the wrong base (seed 99 with crashes, SIM_EC=2:1 and
+    /// SIM_EC_VDIS=1: the stripe went back to v5.1 and took v15.1 on strip 0 only; once that
+    /// strip was unsure, v11.1, the change undone, came forward again from a holder that had
+    /// been away, and strip 0 stayed at v15.1 for good). Counted in, it can only move the
+    /// decision to a newer version, never back over one the others vouch for; if the stripe
+    /// is then undecided it waits.
+    fn with_newer_unsure(
+        &self,
+        stripe: &Stripe,
+        heads: &[Result<StripRead, Failure>],
+        strips: &[Strip],
+    ) -> Resolution {
+        let x = stripe.codec.data();
+        let first = resolve(x, strips);
+        let decided = match first {
+            Resolution::Whole { version, .. } | Resolution::Forward { version, .. } => version,
+            _ => return first,
+        };
+        let mut with = strips.to_vec();
+        let mut newer = StripSet::default();
+        for (k, r) in heads.iter().enumerate() {
+            let Ok(r) = r else { continue };
+            if r.head.flags & wire::FLAG_UNSURE != 0 && r.head.version > decided {
+                with[k] = StripHead {
+                    flags: r.head.flags & !wire::FLAG_UNSURE,
+                    ..r.head
+                }
+                .strip();
+                newer.insert(k);
+            }
+        }
+        if newer.is_empty() {
+            return first;
+        }
+        let again = resolve(x, &with);
+        tracing::info!(
+            "object {}: strips {newer:?} are newer than {decided:?}, which the others decide on (their holders are unsure no newer version is elsewhere): counted in, {again:?}",
+            stripe.oid
+        );
+        match again {
+            Resolution::Whole { .. } | Resolution::Forward { .. } | Resolution::Back { .. } => {
+                again
+            }
+            _ => Resolution::Undecided { valid: 0, need: x },
         }
     }
 
