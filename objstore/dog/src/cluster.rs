@@ -88,7 +88,8 @@ pub enum NodeCmd {
     /// Show each node's background scrub: its rate, this pass and the last one.
     ///
     /// The rate is `sheep --scrub-rate`; for the pass in progress and the last one: copies
-    /// verified, bytes read, bad copies found and repaired.
+    /// verified (a strip of an erasure-coded object counts as one copy, on its holder), bytes
+    /// read (a stripe's primary reads every strip), bad copies or strips found and repaired.
     Scrub,
 }
 

@@ -200,3 +200,97 @@ fn snapshot_clone_rollback_and_backup_of_an_ec_vdi() {
     let check = c.dog_json(&["cluster", "check"]);
     assert_eq!(check["bad_copies"], 0, "{check}");
 }
+
+/// The background scrub over a 4:2 VDI, with no client reading it: a byte flipped in data
+/// strip 1 on its holder's disk (its block checksum fails) and parity strip 5 rewritten with
+/// valid checksums (only parity can tell) are both rebuilt, the parity by the stripe's
+/// primary, which names why.
+#[test]
+fn the_scrub_rebuilds_a_flipped_data_strip_and_a_parity_strip_that_disagrees() {
+    use std::os::unix::fs::FileExt;
+    use testkit::replicas::{copy_data, copy_path, log_since, rewrite_sealed, OBJECT_HEADER_LEN};
+
+    let fast: Vec<String> = ["--scrub-rate", "1G", "--scrub-interval", "1s"]
+        .map(String::from)
+        .to_vec();
+    let c = Cluster::start_with_args(&bins(), vec![fast; 6]);
+    c.wait_members(6);
+    c.wait_recovered();
+    c.dog_ok(&["cluster", "format", "--copies", "3", "--object-size", "1M"]);
+    c.dog_ok(&[
+        "vdi",
+        "create",
+        "ec",
+        "4M",
+        "--copies",
+        "4:2",
+        "--experimental",
+    ]);
+    let data = pseudo_random(4 << 20, 47);
+    c.write_vdi("ec", 0, &data);
+    c.wait_recovered();
+    let base = c.holders("ec", 1).oid.expect("allocated");
+    let base = objstore_proto::ObjectId(u64::from_str_radix(&base, 16).unwrap());
+    // Strip k's holder (node index) and file.
+    let strip = |k: usize| {
+        let key = base.strip(k).to_string();
+        (0..6)
+            .find_map(|i| copy_path(&c, &c.addr(i), &key).map(|p| (i, p)))
+            .unwrap_or_else(|| panic!("no node holds strip {k} ({key})"))
+    };
+    let (primary, _) = strip(0);
+    let (h1, p1) = strip(1);
+    let (h5, p5) = strip(5);
+    let (want1, want5) = (copy_data(&p1).unwrap(), copy_data(&p5).unwrap());
+    let marks: Vec<u64> = (0..6).map(|i| testkit::replicas::log_mark(&c, i)).collect();
+
+    // One fault at a time: with two wrong strips a rebuild could take one from the other.
+    rewrite_sealed(&p5, 9000, b"not the parity").unwrap();
+    let restored = |k: usize, want: &[u8]| copy_data(&strip(k).1).is_ok_and(|b| b == want);
+    testkit::wait_until(
+        "the scrub to rebuild parity strip 5",
+        std::time::Duration::from_secs(60),
+        || restored(5, &want5),
+    );
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p1)
+        .unwrap();
+    let at = OBJECT_HEADER_LEN + 4096 + 17;
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], at).unwrap();
+    testkit::wait_until(
+        "the scrub to rebuild data strip 1",
+        std::time::Duration::from_secs(60),
+        || restored(1, &want1),
+    );
+    let log = log_since(&c, primary, marks[primary]);
+    assert!(
+        log.contains(&format!(
+            "strip 5 on {} is bad (its bytes disagree with the other strips): rebuilt from the others",
+            c.addr(h5)
+        )),
+        "the primary (node {primary}) names the parity strip it rebuilt:\n{log}"
+    );
+    let log5 = log_since(&c, h5, marks[h5]);
+    assert!(
+        !log5.contains("strip 5 here is bad"),
+        "the rewritten parity passed its checksums on node {h5}:\n{log5}"
+    );
+    let rows = c.dog_json(&["node", "scrub"]);
+    let repaired: u64 = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"]["scrub"]["repaired_total"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        repaired >= 2,
+        "strips 1 (node {h1}) and 5 counted repaired: {rows}"
+    );
+    let check = c.dog_json(&["vdi", "check", "ec", "--dry-run"]);
+    assert_eq!(check["bad_copies"], 0, "{check}");
+    assert!(c.read_vdi("ec", 0, 4 << 20) == data, "read back differs");
+}

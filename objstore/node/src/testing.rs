@@ -312,6 +312,14 @@ impl MemCluster {
         copies.len()
     }
 
+    /// Runs one scrub pass on node `i` now, at no rate limit (`sheep --scrub-rate` without its
+    /// interval), and returns it; None if the node stopped meanwhile. Node `i` must be up.
+    pub fn scrub(&self, i: usize) -> Option<objstore_proto::api::ScrubPass> {
+        let (rt, running) = self.nodes[i].up.as_ref().expect("node is up");
+        let node = running.node.clone();
+        rt.block_on(async move { node.scrub_now().await })
+    }
+
     /// A client on the in-memory network (call inside a tokio runtime).
     pub async fn client(&self, opts: ClientOptions) -> Result<Client, ClientError> {
         Client::connect_via(Arc::new(self.net.clone()), &self.addrs(), opts).await

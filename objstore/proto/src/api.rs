@@ -323,16 +323,19 @@ pub struct ScrubPass {
     /// Milliseconds the pass took, once it ended.
     #[serde(default)]
     pub took_ms: Option<u64>,
-    /// Copies verified so far (tombstones and copies being recovered are skipped).
+    /// Copies verified so far (tombstones and copies being recovered are skipped); each strip
+    /// of an erasure-coded object held here counts as one.
     pub objects: u64,
-    /// Bytes read to verify them.
+    /// Bytes read to verify them (for a stripe this node is the primary of, every strip's).
     pub bytes: u64,
     /// Bad copies found: here (failed verification) or, for objects this node is the primary
-    /// of, on another owner (older, missing, failed, or a minority digest).
+    /// of, on another owner (older, missing, failed, or a minority digest); for a stripe, its
+    /// bad strips (unreadable, missing, stale, or disagreeing with parity).
     pub bad: u64,
-    /// Bad copies restored from a good one.
+    /// Bad copies restored from a good one (strips rebuilt from the others).
     pub repaired: u64,
-    /// Objects with no good copy to restore from (see the node's log).
+    /// Objects with no good copy to restore from, or stripes with fewer than x good strips
+    /// or parity that names no wrong strip (see the node's log).
     #[serde(default)]
     pub unrecoverable: u64,
 }

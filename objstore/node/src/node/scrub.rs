@@ -13,6 +13,10 @@
 //!   an owner behind, missing, failing or in a digest minority gets `RepairObj` from a good
 //!   copy. So without block checksums a flipped byte is still found, once per pass, by the
 //!   object's primary.
+//! - A strip of an erasure-coded object (a key `oid.strip(k)`) is scrubbed by [`ec`]: as the
+//!   stripe's primary (strip 0 here) the node checks every strip against the others and their
+//!   parity and rebuilds the bad ones; any other holder verifies its strip and, if it is bad,
+//!   asks the primary to rebuild it.
 //! - A pass starts when the node has recovered its epoch, and the next one `interval` after
 //!   the last one started (at once if the pass took longer). Every pass is recorded in
 //!   [`ScrubStatus`] (`dog node scrub`, `dog node list`), and the last one in `DIR/scrub.json`,
@@ -30,6 +34,8 @@ use objstore_proto::check::judge;
 use objstore_proto::oid::ObjectId;
 
 use super::Node;
+
+mod ec;
 
 /// The scrub's settings (`sheep --scrub-rate`, `--scrub-interval`).
 #[derive(Debug, Clone, Copy)]
@@ -133,9 +139,15 @@ pub(super) async fn run(node: Arc<Node>, opts: ScrubOptions, dir: PathBuf) {
 }
 
 impl Node {
+    /// One pass now at no rate limit, as the scrub task makes them (for tests:
+    /// `MemCluster::scrub`); None when the node stopped meanwhile.
+    pub(crate) async fn scrub_now(self: &Arc<Self>) -> Option<ScrubPass> {
+        self.scrub_pass(u64::MAX).await
+    }
+
     /// One pass over the copies here (see the module documentation); None when the node
     /// stopped meanwhile.
-    async fn scrub_pass(&self, rate: u64) -> Option<ScrubPass> {
+    async fn scrub_pass(self: &Arc<Self>, rate: u64) -> Option<ScrubPass> {
         let list = self.store.list();
         let mut pass = ScrubPass {
             started: now_secs(),
@@ -182,7 +194,10 @@ impl Node {
 
     /// Verifies one copy and repairs what is bad; returns the bytes read for it (here and on
     /// the other owners).
-    async fn scrub_one(&self, oid: ObjectId, pass: &mut ScrubPass) -> u64 {
+    async fn scrub_one(self: &Arc<Self>, oid: ObjectId, pass: &mut ScrubPass) -> u64 {
+        if let Some(k) = oid.strip_index() {
+            return self.scrub_strip(oid, k, pass).await;
+        }
         let Some(cfg) = self.config() else { return 0 };
         let ep = self.epoch();
         let owners = ep.ring.replicas(oid, cfg.copies as usize);

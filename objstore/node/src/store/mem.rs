@@ -14,7 +14,8 @@
 //!
 //! Checksums: each object keeps the sums of its 4 KiB blocks ([`super::sums`]) as the file
 //! backend does, checked on every read of a copy that is not suspect; [`MemStore::corrupt`]
-//! flips a stored byte behind them, as a bad disk would.
+//! flips a stored byte behind them, as a bad disk would; [`MemStore::rewrite`] changes bytes
+//! and their sums together, as no checksum can catch.
 //!
 //! Holds: [`MemStore::hold`] makes writes (or removes) of one object wait, their calling
 //! threads blocked before they change anything, until [`MemStore::release`]: a change caught
@@ -297,6 +298,26 @@ impl MemStore {
         for map in [&mut st.live, &mut st.durable] {
             if let Some(o) = map.get_mut(&oid).filter(|o| at < o.data.len()) {
                 o.data[at] ^= 0xff;
+                hit = true;
+            }
+        }
+        hit
+    }
+
+    /// Overwrites `bytes` of a stored object at `at` and the sums of the blocks they touch,
+    /// behind the node's back: wrong bytes that pass every checksum (a bug above the store, a
+    /// misdirected write), found only by comparing copies or parity. False if the object is
+    /// not here or shorter than `at + bytes.len()`.
+    pub fn rewrite(&self, oid: ObjectId, at: usize, bytes: &[u8]) -> bool {
+        let mut guard = self.state.lock().unwrap();
+        let st: &mut State = &mut guard;
+        let mut hit = false;
+        for map in [&mut st.live, &mut st.durable] {
+            if let Some(o) = map.get_mut(&oid).filter(|o| {
+                at.checked_add(bytes.len())
+                    .is_some_and(|e| e <= o.data.len())
+            }) {
+                o.write(at, bytes, None);
                 hit = true;
             }
         }

@@ -37,6 +37,12 @@ pub const FLAG_UNSURE: u8 = 4;
 /// The strip is a tombstone (its object was removed). In a `Put`, the strip installed is one.
 pub const FLAG_DELETED: u8 = 8;
 
+/// `PeerStrip` header `aux` flag, with op [`StripOp::Put`]: the holder's copy at the Put's
+/// version reads back but is wrong (its bytes disagree with the other strips' parity), so it
+/// is dropped as unreadable before the strip is installed; a Put otherwise replaces only an
+/// older or bad copy.
+pub const PUT_REPLACES: u32 = 1;
+
 /// What a change does to one strip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

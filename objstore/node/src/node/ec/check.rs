@@ -4,6 +4,9 @@
 //! than the stripe, or when every checksum is good but its bytes disagree with the other
 //! strips (the one strip whose removal leaves the rest consistent). Repairs rebuild bad strips
 //! from x good ones (a `PeerStrip` of op `Put`, which replaces a bad copy of the same version).
+//! Parity that does not match with no one strip to blame (x:1 cannot locate a wrong strip, and
+//! two wrong strips fit no single one) is reported unrecoverable and nothing is rebuilt, as
+//! copies that differ without a majority are.
 
 use std::sync::Arc;
 
@@ -12,6 +15,7 @@ use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
 use objstore_proto::api::{BadStrip, EcCheckReport};
 use objstore_proto::ec::resolve::{resolve, Resolution, Strip, StripSet};
+use objstore_proto::ec::Codec;
 use objstore_proto::oid::ObjectId;
 use objstore_proto::redundancy::Redundancy;
 use objstore_proto::version::Version;
@@ -59,8 +63,9 @@ impl Node {
         if version == Version::NONE {
             return Ok(report);
         }
-        // The bad strips, and why.
+        // The bad strips, and why; those of `replace` read back well but are wrong.
         let mut bad: Vec<(usize, String)> = Vec::new();
+        let mut replace = StripSet::default();
         for (k, r) in first.iter().enumerate() {
             match r {
                 Err(f) => bad.push((k, f.message.clone())),
@@ -80,14 +85,27 @@ impl Node {
             }
         }
         if bad.is_empty() {
-            if let Some(k) = odd_one_out(&stripe, &first) {
-                bad.push((k, "its bytes disagree with the other strips".into()));
+            let strips: Option<Vec<&[u8]>> = first
+                .iter()
+                .map(|r| r.as_ref().ok().map(|r| &r.bytes[..]))
+                .collect();
+            match strips.map(|s| parity_check(&stripe.codec, &s)) {
+                Some(Parity::Odd(k)) => {
+                    bad.push((k, "its bytes disagree with the other strips".into()));
+                    replace.insert(k);
+                }
+                Some(Parity::Unlocated(why)) => {
+                    report.version = Some(version);
+                    report.unrecoverable = Some(why);
+                    return Ok(report);
+                }
+                Some(Parity::Matches) | None => {}
             }
         }
         report.version = Some(version);
         let repaired = if repair && !bad.is_empty() {
             Some(
-                self.repair_strips(ep, cfg, &stripe, mixed, version, &bad)
+                self.repair_strips(ep, cfg, &stripe, mixed, version, &bad, replace)
                     .await,
             )
         } else {
@@ -125,7 +143,9 @@ impl Node {
     }
 
     /// Rebuilds the strips of `bad` at `version` from the others (a mixed stripe is resolved
-    /// instead, which rebuilds what it must).
+    /// instead, which rebuilds what it must); the copies of `replace` are replaced though
+    /// they are at `version` and read back.
+    #[allow(clippy::too_many_arguments)]
     async fn repair_strips(
         self: &Arc<Self>,
         ep: &Epoch,
@@ -134,6 +154,7 @@ impl Node {
         mixed: bool,
         version: Version,
         bad: &[(usize, String)],
+        replace: StripSet,
     ) -> Result<(), String> {
         if mixed {
             self.ec_known.remove(stripe.oid);
@@ -152,7 +173,7 @@ impl Node {
             rebuild.insert(*k);
         }
         let sources = StripSet::first(stripe.width()).minus(rebuild);
-        self.rebuild(ep, cfg, stripe, version, sources, rebuild, None)
+        self.rebuild_replacing(ep, cfg, stripe, version, sources, rebuild, None, replace)
             .await
             .map_err(|f| f.message)?;
         self.ec_count(super::EcEvent::Rebuilt);
@@ -160,27 +181,105 @@ impl Node {
     }
 }
 
-/// With every strip read back at one version: the one strip whose bytes disagree with the
-/// others (the others decode to a stripe that differs from it only), if parity does not match.
-fn odd_one_out(stripe: &Stripe, reads: &[Result<StripRead, Failure>]) -> Option<usize> {
-    let strips: Vec<&[u8]> = reads
-        .iter()
-        .map(|r| r.as_ref().ok().map(|r| &r.bytes[..]))
-        .collect::<Option<_>>()?;
-    let x = stripe.codec.data();
-    let parity = stripe.codec.parity_of(&strips[..x]).ok()?;
+/// What the parity of a stripe whose strips all read back at one version says.
+#[derive(Debug, PartialEq, Eq)]
+enum Parity {
+    /// It matches the data.
+    Matches,
+    /// It does not, and strip k is the one whose bytes disagree: the others decode to a
+    /// stripe that differs from it only.
+    Odd(usize),
+    /// It does not, and no one strip explains it (or with one parity strip, any could):
+    /// nothing can tell which bytes are right, so nothing may be rebuilt.
+    Unlocated(String),
+}
+
+/// Judges `strips` (every strip of one stripe, whole, at one version) by their parity. One
+/// wrong strip is located only with two parity strips or more: with y = 1 the x strips other
+/// than any one decode to a stripe that agrees with the rest, the wrong one included, so
+/// taking the first that fits would rebuild a good strip from a bad one.
+fn parity_check(codec: &Codec, strips: &[&[u8]]) -> Parity {
+    let x = codec.data();
+    let Ok(parity) = codec.parity_of(&strips[..x]) else {
+        return Parity::Matches; // not the codec's shape: the reads already failed
+    };
     if parity.iter().zip(&strips[x..]).all(|(p, s)| &p[..] == *s) {
-        return None;
+        return Parity::Matches;
     }
-    (0..strips.len()).find(|&j| {
-        // Decode from x strips other than j; the rest must agree with the result.
-        let mut some: Vec<Option<Vec<u8>>> = vec![None; strips.len()];
-        for k in (0..strips.len()).filter(|&k| k != j).take(x) {
-            some[k] = Some(strips[k].to_vec());
+    if codec.parity() < 2 {
+        return Parity::Unlocated(format!(
+            "parity does not match the data, and with {} parity strip nothing tells which strip is wrong",
+            codec.parity()
+        ));
+    }
+    let fits: Vec<usize> = (0..strips.len())
+        .filter(|&j| {
+            // Decode from x strips other than j; the rest must agree with the result.
+            let mut some: Vec<Option<Vec<u8>>> = vec![None; strips.len()];
+            for k in (0..strips.len()).filter(|&k| k != j).take(x) {
+                some[k] = Some(strips[k].to_vec());
+            }
+            codec.reconstruct(&mut some).is_ok()
+                && (0..strips.len())
+                    .filter(|&k| k != j)
+                    .all(|k| some[k].as_deref() == Some(strips[k]))
+        })
+        .collect();
+    match fits[..] {
+        [k] => Parity::Odd(k),
+        _ => Parity::Unlocated(
+            "parity does not match the data, and no one strip explains it (more than one is wrong)"
+                .into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stripe_of(codec: &Codec, seed: u8) -> Vec<Vec<u8>> {
+        let object: Vec<u8> = (0..codec.strip_len() * codec.data())
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect();
+        codec.encode(&object)
+    }
+
+    fn judge(strips: &[Vec<u8>], codec: &Codec) -> Parity {
+        let s: Vec<&[u8]> = strips.iter().map(|s| &s[..]).collect();
+        parity_check(codec, &s)
+    }
+
+    #[test]
+    fn one_wrong_strip_is_located_with_two_parity_strips() {
+        let codec = Codec::new(Redundancy::Ec { data: 4, parity: 2 }, 64 << 10).unwrap();
+        let good = stripe_of(&codec, 1);
+        assert_eq!(judge(&good, &codec), Parity::Matches);
+        for k in 0..6 {
+            let mut s = good.clone();
+            s[k][100] ^= 0x5a;
+            assert_eq!(judge(&s, &codec), Parity::Odd(k), "strip {k}");
         }
-        stripe.codec.reconstruct(&mut some).is_ok()
-            && (0..strips.len())
-                .filter(|&k| k != j)
-                .all(|k| some[k].as_deref() == Some(strips[k]))
-    })
+        let mut two = good.clone();
+        two[1][7] ^= 1;
+        two[4][9] ^= 1;
+        assert!(matches!(judge(&two, &codec), Parity::Unlocated(_)));
+    }
+
+    /// x:1 finds a mismatch but cannot say where: never "strip 0" (which a repair would then
+    /// rebuild from the bad strip).
+    #[test]
+    fn one_parity_strip_finds_a_mismatch_but_never_names_a_strip() {
+        let codec = Codec::new(Redundancy::Ec { data: 2, parity: 1 }, 64 << 10).unwrap();
+        let good = stripe_of(&codec, 2);
+        assert_eq!(judge(&good, &codec), Parity::Matches);
+        for k in 0..3 {
+            let mut s = good.clone();
+            s[k][3] ^= 0x80;
+            match judge(&s, &codec) {
+                Parity::Unlocated(why) => assert!(why.contains("1 parity strip"), "{why}"),
+                other => panic!("strip {k} changed: {other:?}"),
+            }
+        }
+    }
 }

@@ -12,6 +12,7 @@ use crate::node::{Epoch, Node};
 use objstore_proto::ec::resolve::StripSet;
 use objstore_proto::ec::wire::{self, StripHead, StripOp};
 use objstore_proto::frame::{Header, Opcode, ResultCode};
+use objstore_proto::oid::ObjectId;
 use objstore_proto::version::Version;
 use objstore_proto::view::ClusterConfig;
 
@@ -28,15 +29,35 @@ impl Node {
         offset: u64,
         bytes: Bytes,
     ) -> Result<(), Failure> {
+        self.strip_call_as(ep, cfg, stripe, k, head, offset, bytes, 0)
+            .await
+    }
+
+    /// [`Node::strip_call`] with the `PeerStrip` header's `aux` flags
+    /// ([`wire::PUT_REPLACES`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn strip_call_as(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        k: usize,
+        head: StripHead,
+        offset: u64,
+        bytes: Bytes,
+        aux: u32,
+    ) -> Result<(), Failure> {
         let key = stripe.key(k);
         let holder = holder_of(stripe, k)?;
         if holder.id == self.me.id {
+            self.replacing(key, &head, aux);
             return self.apply_strip(ep, cfg, key, head, offset, bytes).await;
         }
         let mut h = Header::request(Opcode::PeerStrip, 0, ep.view.epoch);
         h.oid = key.0;
         h.offset = offset;
         h.length = bytes.len() as u32;
+        h.aux = aux;
         let f = self
             .strip_peer_call(
                 holder.addr,
@@ -48,6 +69,24 @@ impl Node {
         match f.header.result_code() {
             ResultCode::Ok => Ok(()),
             code => Err(strip_failure(holder.addr, code, f.message())),
+        }
+    }
+
+    /// Before a `Put` flagged [`wire::PUT_REPLACES`] of strip `key` here: the copy here at the
+    /// Put's version reads back but is wrong, so it is marked lost in the store (unreadable;
+    /// a copy as new replaces it), and the Put installs over it and keeps no undo of it. A
+    /// copy at another version is left to the Put's own rules.
+    pub(in crate::node) fn replacing(&self, key: ObjectId, head: &StripHead, aux: u32) {
+        if aux & wire::PUT_REPLACES == 0 || head.op != StripOp::Put {
+            return;
+        }
+        let here = self.store.meta(key);
+        if here.is_some_and(|s| s.version == head.version && !s.deleted) {
+            tracing::warn!(
+                "strip {key}: the copy here at {:?} is wrong (its bytes disagree with parity): replaced by its primary's rebuild",
+                head.version
+            );
+            self.store.mark_lost(key);
         }
     }
 

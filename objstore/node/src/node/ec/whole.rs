@@ -347,6 +347,33 @@ impl Node {
         rebuild: StripSet,
         head: Option<StripHead>,
     ) -> Result<(), Failure> {
+        self.rebuild_replacing(
+            ep,
+            cfg,
+            stripe,
+            version,
+            sources,
+            rebuild,
+            head,
+            StripSet::default(),
+        )
+        .await
+    }
+
+    /// [`Node::rebuild`], the copies of `replace` (which read back but are wrong) replaced
+    /// though they are at `version` ([`wire::PUT_REPLACES`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn rebuild_replacing(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        version: Version,
+        sources: StripSet,
+        rebuild: StripSet,
+        head: Option<StripHead>,
+        replace: StripSet,
+    ) -> Result<(), Failure> {
         // A strip with no holder (fewer nodes than strips) is rebuilt once one joins.
         let rebuild = rebuild.and(stripe.held());
         if rebuild.is_empty() {
@@ -379,7 +406,12 @@ impl Node {
         }
         let puts = rebuild.iter().map(|k| {
             let bytes = Bytes::from(strips[k].clone().expect("reconstructed"));
-            self.strip_call(ep, cfg, stripe, k, head, 0, bytes)
+            let aux = if replace.contains(k) {
+                wire::PUT_REPLACES
+            } else {
+                0
+            };
+            self.strip_call_as(ep, cfg, stripe, k, head, 0, bytes, aux)
         });
         for r in futures::future::join_all(puts).await {
             r?;

@@ -92,6 +92,7 @@ pub(super) async fn peer(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handle
                 "PeerStrip payload without a valid strip head",
             ));
         };
+        node.replacing(key, &head, h.aux);
         node.apply_strip(&ep, &cfg, key, head, h.offset, data)
             .await?;
         return Ok(Reply::empty());
