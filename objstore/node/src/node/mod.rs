@@ -165,6 +165,9 @@ pub struct Node {
     ring_order: ringorder::Cache,
     /// Orders changes of one object as its primary (sharded), held while the replicas apply.
     obj_locks: Vec<tokio::sync::Mutex<()>>,
+    /// Orders an erasure-coded object's changes, resolutions and reads as its primary
+    /// (sharded): reads of a stripe known whole share it, the rest take it alone.
+    ec_locks: Vec<tokio::sync::RwLock<()>>,
     /// Taken by a copy-on-write that builds a whole object (see [`cow::WHOLE_COPIES`]): the
     /// gate charges a `CowWrite` only what a partial copy holds.
     whole_copies: tokio::sync::Semaphore,
@@ -396,6 +399,9 @@ impl Node {
             background: tokio::sync::Semaphore::new(background::slots()),
             ring_order: Default::default(),
             obj_locks: (0..replicate::LOCK_SHARDS)
+                .map(|_| Default::default())
+                .collect(),
+            ec_locks: (0..replicate::LOCK_SHARDS)
                 .map(|_| Default::default())
                 .collect(),
             whole_copies: tokio::sync::Semaphore::new(cow::WHOLE_COPIES),

@@ -166,6 +166,11 @@ impl Node {
         &self.obj_locks[shard(oid)]
     }
 
+    /// The primary's lock of erasure-coded object `oid` (see `Node::ec_locks`).
+    pub(super) fn ec_lock(&self, oid: ObjectId) -> &tokio::sync::RwLock<()> {
+        &self.ec_locks[shard(oid)]
+    }
+
     /// A replica's lock for `oid`: a different lock from the primary's, since a node is
     /// primary of some objects and replica of others in one shard, and two primaries
     /// forwarding to each other must never wait on each other's lock.

@@ -33,7 +33,7 @@ impl Node {
         repair: bool,
     ) -> Result<EcCheckReport, Failure> {
         let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
-        let _ordered = self.obj_lock(oid).lock().await;
+        let _ordered = self.ec_lock(oid).write().await;
         let first = self.read_whole_stripe(ep, cfg, &stripe).await;
         let mut report = EcCheckReport {
             strips: first.iter().filter(|r| r.is_ok()).count() as u64,

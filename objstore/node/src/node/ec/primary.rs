@@ -13,6 +13,7 @@ use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
 use objstore_proto::ec::resolve::StripSet;
 use objstore_proto::ec::wire::{StripHead, StripOp};
+use objstore_proto::ec::Piece;
 use objstore_proto::frame::ResultCode;
 use objstore_proto::oid::ObjectId;
 use objstore_proto::redundancy::Redundancy;
@@ -49,7 +50,7 @@ impl Node {
         change: EcChange,
     ) -> Result<Version, Failure> {
         let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
-        let _ordered = self.obj_lock(oid).lock().await;
+        let _ordered = self.ec_lock(oid).write().await;
         let now = self.ec_decided(ep, cfg, &stripe).await?;
         if expected != now.version {
             return Err(conflict(oid, now.version, expected));
@@ -143,7 +144,15 @@ impl Node {
         len: usize,
     ) -> Result<Bytes, Failure> {
         let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
-        let _ordered = self.obj_lock(oid).lock().await;
+        // Reads of a stripe known whole in the epoch share the lock (no change is half done
+        // while they read); one that may have to resolve the stripe takes it alone.
+        let shared = self.ec_lock(oid).read().await;
+        let _ordered = if self.ec_known.contains(ep.view.epoch, oid) {
+            (Some(shared), None)
+        } else {
+            drop(shared);
+            (None, Some(self.ec_lock(oid).write().await))
+        };
         let now = self.ec_decided(ep, cfg, &stripe).await?;
         if now.empty {
             // Never written, or removed: as a replicated object no node holds.
@@ -152,8 +161,20 @@ impl Node {
                 format!("object {oid} is not on any node"),
             ));
         }
-        let mut out = BytesMut::zeroed(len);
         let pieces = stripe.codec.locate(offset as usize, len);
+        if let [p] = &pieces[..] {
+            // Within one strip (most reads): its holder's bytes as they came, no copy.
+            let r = self
+                .strip_read(ep, cfg, &stripe, p.strip, p.strip_offset as u64, p.len)
+                .await;
+            // Else (its holder failed, or holds another version) decoded below.
+            if let Ok(r) = r {
+                if r.head.version == now.version && r.bytes.len() == len {
+                    return Ok(r.bytes);
+                }
+            }
+        }
+        let mut out = BytesMut::zeroed(len);
         let reads = pieces.iter().map(|p| {
             let range = p.strip_offset..p.strip_offset + p.len;
             self.strip_range(ep, cfg, &stripe, now.version, p.strip, range)
@@ -207,7 +228,7 @@ impl Node {
             let Ok(stripe) = self.ec_stripe(ep, &cfg, oid, note.head.scheme()) else {
                 continue;
             };
-            let _ordered = self.obj_lock(oid).lock().await;
+            let _ordered = self.ec_lock(oid).write().await;
             match self.ec_decided(ep, &cfg, &stripe).await {
                 Ok(_) => resolved += 1,
                 Err(f) => {
@@ -242,7 +263,8 @@ impl Node {
 
     /// The ops of `change` for each strip (head, offset in the strip, bytes), from the
     /// stripe at `now` to `new`: a data strip written gets its new bytes, a parity strip the
-    /// delta of its columns, every other strip only the version.
+    /// delta of its columns (`Xor`) or their new bytes (`Write`), every other strip only the
+    /// version.
     async fn plan_change(
         self: &Arc<Self>,
         ep: &Epoch,
@@ -272,21 +294,83 @@ impl Node {
                 )
             })
             .collect();
-        // The parity delta of every piece, over the columns the pieces cover together.
+        // The columns the pieces cover together.
         let cols = pieces
             .iter()
             .map(|p| stripe.codec.columns(p.strip_offset, p.len))
             .reduce(|a, b| a.start.min(b.start)..a.end.max(b.end))
             .expect("a write of at least one byte");
-        let mut deltas = vec![vec![0u8; cols.len()]; w - x];
         for p in &pieces {
+            ops[p.strip] = (
+                stripe.head(StripOp::Write, now.version, new, touched),
+                p.strip_offset as u64,
+                data.slice(p.at..p.at + p.len),
+            );
+        }
+        // Parity from the old bytes of what the write covers and its delta (read-modify-
+        // write), or recoded from the new data strips with the columns of the others read
+        // (reconstruct-write), whichever reads fewer old bytes, the latter when even (its
+        // parity holders replace bytes instead of reading them to XOR): a write of whole
+        // strips but one (waiting writes sent as one, `objstore_client`'s batches) reads one
+        // strip instead of all it writes, and a whole stripe reads nothing. A stripe never
+        // written reads as zeros, and needs no read either way.
+        let rmw: usize = pieces
+            .iter()
+            .map(|p| stripe.codec.columns(p.strip_offset, p.len).len())
+            .sum();
+        let whole = |k: usize| {
+            pieces.iter().any(|p| {
+                p.strip == k && p.strip_offset <= cols.start && p.strip_offset + p.len >= cols.end
+            })
+        };
+        let recode = (0..x).filter(|&k| !whole(k)).count() * cols.len();
+        let parity = if recode <= rmw || now.empty {
+            self.recoded_parity(ep, cfg, stripe, now, &pieces, &data, cols.clone())
+                .await?
+        } else {
+            self.parity_after(ep, cfg, stripe, now, &pieces, &data, cols.clone())
+                .await?
+        };
+        for (j, (op, bytes)) in parity.into_iter().enumerate() {
+            ops[x + j] = (
+                stripe.head(op, now.version, new, touched),
+                cols.start as u64,
+                Bytes::from(bytes),
+            );
+        }
+        Ok(ops)
+    }
+
+    /// Read-modify-write: what each parity strip XORs over `cols` (op `Xor`), from the old
+    /// bytes of the columns each piece covers, read in parallel.
+    #[allow(clippy::too_many_arguments)]
+    async fn parity_after(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        now: Decision,
+        pieces: &[Piece],
+        data: &Bytes,
+        cols: std::ops::Range<usize>,
+    ) -> Result<Vec<(StripOp, Vec<u8>)>, Failure> {
+        let (x, w) = (stripe.codec.data(), stripe.width());
+        let olds = futures::future::join_all(pieces.iter().map(|p| {
             let c = stripe.codec.columns(p.strip_offset, p.len);
-            let old = if now.empty {
-                vec![0u8; c.len()]
-            } else {
-                self.strip_range(ep, cfg, stripe, now.version, p.strip, c.clone())
-                    .await?
-            };
+            async move {
+                if now.empty {
+                    Ok(vec![0u8; c.len()])
+                } else {
+                    self.strip_range(ep, cfg, stripe, now.version, p.strip, c)
+                        .await
+                }
+            }
+        }))
+        .await;
+        let mut deltas = vec![vec![0u8; cols.len()]; w - x];
+        for (p, old) in pieces.iter().zip(olds) {
+            let old = old?;
+            let c = stripe.codec.columns(p.strip_offset, p.len);
             let mut new_bytes = old.clone();
             let at = p.strip_offset - c.start;
             new_bytes[at..at + p.len].copy_from_slice(&data[p.at..p.at + p.len]);
@@ -298,20 +382,53 @@ impl Node {
                 let from = c.start - cols.start;
                 objstore_proto::ec::xor_into(&mut deltas[j][from..from + d.len()], d);
             }
-            ops[p.strip] = (
-                stripe.head(StripOp::Write, now.version, new, touched),
-                p.strip_offset as u64,
-                data.slice(p.at..p.at + p.len),
-            );
         }
-        for (j, d) in deltas.into_iter().enumerate() {
-            ops[x + j] = (
-                stripe.head(StripOp::Xor, now.version, new, touched),
-                cols.start as u64,
-                Bytes::from(d),
-            );
+        Ok(deltas.into_iter().map(|d| (StripOp::Xor, d)).collect())
+    }
+
+    /// Reconstruct-write: the new parity of `cols` (op `Write`), recoded from every data
+    /// strip's columns: the write's bytes where it covers them, the old bytes (read in
+    /// parallel) elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    async fn recoded_parity(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        stripe: &Stripe,
+        now: Decision,
+        pieces: &[Piece],
+        data: &Bytes,
+        cols: std::ops::Range<usize>,
+    ) -> Result<Vec<(StripOp, Vec<u8>)>, Failure> {
+        let x = stripe.codec.data();
+        let covers = |k: usize| {
+            pieces.iter().any(|p| {
+                p.strip == k && p.strip_offset <= cols.start && p.strip_offset + p.len >= cols.end
+            })
+        };
+        let reads = futures::future::join_all((0..x).map(|k| {
+            let cols = cols.clone();
+            async move {
+                if now.empty || covers(k) {
+                    Ok(vec![0u8; cols.len()])
+                } else {
+                    self.strip_range(ep, cfg, stripe, now.version, k, cols)
+                        .await
+                }
+            }
+        }))
+        .await;
+        let mut strips = Vec::with_capacity(x);
+        for r in reads {
+            strips.push(r?);
         }
-        Ok(ops)
+        for p in pieces {
+            let at = p.strip_offset - cols.start;
+            strips[p.strip][at..at + p.len].copy_from_slice(&data[p.at..p.at + p.len]);
+        }
+        let parity = (stripe.codec.parity_of(&strips))
+            .map_err(|e| Failure::new(ResultCode::Io, e.to_string()))?;
+        Ok(parity.into_iter().map(|b| (StripOp::Write, b)).collect())
     }
 
     /// Bytes `range` of data strip `k` at `version`: from its holder, or decoded from the same
