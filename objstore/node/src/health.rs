@@ -418,6 +418,9 @@ impl ObjectBackend for HealthStore {
     fn note(&self, oid: ObjectId) -> Option<Vec<u8>> {
         self.inner.note(oid)
     }
+    fn note_prefix(&self, oid: ObjectId, len: usize) -> Option<Vec<u8>> {
+        self.inner.note_prefix(oid, len)
+    }
     fn set_note(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
         self.saw(oid, "write", self.inner.set_note(oid, note))
     }

@@ -257,12 +257,16 @@ impl Note {
         }
     }
 
-    /// The head a holder answers for its strip at `version` with this note.
-    pub(super) fn answer(note: Option<&Note>, like: &StripHead, version: Version) -> StripHead {
-        match note {
-            Some(n) if n.head.version == version && n.head.flags & FLAG_KNOWN != 0 => StripHead {
+    /// The head a holder answers for its strip at `version` with its note's head `noted`.
+    pub(super) fn answer(
+        noted: Option<&StripHead>,
+        like: &StripHead,
+        version: Version,
+    ) -> StripHead {
+        match noted {
+            Some(n) if n.version == version && n.flags & FLAG_KNOWN != 0 => StripHead {
                 op: StripOp::Write,
-                ..n.head
+                ..*n
             },
             _ => StripHead {
                 op: StripOp::Write,

@@ -625,6 +625,10 @@ impl ObjectBackend for FileStore {
         self.notes.get(oid)
     }
 
+    fn note_prefix(&self, oid: ObjectId, len: usize) -> Option<Vec<u8>> {
+        self.notes.prefix(oid, len)
+    }
+
     fn set_note(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
         self.notes.set(oid, note)
     }

@@ -396,6 +396,14 @@ pub trait ObjectBackend: Send + Sync + 'static {
     fn note(&self, _oid: ObjectId) -> Option<Vec<u8>> {
         None
     }
+    /// The first `len` bytes of `oid`'s note (all of it if shorter): what a reader of a note's
+    /// head needs, without its tail (an erasure-coded strip's undo, up to a strip's size).
+    fn note_prefix(&self, oid: ObjectId, len: usize) -> Option<Vec<u8>> {
+        self.note(oid).map(|mut n| {
+            n.truncate(len);
+            n
+        })
+    }
     /// Keeps `note` with `oid` in place of the one before: a few bytes the node keeps beside an
     /// object's own (an erasure-coded strip's last change and what undoes it). A note set
     /// before a write lasts at least as long as that write's bytes: a kill keeps both, a

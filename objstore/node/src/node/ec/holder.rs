@@ -11,7 +11,7 @@ use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
 use crate::store::{ObjState, StoreError};
 use objstore_proto::ec::wire::{
-    StripHead, StripOp, FLAG_BACK, FLAG_DELETED, FLAG_KNOWN, FLAG_UNSURE,
+    StripHead, StripOp, FLAG_BACK, FLAG_DELETED, FLAG_KNOWN, FLAG_UNSURE, HEAD_LEN,
 };
 use objstore_proto::ec::{xor_into, Codec};
 use objstore_proto::frame::ResultCode;
@@ -171,13 +171,16 @@ impl Node {
         if head.op == StripOp::Settle {
             // The change is acknowledged: its undo is never needed. Not synced: an undo a
             // crash brings back costs only space.
-            let note = store.note(key).and_then(|b| Note::decode(&b));
-            if let Some(n) = note.filter(|n| {
-                n.head.version == head.version && state.version == head.version && cur.is_some()
+            // Only the note's head is read: its undo may be as large as the strip.
+            let now = store
+                .note_prefix(key, HEAD_LEN)
+                .and_then(|b| StripHead::decode(&b));
+            if let Some(n) = now.filter(|n| {
+                n.version == head.version && state.version == head.version && cur.is_some()
             }) {
                 let head = StripHead {
-                    flags: n.head.flags & !FLAG_BACK,
-                    ..n.head
+                    flags: n.flags & !FLAG_BACK,
+                    ..n
                 };
                 store.set_note(
                     key,
@@ -359,8 +362,10 @@ impl Node {
                 }
                 _ => vec![0u8; len],
             };
-            let note = store.note(key).and_then(|b| Note::decode(&b));
-            let mut head = Note::answer(note.as_ref(), &like, version);
+            let noted = store
+                .note_prefix(key, HEAD_LEN)
+                .and_then(|b| StripHead::decode(&b));
+            let mut head = Note::answer(noted.as_ref(), &like, version);
             // Nothing here is "never made" only if the strip's holder of every epoch since
             // the clean one is listed; a version here is the newest unless this node missed
             // an epoch whose holder is not listed (seed 70393 with crashes and SIM_EC=2:1: a

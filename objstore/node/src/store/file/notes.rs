@@ -9,6 +9,11 @@
 //! one before it syncs the objects, so after a crash a note is never older than the bytes it
 //! describes. A note torn by a crash fails its check and reads as none. `put_if_newer` and
 //! `forget` remove it.
+//!
+//! The first [`PREFIX`] bytes of the notes read or set lately are kept in memory (an LRU of
+//! [`PREFIXES`]): a strip's note starts with its head (what a strip read answers and what a
+//! `Settle` checks), and its tail, the undo, can be as large as the strip, so reading the head
+//! from the file would read it all to check its crc.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -25,8 +30,15 @@ use crate::store::StoreError;
 /// The notes' directory in the store's.
 pub(super) const DIR: &str = ".notes";
 
+/// Bytes of a note's start kept in memory.
+pub(super) const PREFIX: usize = 64;
+/// Notes whose start is kept in memory.
+const PREFIXES: usize = 1 << 16;
+
 pub(super) struct Notes {
     dir: PathBuf,
+    /// The first [`PREFIX`] bytes of notes read (and checked whole) or set lately.
+    prefixes: Mutex<lru::LruCache<ObjectId, Vec<u8>>>,
     /// Notes set since the last flush.
     dirty: Mutex<HashSet<ObjectId>>,
     /// Notes whose file was created since the directory was last synced.
@@ -39,6 +51,9 @@ impl Notes {
         fs::create_dir_all(&dir)?;
         Ok(Notes {
             dir,
+            prefixes: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(PREFIXES).expect("not zero"),
+            )),
             dirty: Mutex::default(),
             fresh: Mutex::default(),
         })
@@ -49,6 +64,32 @@ impl Notes {
     }
 
     pub(super) fn get(&self, oid: ObjectId) -> Option<Vec<u8>> {
+        let note = self.read_checked(oid);
+        let mut prefixes = self.prefixes.lock().unwrap();
+        match &note {
+            Some(n) => {
+                prefixes.put(oid, n[..n.len().min(PREFIX)].to_vec());
+            }
+            None => {
+                prefixes.pop(&oid);
+            }
+        }
+        note
+    }
+
+    /// The first `len` bytes of `oid`'s note: from memory when kept there, else from the file.
+    pub(super) fn prefix(&self, oid: ObjectId, len: usize) -> Option<Vec<u8>> {
+        if len <= PREFIX {
+            if let Some(p) = self.prefixes.lock().unwrap().get(&oid) {
+                return Some(p[..len.min(p.len())].to_vec());
+            }
+        }
+        let mut note = self.get(oid)?;
+        note.truncate(len);
+        Some(note)
+    }
+
+    fn read_checked(&self, oid: ObjectId) -> Option<Vec<u8>> {
         let b = fs::read(self.path(oid)).ok()?;
         let sum = u32::from_be_bytes(b.get(..4)?.try_into().ok()?);
         let len = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?) as usize;
@@ -57,6 +98,8 @@ impl Notes {
     }
 
     pub(super) fn set(&self, oid: ObjectId, note: &[u8]) -> Result<(), StoreError> {
+        // Forgotten first: a set that fails half way leaves the file to say what it holds.
+        self.prefixes.lock().unwrap().pop(&oid);
         let mut b = Vec::with_capacity(8 + note.len());
         b.extend_from_slice(&[0; 4]);
         b.extend_from_slice(&(note.len() as u32).to_be_bytes());
@@ -86,10 +129,12 @@ impl Notes {
                 .map_err(|e| StoreError::io(oid, "shorten note", e))?;
         }
         self.dirty.lock().unwrap().insert(oid);
+        (self.prefixes.lock().unwrap()).put(oid, note[..note.len().min(PREFIX)].to_vec());
         Ok(())
     }
 
     pub(super) fn remove(&self, oid: ObjectId) -> Result<(), StoreError> {
+        self.prefixes.lock().unwrap().pop(&oid);
         self.dirty.lock().unwrap().remove(&oid);
         match fs::remove_file(self.path(oid)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {

@@ -341,6 +341,47 @@ fn parts_failing_halfway_lose_the_copy() {
 /// A note is read back until the object is forgotten or installed whole; it survives a
 /// reopen; a torn one reads as none.
 #[test]
+fn a_notes_start_is_read_without_its_tail() {
+    let d = tempfile::tempdir().unwrap();
+    let a = ObjectId::data(Vid(1), ObjIndex(0)).strip(1);
+    let long: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+    {
+        let s = FileStore::open(d.path()).unwrap();
+        assert_eq!(s.note_prefix(a, 24), None);
+        s.set_note(a, &long).unwrap();
+        assert_eq!(s.note_prefix(a, 24).as_deref(), Some(&long[..24]));
+        assert_eq!(
+            s.note_prefix(a, 1000).as_deref(),
+            Some(&long[..1000]),
+            "past the kept start"
+        );
+        s.set_note(a, b"short").unwrap();
+        assert_eq!(s.note_prefix(a, 24).as_deref(), Some(&b"short"[..]));
+        s.set_note(a, &long).unwrap();
+        s.flush().unwrap();
+    }
+    // A store opened afresh reads it from the file, whole and checked.
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(s.note_prefix(a, 24).as_deref(), Some(&long[..24]));
+    let path = d.path().join(".notes").join(a.to_string());
+    let mut b = fs::read(&path).unwrap();
+    b[50_000] ^= 1;
+    fs::write(&path, &b).unwrap();
+    drop(s);
+    let s = FileStore::open(d.path()).unwrap();
+    assert_eq!(
+        s.note_prefix(a, 24),
+        None,
+        "torn in its tail: no note, not its start"
+    );
+    s.set_note(a, b"n").unwrap();
+    s.write(a, 0, b"x", None, v(1)).unwrap();
+    assert_eq!(s.note_prefix(a, 24).as_deref(), Some(&b"n"[..]));
+    s.forget(a).unwrap();
+    assert_eq!(s.note_prefix(a, 24), None, "forgotten: the note went");
+}
+
+#[test]
 fn notes_last_with_their_object() {
     let d = tempfile::tempdir().unwrap();
     let s = FileStore::open(d.path()).unwrap();
