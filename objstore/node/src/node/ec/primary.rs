@@ -37,6 +37,25 @@ pub(super) struct Decision {
     pub(super) whole: bool,
 }
 
+/// A write's pieces against the stripe at `now`, over the columns `cols` they cover together:
+/// what its parity is computed from.
+struct Covered<'a> {
+    stripe: &'a Stripe,
+    now: Decision,
+    pieces: &'a [Piece],
+    data: &'a Bytes,
+    cols: std::ops::Range<usize>,
+}
+
+impl Covered<'_> {
+    /// Whether the write covers data strip `k` over all of `cols`.
+    fn whole(&self, k: usize) -> bool {
+        let c = &self.cols;
+        (self.pieces.iter())
+            .any(|p| p.strip == k && p.strip_offset <= c.start && p.strip_offset + p.len >= c.end)
+    }
+}
+
 impl Node {
     /// `EcWrite`, `EcRemove`: `change` of `oid` as its primary; the version it made.
     #[allow(clippy::too_many_arguments)]
@@ -318,18 +337,18 @@ impl Node {
             .iter()
             .map(|p| stripe.codec.columns(p.strip_offset, p.len).len())
             .sum();
-        let whole = |k: usize| {
-            pieces.iter().any(|p| {
-                p.strip == k && p.strip_offset <= cols.start && p.strip_offset + p.len >= cols.end
-            })
+        let w = Covered {
+            stripe,
+            now,
+            pieces: &pieces,
+            data: &data,
+            cols: cols.clone(),
         };
-        let recode = (0..x).filter(|&k| !whole(k)).count() * cols.len();
+        let recode = (0..x).filter(|&k| !w.whole(k)).count() * cols.len();
         let parity = if recode <= rmw || now.empty {
-            self.recoded_parity(ep, cfg, stripe, now, &pieces, &data, cols.clone())
-                .await?
+            self.recoded_parity(ep, cfg, &w).await?
         } else {
-            self.parity_after(ep, cfg, stripe, now, &pieces, &data, cols.clone())
-                .await?
+            self.parity_after(ep, cfg, &w).await?
         };
         for (j, (op, bytes)) in parity.into_iter().enumerate() {
             ops[x + j] = (
@@ -341,39 +360,35 @@ impl Node {
         Ok(ops)
     }
 
-    /// Read-modify-write: what each parity strip XORs over `cols` (op `Xor`), from the old
-    /// bytes of the columns each piece covers, read in parallel.
-    #[allow(clippy::too_many_arguments)]
+    /// Read-modify-write: what each parity strip XORs over the columns (op `Xor`), from the
+    /// old bytes of the columns each piece covers, read in parallel.
     async fn parity_after(
         self: &Arc<Self>,
         ep: &Epoch,
         cfg: &ClusterConfig,
-        stripe: &Stripe,
-        now: Decision,
-        pieces: &[Piece],
-        data: &Bytes,
-        cols: std::ops::Range<usize>,
+        w: &Covered<'_>,
     ) -> Result<Vec<(StripOp, Vec<u8>)>, Failure> {
-        let (x, w) = (stripe.codec.data(), stripe.width());
-        let olds = futures::future::join_all(pieces.iter().map(|p| {
+        let (stripe, cols) = (w.stripe, &w.cols);
+        let (x, width) = (stripe.codec.data(), stripe.width());
+        let olds = futures::future::join_all(w.pieces.iter().map(|p| {
             let c = stripe.codec.columns(p.strip_offset, p.len);
             async move {
-                if now.empty {
+                if w.now.empty {
                     Ok(vec![0u8; c.len()])
                 } else {
-                    self.strip_range(ep, cfg, stripe, now.version, p.strip, c)
+                    self.strip_range(ep, cfg, stripe, w.now.version, p.strip, c)
                         .await
                 }
             }
         }))
         .await;
-        let mut deltas = vec![vec![0u8; cols.len()]; w - x];
-        for (p, old) in pieces.iter().zip(olds) {
+        let mut deltas = vec![vec![0u8; cols.len()]; width - x];
+        for (p, old) in w.pieces.iter().zip(olds) {
             let old = old?;
             let c = stripe.codec.columns(p.strip_offset, p.len);
             let mut new_bytes = old.clone();
             let at = p.strip_offset - c.start;
-            new_bytes[at..at + p.len].copy_from_slice(&data[p.at..p.at + p.len]);
+            new_bytes[at..at + p.len].copy_from_slice(&w.data[p.at..p.at + p.len]);
             let delta = stripe
                 .codec
                 .parity_delta(p.strip, &old, &new_bytes)
@@ -386,45 +401,35 @@ impl Node {
         Ok(deltas.into_iter().map(|d| (StripOp::Xor, d)).collect())
     }
 
-    /// Reconstruct-write: the new parity of `cols` (op `Write`), recoded from every data
+    /// Reconstruct-write: the new parity of the columns (op `Write`), recoded from every data
     /// strip's columns: the write's bytes where it covers them, the old bytes (read in
     /// parallel) elsewhere.
-    #[allow(clippy::too_many_arguments)]
     async fn recoded_parity(
         self: &Arc<Self>,
         ep: &Epoch,
         cfg: &ClusterConfig,
-        stripe: &Stripe,
-        now: Decision,
-        pieces: &[Piece],
-        data: &Bytes,
-        cols: std::ops::Range<usize>,
+        w: &Covered<'_>,
     ) -> Result<Vec<(StripOp, Vec<u8>)>, Failure> {
-        let x = stripe.codec.data();
-        let covers = |k: usize| {
-            pieces.iter().any(|p| {
-                p.strip == k && p.strip_offset <= cols.start && p.strip_offset + p.len >= cols.end
-            })
-        };
-        let reads = futures::future::join_all((0..x).map(|k| {
+        let (stripe, cols) = (w.stripe, &w.cols);
+        let reads = futures::future::join_all((0..stripe.codec.data()).map(|k| {
             let cols = cols.clone();
             async move {
-                if now.empty || covers(k) {
+                if w.now.empty || w.whole(k) {
                     Ok(vec![0u8; cols.len()])
                 } else {
-                    self.strip_range(ep, cfg, stripe, now.version, k, cols)
+                    self.strip_range(ep, cfg, stripe, w.now.version, k, cols)
                         .await
                 }
             }
         }))
         .await;
-        let mut strips = Vec::with_capacity(x);
+        let mut strips = Vec::with_capacity(reads.len());
         for r in reads {
             strips.push(r?);
         }
-        for p in pieces {
+        for p in w.pieces {
             let at = p.strip_offset - cols.start;
-            strips[p.strip][at..at + p.len].copy_from_slice(&data[p.at..p.at + p.len]);
+            strips[p.strip][at..at + p.len].copy_from_slice(&w.data[p.at..p.at + p.len]);
         }
         let parity = (stripe.codec.parity_of(&strips))
             .map_err(|e| Failure::new(ResultCode::Io, e.to_string()))?;
