@@ -372,14 +372,7 @@ impl Node {
         let (x, width) = (stripe.codec.data(), stripe.width());
         let olds = futures::future::join_all(w.pieces.iter().map(|p| {
             let c = stripe.codec.columns(p.strip_offset, p.len);
-            async move {
-                if w.now.empty {
-                    Ok(vec![0u8; c.len()])
-                } else {
-                    self.strip_range(ep, cfg, stripe, w.now.version, p.strip, c)
-                        .await
-                }
-            }
+            self.old_columns(ep, cfg, w, p.strip, c)
         }))
         .await;
         let mut deltas = vec![vec![0u8; cols.len()]; width - x];
@@ -401,6 +394,23 @@ impl Node {
         Ok(deltas.into_iter().map(|d| (StripOp::Xor, d)).collect())
     }
 
+    /// The bytes of `range` of data strip `k` before the write: zeros for a stripe never
+    /// written (or an empty range), else read from its holder or decoded.
+    async fn old_columns(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        w: &Covered<'_>,
+        k: usize,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<u8>, Failure> {
+        if w.now.empty || range.is_empty() {
+            return Ok(vec![0u8; range.len()]);
+        }
+        self.strip_range(ep, cfg, w.stripe, w.now.version, k, range)
+            .await
+    }
+
     /// Reconstruct-write: the new parity of the columns (op `Write`), recoded from every data
     /// strip's columns: the write's bytes where it covers them, the old bytes (read in
     /// parallel) elsewhere.
@@ -411,15 +421,13 @@ impl Node {
         w: &Covered<'_>,
     ) -> Result<Vec<(StripOp, Vec<u8>)>, Failure> {
         let (stripe, cols) = (w.stripe, &w.cols);
+        // A strip the write covers whole needs nothing old.
         let reads = futures::future::join_all((0..stripe.codec.data()).map(|k| {
-            let cols = cols.clone();
+            let want = if w.whole(k) { 0..0 } else { cols.clone() };
             async move {
-                if w.now.empty || w.whole(k) {
-                    Ok(vec![0u8; cols.len()])
-                } else {
-                    self.strip_range(ep, cfg, stripe, w.now.version, k, cols)
-                        .await
-                }
+                let mut old = self.old_columns(ep, cfg, w, k, want).await?;
+                old.resize(cols.len(), 0);
+                Ok::<_, Failure>(old)
             }
         }))
         .await;
