@@ -193,6 +193,8 @@ pub struct Client {
     before_flush: Mutex<Vec<std::sync::Weak<dyn BeforeFlush>>>,
     /// Writes of erasure-coded objects waiting for their object's turn (`batch`).
     batches: batch::Batches,
+    /// The version of each erasure-coded object's stripe this client knows (`direct`).
+    stripes: direct::Stripes,
 }
 
 /// Changes a client holds back and writes before each flush: a VDI handle's map entries
@@ -241,6 +243,7 @@ impl Client {
             versions: Mutex::default(),
             before_flush: Mutex::default(),
             batches: batch::Batches::default(),
+            stripes: direct::Stripes::default(),
         };
         client.refresh().await?;
         Ok(client)
@@ -624,6 +627,7 @@ impl Client {
 mod batch;
 mod change;
 mod check;
+mod direct;
 mod kv;
 mod refusal;
 mod view;

@@ -68,6 +68,7 @@ opcodes! {
     EcWrite = 0x09, Client;
     EcRemove = 0x0a, Client;
     EcCheck = 0x0b, Client;
+    EcStripRead = 0x0c, Client;
     ClusterInfo = 0x10, Client;
     Format = 0x11, Client;
     KvGet = 0x12, Client;

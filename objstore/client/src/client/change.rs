@@ -47,6 +47,11 @@ impl Client {
             .copied()
             .unwrap_or_default();
         let mut first_sight = expected == Version::NONE;
+        let ec = matches!(h.opcode, Opcode::EcWrite | Opcode::EcRemove);
+        if ec {
+            // No strip read at a version known before this change until it is acknowledged.
+            self.stripes.changing(oid);
+        }
         let res = loop {
             let prefix = match source {
                 None => payload::expected_prefix(expected),
@@ -58,10 +63,11 @@ impl Client {
             if let Ok(f) = &res {
                 match f.header.result_code() {
                     ResultCode::Ok => {
-                        self.versions
-                            .lock()
-                            .unwrap()
-                            .insert(oid, Version(f.header.offset));
+                        let now = Version(f.header.offset);
+                        self.versions.lock().unwrap().insert(oid, now);
+                        if h.opcode == Opcode::EcWrite {
+                            self.stripes.changed(oid, now);
+                        }
                     }
                     ResultCode::Conflict => {
                         let now = Version(f.header.offset);
@@ -94,11 +100,15 @@ impl Client {
     /// over and back): the next change of each learns the object's version from its primary
     /// at once ("first sight"), instead of being refused as out of date and retried after a
     /// backoff. Safe for that reason only: no change of the VDI by this client is in flight.
+    /// The stripe versions its erasure-coded objects' reads went by go too, and that is
+    /// needed: a strip that missed the other writer's change, still at the version this
+    /// client knew, would be read as if current (`direct`).
     pub fn forget_versions(&self, vid: objstore_proto::Vid) {
         self.versions
             .lock()
             .unwrap()
             .retain(|oid, _| oid.vid() != vid);
+        self.stripes.forget_vdi(vid);
     }
 
     /// Writes `data` at `offset` of object `oid` on every replica.
@@ -208,42 +218,6 @@ impl Client {
         h.aux = wire::scheme_aux(scheme);
         self.retry(|v| async move { self.to_primary(&v, h, None, Bytes::new()).await })
             .await
-    }
-
-    /// Reads `len` bytes at `offset` of erasure-coded object `oid` from its primary, which
-    /// reads them from the strips that hold them, or decodes them from any x strips when one
-    /// of those fails. An object never written, or removed, is `ClientError::NotFound`.
-    pub async fn ec_read_obj(
-        &self,
-        oid: ObjectId,
-        scheme: Redundancy,
-        offset: u64,
-        len: u32,
-    ) -> Result<Bytes, ClientError> {
-        let mut h = Header::request(Opcode::EcRead, 0, 0);
-        h.oid = oid.0;
-        h.offset = offset;
-        h.length = len;
-        h.aux = wire::scheme_aux(scheme);
-        self.retry(|v| async move {
-            let primary = match targets(&v, oid) {
-                Ok(t) => t[0],
-                Err(step) => return step,
-            };
-            let mut h = h;
-            h.epoch = v.epoch();
-            match answer(primary, self.call(primary, h, Bytes::new()).await) {
-                Answer::Ok(f) if f.payload.len() == len as usize => Step::Done(f.payload),
-                Answer::Ok(f) => Step::Retry(format!(
-                    "{primary} sent {} bytes, not {len}",
-                    f.payload.len()
-                )),
-                Answer::NotFound => Step::Fatal(ClientError::NotFound(oid)),
-                Answer::Retry(why) => Step::Retry(why),
-                Answer::Fatal(e) => Step::Fatal(e),
-            }
-        })
-        .await
     }
 
     /// Writes `data` at `offset` of object `oid`, which is copied first from object `source`

@@ -75,12 +75,20 @@ pub(super) enum EcEvent {
     Rebuilt,
     /// A piece of a read was decoded from other strips.
     Decoded,
+    /// A client's read of a strip here (`EcStripRead`) was served (true) or refused (its
+    /// strip here at another version, or unreadable).
+    StripRead(bool),
 }
 
 impl super::Node {
     pub(super) fn ec_count(&self, e: EcEvent) {
         let r = self.metrics().registry();
         let c = match e {
+            EcEvent::StripRead(served) => r.counter(
+                "sheep_ec_strip_reads_total",
+                "Clients' reads of erasure-coded strips this node holds, straight from it: served, or refused (the strip here at another version than the client's, or unreadable) and read through the primary",
+                &[("answer", if served { "served" } else { "refused" })],
+            ),
             EcEvent::Decoded => r.counter(
                 "sheep_ec_decoded_reads_total",
                 "Pieces of reads of erasure-coded objects this node (their primary) decoded from other strips than the ones holding them",

@@ -315,6 +315,7 @@ async fn dispatch(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
             ec::request(node, h, payload).await
         }
         Opcode::PeerStrip | Opcode::PeerStripRead => ec::peer(node, h, payload).await,
+        Opcode::EcStripRead => ec::strip_read(node, h, payload).await,
         Opcode::CowWrite => {
             let v = super::cow::cow_write(node, h, payload).await?;
             Ok(Reply::state(Bytes::new(), ObjState::live(v)))

@@ -246,6 +246,7 @@ fn opcode_table() {
         (0x09, Opcode::EcWrite, Client),
         (0x0a, Opcode::EcRemove, Client),
         (0x0b, Opcode::EcCheck, Client),
+        (0x0c, Opcode::EcStripRead, Client),
         (0x1a, Opcode::NodeStat, Client),
         (0x1b, Opcode::CheckObj, Client),
         (0x1c, Opcode::RepairObj, Client),
@@ -376,7 +377,7 @@ async fn refuses_bad_magic() {
 
 #[tokio::test]
 async fn refuses_unknown_opcode() {
-    for op in [0x00, 0x0c, 0x3f, 0x40, 0x80, 0x8b, 0xff] {
+    for op in [0x00, 0x0d, 0x3f, 0x40, 0x80, 0x8b, 0xff] {
         let mut b = GOLDEN_REQUEST;
         b[3] = op;
         assert_eq!(

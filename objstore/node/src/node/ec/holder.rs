@@ -393,6 +393,70 @@ impl Node {
         Ok(read)
     }
 
+    /// `EcStripRead`: bytes `offset .. offset + len` of strip `key` here, for a client that
+    /// knows the stripe at version `want` (acknowledged to it, or answered by the primary's
+    /// read), only if the strip here is at exactly that version and readable. Any other
+    /// strip is `Conflict` naming the version here, and the client reads through the
+    /// primary. Bytes of one version are one stripe's (rule 1), and a version acknowledged
+    /// never goes back, so a strip at `want` holds the bytes the primary would decode. The
+    /// strip's replica lock orders the read with the changes of the strip (a change, a
+    /// `Back`, a `Put` are applied under it): its version and bytes are read as one.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::node) async fn read_strip_at(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        key: ObjectId,
+        like: StripHead,
+        want: Version,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes, Failure> {
+        let r = self
+            .read_strip_at_inner(ep, cfg, key, like, want, offset, len)
+            .await;
+        self.ec_count(super::EcEvent::StripRead(r.is_ok()));
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn read_strip_at_inner(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        cfg: &ClusterConfig,
+        key: ObjectId,
+        like: StripHead,
+        want: Version,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes, Failure> {
+        let codec = self.own_strip(ep, cfg, key, &like)?;
+        fits(&codec, key, offset, len)?;
+        self.ensure_recovered(key)
+            .await
+            .map_err(|why| crate::node::failure::not_recovered(key, why))?;
+        let _ordered = self.replica_lock(key).lock().await;
+        let store = self.store.clone();
+        let bytes = in_store(self, move || {
+            let state = store
+                .meta(key)
+                .filter(|s| !(s.lost || s.suspect || s.deleted));
+            let here = state.map_or(Version::NONE, |s| s.version);
+            if here != want || want == Version::NONE {
+                let mut f = Failure::new(
+                    ResultCode::Conflict,
+                    format!("strip {key} is at {here:?} here, not at {want:?}"),
+                );
+                f.version = Some(here);
+                return Err(f);
+            }
+            Ok(store.read(key, offset, len)?)
+        })
+        .await?;
+        self.same_epoch(ep)?;
+        Ok(Bytes::from(bytes))
+    }
+
     /// `StaleEpoch` unless this node is still at `ep`'s epoch.
     fn same_epoch(&self, ep: &Epoch) -> Result<(), Failure> {
         let now = self.epoch().view.epoch;

@@ -151,7 +151,7 @@ impl Node {
     }
 
     /// `EcRead`: bytes `offset .. offset + len` of `oid` as its primary (`NotFound` for an
-    /// object never written or removed).
+    /// object never written or removed), and the stripe's version.
     #[allow(clippy::too_many_arguments)]
     pub(in crate::node) async fn ec_read(
         self: &Arc<Self>,
@@ -161,7 +161,7 @@ impl Node {
         scheme: Redundancy,
         offset: u64,
         len: usize,
-    ) -> Result<Bytes, Failure> {
+    ) -> Result<(Bytes, Version), Failure> {
         let stripe = self.ec_stripe(ep, cfg, oid, scheme)?;
         // Reads of a stripe known whole in the epoch share the lock (no change is half done
         // while they read); one that may have to resolve the stripe takes it alone.
@@ -189,7 +189,7 @@ impl Node {
             // Else (its holder failed, or holds another version) decoded below.
             if let Ok(r) = r {
                 if r.head.version == now.version && r.bytes.len() == len {
-                    return Ok(r.bytes);
+                    return Ok((r.bytes, now.version));
                 }
             }
         }
@@ -201,7 +201,7 @@ impl Node {
         for (p, r) in pieces.iter().zip(futures::future::join_all(reads).await) {
             out[p.at..p.at + p.len].copy_from_slice(&r?);
         }
-        Ok(out.freeze())
+        Ok((out.freeze(), now.version))
     }
 
     /// After an epoch's recovery: resolves every stripe this node is the primary of and has

@@ -34,10 +34,11 @@ pub(super) async fn request(node: &Arc<Node>, h: &Header, payload: Bytes) -> Han
     match h.opcode {
         Opcode::EcRead => {
             check_range(oid, h.offset, h.length, &cfg)?;
-            let data = node
+            let (data, version) = node
                 .ec_read(&ep, &cfg, oid, scheme, h.offset, h.length as usize)
                 .await?;
-            Ok(Reply::bytes(data))
+            // The stripe's version: the client may read its data strips at it directly.
+            Ok(Reply::state(data, ObjState::live(version)))
         }
         Opcode::EcCheck => {
             let repair = h.offset & 1 != 0;
@@ -98,13 +99,45 @@ pub(super) async fn peer(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handle
         return Ok(Reply::empty());
     }
     let (ep, cfg) = io_epoch(node, h).await?;
+    let like = like(h)?;
+    let r = node
+        .read_strip(&ep, &cfg, key, like, h.offset, h.length as usize)
+        .await?;
+    Ok(Reply::bytes(r.head.with(&r.bytes)))
+}
+
+/// `EcStripRead` from a client: a range of a data strip here, only at the version it names.
+pub(super) async fn strip_read(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handled {
+    let key = ObjectId(h.oid);
+    let (ep, cfg) = io_epoch(node, h).await?;
+    let like = like(h)?;
+    let Some((want, _)) = split_expected(&payload) else {
+        return Err(Failure::invalid(
+            "EcStripRead payload shorter than its version",
+        ));
+    };
+    if key.strip_index().is_none_or(|k| k >= like.data as usize) {
+        return Err(Failure::invalid(format!(
+            "EcStripRead of {key}, not the key of a data strip of a {} object",
+            like.scheme()
+        )));
+    }
+    let bytes = node
+        .read_strip_at(&ep, &cfg, key, like, want, h.offset, h.length as usize)
+        .await?;
+    Ok(Reply::bytes(bytes))
+}
+
+/// A strip head of the scheme in `h.aux` (of a strip read: what the holder checks its strip
+/// against).
+fn like(h: &Header) -> Result<StripHead, Failure> {
     let Some(Redundancy::Ec { data, parity }) = scheme_of_aux(h.aux) else {
         return Err(Failure::invalid(format!(
-            "PeerStripRead of no scheme ({:#x})",
-            h.aux
+            "{:?} of no erasure code ({:#x})",
+            h.opcode, h.aux
         )));
     };
-    let like = StripHead {
+    Ok(StripHead {
         data,
         parity,
         op: StripOp::Write,
@@ -112,9 +145,5 @@ pub(super) async fn peer(node: &Arc<Node>, h: &Header, payload: Bytes) -> Handle
         touched: Default::default(),
         base: Version::NONE,
         version: Version::NONE,
-    };
-    let r = node
-        .read_strip(&ep, &cfg, key, like, h.offset, h.length as usize)
-        .await?;
-    Ok(Reply::bytes(r.head.with(&r.bytes)))
+    })
 }
