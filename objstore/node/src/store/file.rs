@@ -198,6 +198,16 @@ impl FileStore {
             return Err(StoreError::Lost(oid));
         }
         match self.entry(oid) {
+            Some(e) if !e.state.deleted && data.is_empty() => {
+                // The version alone: the bytes on disk are those of the new version as much
+                // as of the old, so the file is not marked, and after a crash it is the old
+                // version, not suspect. The next sync names it (without an fdatasync).
+                self.update(oid, |x| x.state.version = version);
+                if e.state.version != version {
+                    self.dirty.lock().unwrap().insert(oid);
+                }
+                Ok(())
+            }
             Some(mut e) if !e.state.deleted => {
                 if !e.marked {
                     // Marked before the bytes change: a crash from here on leaves the mark.

@@ -124,6 +124,9 @@ struct State {
     durable: BTreeMap<ObjectId, Obj>,
     /// Written since the last flush.
     dirty: HashSet<ObjectId>,
+    /// Of those, the ones whose bytes a write changed (not its version alone): a kill leaves
+    /// them suspect, as the file backend's marked files.
+    moved: HashSet<ObjectId>,
     faults: Vec<(Op, Fault)>,
     /// Faults of one object only (a bad sector under one file).
     object_faults: Vec<(Op, ObjectId, Fault)>,
@@ -199,9 +202,10 @@ impl MemStore {
     }
 
     /// The store a killed process leaves (`kill -9`): the bytes survive in the kernel's page
-    /// cache, but a copy written since its last flush comes back at its last flushed version,
-    /// suspect, as the file backend's marked files do, and a data object created since then is
-    /// gone (the file backend drops a file never synced).
+    /// cache, but a copy whose bytes were written since its last flush comes back at its last
+    /// flushed version, suspect, as the file backend's marked files do (one whose version alone
+    /// changed comes back at its old version, not suspect: its file is never marked), and a
+    /// data object created since then is gone (the file backend drops a file never synced).
     pub fn killed(&self) -> MemStore {
         let st = self.state.lock().unwrap();
         let mut live = st.live.clone();
@@ -213,6 +217,12 @@ impl MemStore {
             .map(|(o, _)| o);
         for oid in st.dirty.iter().chain(lost) {
             match st.durable.get(oid) {
+                // Its version alone changed: its file, never marked, is its old version.
+                Some(d) if !st.moved.contains(oid) && !st.bad.contains_key(oid) => {
+                    if let Some(o) = live.get_mut(oid) {
+                        o.state.version = d.state.version;
+                    }
+                }
                 Some(d) => {
                     if let Some(o) = live.get_mut(oid) {
                         o.state.version = d.state.version;
@@ -523,6 +533,9 @@ impl ObjectBackend for MemStore {
         } else {
             // A new data object is durable at the next flush; until then a crash drops it.
             st.dirty.insert(oid);
+            if !data.is_empty() {
+                st.moved.insert(oid);
+            }
         }
         Ok(())
     }
@@ -627,6 +640,7 @@ impl ObjectBackend for MemStore {
     fn flush(&self) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
         let mut dirty: Vec<ObjectId> = st.dirty.drain().collect();
+        st.moved.clear();
         dirty.sort_unstable();
         if let Err(e) = MemStore::check(&st, Op::Flush, ObjectId(0)) {
             // What the failed sync held is gone: back to the durable bytes, and lost until the
@@ -647,6 +661,7 @@ impl ObjectBackend for MemStore {
     fn sync_object(&self, oid: ObjectId) -> Result<(), StoreError> {
         let mut st = self.state.lock().unwrap();
         let was_dirty = st.dirty.remove(&oid);
+        st.moved.remove(&oid);
         if let Err(e) = MemStore::check(&st, Op::Flush, oid) {
             let failed = if was_dirty {
                 lose(&mut st, oid).into_iter().collect()

@@ -64,7 +64,14 @@ impl FileStore {
             let Some(e) = self.entry(oid).filter(|e| !e.state.deleted) else {
                 return Ok(false);
             };
-            if let Err(err) = File::open(self.path(oid, &e)).and_then(|f| f.sync_data()) {
+            // An unmarked file holds no bytes newer than its name (its version alone
+            // changed since): nothing to sync but the name.
+            let synced = if e.marked {
+                File::open(self.path(oid, &e)).and_then(|f| f.sync_data())
+            } else {
+                Ok(())
+            };
+            if let Err(err) = synced {
                 // Not retried: after a failed fdatasync the kernel may have dropped the
                 // dirty pages, so a later sync would succeed without the data.
                 tracing::error!("fdatasync of object {oid} failed: {err}");
