@@ -4,7 +4,10 @@
 //! The version in a name is the version of the bytes the file is known to hold durably: a write
 //! changes the version in memory only, and `flush` renames the file to the version it synced.
 //! The first write after a flush first renames the file to `<oid>.<version>.w` ("being
-//! written"), and the flush that syncs it renames it back. So a crash may leave a file holding
+//! written"), and the flush that syncs it renames it back. A write of the version alone (no
+//! bytes: an erasure-coded strip a change left alone) changes no byte, so it leaves the file
+//! unmarked; after a crash the file is its old version, whose bytes are the same, and its
+//! sync is the rename only (an unmarked file holds no bytes newer than its name). So a crash may leave a file holding
 //! bytes newer than its name says (a kill leaves the page cache to the kernel), never older, and
 //! such a file is marked: reopened, it is *suspect* ([`ObjState::suspect`]), and recovery makes
 //! every replica take one reference copy before any serves it (replicas killed together may

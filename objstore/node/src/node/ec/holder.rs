@@ -339,11 +339,8 @@ impl Node {
         offset: u64,
         len: usize,
     ) -> Result<StripRead, Failure> {
-        let codec = self.own_strip(ep, cfg, key, &like)?;
-        fits(&codec, key, offset, len)?;
-        self.ensure_recovered(key)
-            .await
-            .map_err(|why| crate::node::failure::not_recovered(key, why))?;
+        self.readable_strip(ep, cfg, key, &like, offset, len)
+            .await?;
         let knows = self.knows_strip(key);
         let knows_present = self.knows_present_strip(key);
         let store = self.store.clone();
@@ -412,49 +409,51 @@ impl Node {
         offset: u64,
         len: usize,
     ) -> Result<Bytes, Failure> {
-        let r = self
-            .read_strip_at_inner(ep, cfg, key, like, want, offset, len)
-            .await;
+        let r = async {
+            self.readable_strip(ep, cfg, key, &like, offset, len)
+                .await?;
+            let _ordered = self.replica_lock(key).lock().await;
+            let store = self.store.clone();
+            let bytes = in_store(self, move || {
+                let state = store
+                    .meta(key)
+                    .filter(|s| !(s.lost || s.suspect || s.deleted));
+                let here = state.map_or(Version::NONE, |s| s.version);
+                if here != want || want == Version::NONE {
+                    let mut f = Failure::new(
+                        ResultCode::Conflict,
+                        format!("strip {key} is at {here:?} here, not at {want:?}"),
+                    );
+                    f.version = Some(here);
+                    return Err(f);
+                }
+                Ok(store.read(key, offset, len)?)
+            })
+            .await?;
+            self.same_epoch(ep)?;
+            Ok(Bytes::from(bytes))
+        }
+        .await;
         self.ec_count(super::EcEvent::StripRead(r.is_ok()));
         r
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn read_strip_at_inner(
-        self: &Arc<Self>,
+    /// Checks that strip `key` is held here in `ep` under `like`'s scheme, that
+    /// `offset .. offset + len` lies in it, and waits until it is recovered here.
+    async fn readable_strip(
+        &self,
         ep: &Epoch,
         cfg: &ClusterConfig,
         key: ObjectId,
-        like: StripHead,
-        want: Version,
+        like: &StripHead,
         offset: u64,
         len: usize,
-    ) -> Result<Bytes, Failure> {
-        let codec = self.own_strip(ep, cfg, key, &like)?;
+    ) -> Result<(), Failure> {
+        let codec = self.own_strip(ep, cfg, key, like)?;
         fits(&codec, key, offset, len)?;
         self.ensure_recovered(key)
             .await
-            .map_err(|why| crate::node::failure::not_recovered(key, why))?;
-        let _ordered = self.replica_lock(key).lock().await;
-        let store = self.store.clone();
-        let bytes = in_store(self, move || {
-            let state = store
-                .meta(key)
-                .filter(|s| !(s.lost || s.suspect || s.deleted));
-            let here = state.map_or(Version::NONE, |s| s.version);
-            if here != want || want == Version::NONE {
-                let mut f = Failure::new(
-                    ResultCode::Conflict,
-                    format!("strip {key} is at {here:?} here, not at {want:?}"),
-                );
-                f.version = Some(here);
-                return Err(f);
-            }
-            Ok(store.read(key, offset, len)?)
-        })
-        .await?;
-        self.same_epoch(ep)?;
-        Ok(Bytes::from(bytes))
+            .map_err(|why| crate::node::failure::not_recovered(key, why))
     }
 
     /// `StaleEpoch` unless this node is still at `ep`'s epoch.
