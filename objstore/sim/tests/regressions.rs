@@ -614,3 +614,20 @@ fn a_strip_that_missed_a_remove_becomes_a_tombstone() {
 fn an_unsure_strip_newer_than_the_decision_is_counted_in() {
     assert_clean_with(99, ec_vdis_with_crashes());
 }
+
+/// A stripe decided to go back (to v43.1) without the primary's own strip 0, unsure at
+/// v43.3, newer than anything the other strips showed: strip 0's undo returns it to v43.2
+/// only, going back rewrote strip 2's note before failing halfway, and the stripe was left
+/// undecided for good (a node's recovery never finished, the final read failed; no read
+/// wrong). With 2:2, which the default runs do not use. `with_newer_unsure` counts a newer
+/// unsure strip into a decision to go back too.
+#[test]
+fn an_unsure_strip_newer_than_a_way_back_is_counted_in() {
+    assert_clean_with(
+        1491,
+        Config {
+            ec: Some("2:2".parse().unwrap()),
+            ..ec_vdis_with_crashes()
+        },
+    );
+}

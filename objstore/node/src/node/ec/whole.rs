@@ -230,9 +230,12 @@ impl Node {
     /// change would start from the wrong base (seed 99 with crashes, SIM_EC=2:1 and
     /// SIM_EC_VDIS=1: the stripe went back to v5.1 and took v15.1 on strip 0 only; once that
     /// strip was unsure, v11.1, the change undone, came forward again from a holder that had
-    /// been away, and strip 0 stayed at v15.1 for good). Counted in, it can only move the
-    /// decision to a newer version, never back over one the others vouch for; if the stripe
-    /// is then undecided it waits.
+    /// been away, and strip 0 stayed at v15.1 for good). A decision to go back is no
+    /// exception (seed 1491 with crashes, SIM_EC=2:2 and SIM_EC_VDIS=1: the primary's own
+    /// strip 0, unsure at v43.3, was left out and the others went back to v43.1, which strip
+    /// 0's undo cannot reach; going back rewrote strip 2's note, and the stripe was
+    /// undecided for good). Counted in, it can only move the decision to a newer version,
+    /// never back over one the others vouch for; if the stripe is then undecided it waits.
     fn with_newer_unsure(
         &self,
         stripe: &Stripe,
@@ -242,7 +245,9 @@ impl Node {
         let x = stripe.codec.data();
         let first = resolve(x, strips);
         let decided = match first {
-            Resolution::Whole { version, .. } | Resolution::Forward { version, .. } => version,
+            Resolution::Whole { version, .. }
+            | Resolution::Forward { version, .. }
+            | Resolution::Back { version, .. } => version,
             _ => return first,
         };
         let mut with = strips.to_vec();
