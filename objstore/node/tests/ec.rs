@@ -25,6 +25,11 @@ fn oid(i: u32) -> ObjectId {
     ObjectId::data(Vid(9), ObjIndex(i))
 }
 
+/// Clients' strip reads node `i` answered `answer` (`served`, `refused`).
+fn strip_reads(c: &MemCluster, i: usize, answer: &str) -> u64 {
+    counted(c, i, "sheep_ec_strip_reads_total", &[("answer", answer)])
+}
+
 /// How many times node `i` counted `name` (with `labels`).
 fn counted(c: &MemCluster, i: usize, name: &str, labels: &[(&str, &str)]) -> u64 {
     let r = c.node(i).expect("up").metrics().registry();
@@ -467,19 +472,13 @@ fn a_strip_that_missed_a_write_is_never_read_directly() {
         .unwrap();
     rt.block_on(cl.flush()).unwrap();
     let hs = holders(&c, 0, o, 6);
-    let served = |c: &MemCluster, i: usize| {
-        counted(c, i, "sheep_ec_strip_reads_total", &[("answer", "served")])
-    };
-    let refused = |c: &MemCluster, i: usize| {
-        counted(c, i, "sheep_ec_strip_reads_total", &[("answer", "refused")])
-    };
     // Known at the write's version: read from strip 1's holder, not through the primary.
     let got = rt
         .block_on(cl.ec_read_obj(o, EC42, l as u64, 4096))
         .unwrap();
     assert!(got[..] == old[..4096]);
     assert_eq!(
-        served(&c, hs[1]),
+        strip_reads(&c, hs[1], "served"),
         1,
         "the read did not go to strip 1's holder"
     );
@@ -517,10 +516,14 @@ fn a_strip_that_missed_a_write_is_never_read_directly() {
         );
     }
     assert!(
-        refused(&c, down) >= 1,
+        strip_reads(&c, down, "refused") >= 1,
         "strip 1's stale holder was not asked"
     );
-    assert_eq!(served(&c, down), 0, "strip 1's stale holder served a read");
+    assert_eq!(
+        strip_reads(&c, down, "served"),
+        0,
+        "strip 1's stale holder served a read"
+    );
     c.store(down).clear_faults();
 }
 
@@ -547,14 +550,6 @@ fn a_strip_behind_its_stripe_is_never_read_directly() {
     let s = c.store(hs[1]);
     s.forget(key).unwrap();
     assert!(s.put_if_newer(key, &before, at).unwrap());
-    let count = |answer| {
-        counted(
-            &c,
-            hs[1],
-            "sheep_ec_strip_reads_total",
-            &[("answer", answer)],
-        )
-    };
     let got = rt
         .block_on(cl.ec_read_obj(o, EC42, l as u64, 4096))
         .unwrap();
@@ -562,5 +557,11 @@ fn a_strip_behind_its_stripe_is_never_read_directly() {
         got[..] == new[..4096],
         "the strip behind its stripe was read"
     );
-    assert_eq!((count("served"), count("refused")), (0, 1));
+    assert_eq!(
+        (
+            strip_reads(&c, hs[1], "served"),
+            strip_reads(&c, hs[1], "refused")
+        ),
+        (0, 1)
+    );
 }

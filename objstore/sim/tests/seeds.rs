@@ -273,17 +273,10 @@ fn ec_seeds_without_crashes() {
         ..Config::default()
     };
     let n = env_u64("SIM_EC_SEEDS").unwrap_or(100);
-    let mut bad = Vec::new();
-    for r in run_many((0..n).map(|s| 50_000 + s).collect(), &cfg) {
-        if let Some(v) = r.violations.first() {
-            bad.push(format!("seed {}: {v}", r.seed));
-        }
-    }
-    assert!(
-        bad.is_empty(),
-        "{} seed(s) broke (replay: SIM_EC=2:1 SIM_FAULTS={faults} SEED=...): {}",
-        bad.len(),
-        bad.join("; ")
+    assert_seeds_clean(
+        (0..n).map(|s| 50_000 + s).collect(),
+        &cfg,
+        &format!("SIM_EC=2:1 SIM_FAULTS={faults}"),
     );
 }
 
@@ -302,15 +295,22 @@ fn ec_vdi_seeds_with_crashes() {
         ..Config::default()
     };
     let n = env_u64("SIM_EC_VDIS_SEEDS").unwrap_or(100);
-    let mut bad = Vec::new();
-    for r in run_many((0..n).collect(), &cfg) {
-        if let Some(v) = r.violations.first() {
-            bad.push(format!("seed {}: {v}", r.seed));
-        }
-    }
+    assert_seeds_clean(
+        (0..n).collect(),
+        &cfg,
+        &format!("SIM_EC=2:1 SIM_EC_VDIS=1 SIM_FAULTS={faults}"),
+    );
+}
+
+/// Runs `seeds` with `cfg` and fails naming every seed that broke (its first violation), with
+/// the environment (`replay`) that replays one.
+fn assert_seeds_clean(seeds: Vec<u64>, cfg: &Config, replay: &str) {
+    let bad: Vec<String> = (run_many(seeds, cfg).into_iter())
+        .filter_map(|r| Some(format!("seed {}: {}", r.seed, r.violations.first()?)))
+        .collect();
     assert!(
         bad.is_empty(),
-        "{} seed(s) broke (replay: SIM_EC=2:1 SIM_EC_VDIS=1 SIM_FAULTS={faults} SEED=...): {}",
+        "{} seed(s) broke (replay: {replay} SEED=...): {}",
         bad.len(),
         bad.join("; ")
     );

@@ -47,8 +47,7 @@ impl Client {
             .copied()
             .unwrap_or_default();
         let mut first_sight = expected == Version::NONE;
-        let ec = matches!(h.opcode, Opcode::EcWrite | Opcode::EcRemove);
-        if ec {
+        if matches!(h.opcode, Opcode::EcWrite | Opcode::EcRemove) {
             // No strip read at a version known before this change until it is acknowledged.
             self.stripes.changing(oid);
         }

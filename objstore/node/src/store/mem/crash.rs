@@ -38,7 +38,7 @@ impl MemStore {
         for oid in st.dirty.iter().chain(lost) {
             match st.durable.get(oid) {
                 // Its version alone changed: its file, never marked, is its old version.
-                Some(d) if !st.moved.contains(oid) && !st.bad.contains_key(oid) => {
+                Some(d) if !st.moved.contains(oid) && st.bad.get(oid) != Some(&None) => {
                     if let Some(o) = live.get_mut(oid) {
                         o.state.version = d.state.version;
                     }
