@@ -211,12 +211,50 @@ pub(super) enum Undo {
 pub(super) struct Note {
     /// Its version and, with [`FLAG_KNOWN`], the change's base and touched strips.
     pub(super) head: StripHead,
+    /// The copy holds every change of the strip made before this epoch (0: not known beyond
+    /// what its version says, [`Note::current_of`]): the epoch it was installed whole in by
+    /// its holder (rebuilt by its primary, or pulled from a copy its new holder could vouch
+    /// for, [`crate::node::history::Safety::installed_current`]).
+    pub(super) current: u32,
     pub(super) undo: Undo,
 }
 
+/// Bit of an encoded note's head flags (never on the wire): the epoch of
+/// [`Note::current`] follows the head (u32 BE). Notes written before it have none.
+const NOTE_CURRENT: u8 = 0x80;
+
+/// Bytes of a note's head and [`Note::current`].
+pub(super) const NOTE_HEAD_LEN: usize = HEAD_LEN + 4;
+
 impl Note {
+    /// The epoch before which a copy at `version` with `current` in its note holds every change
+    /// of the strip: a version is made in its epoch after every change of the epochs before.
+    pub(super) fn current_of(version: Version, current: u32) -> u32 {
+        current.max(version.epoch())
+    }
+
+    /// The head and [`Note::current`] at the start of an encoded note (all that
+    /// [`NOTE_HEAD_LEN`] bytes of it give).
+    pub(super) fn decode_head(b: &[u8]) -> Option<(StripHead, u32)> {
+        let head = StripHead::decode(b)?;
+        if head.flags & NOTE_CURRENT == 0 {
+            return Some((head, 0));
+        }
+        let current = u32::from_be_bytes(b.get(HEAD_LEN..NOTE_HEAD_LEN)?.try_into().ok()?);
+        let head = StripHead {
+            flags: head.flags & !NOTE_CURRENT,
+            ..head
+        };
+        Some((head, current))
+    }
+
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut b = self.head.encode().to_vec();
+        let head = StripHead {
+            flags: self.head.flags | NOTE_CURRENT,
+            ..self.head
+        };
+        let mut b = head.encode().to_vec();
+        b.extend_from_slice(&self.current.to_be_bytes());
         let (kind, offset, bytes): (u8, u64, &[u8]) = match &self.undo {
             Undo::Nothing => (0, 0, &[]),
             Undo::Range { offset, old } => (1, *offset, old),
@@ -232,8 +270,13 @@ impl Note {
     }
 
     pub(super) fn decode(b: &[u8]) -> Option<Note> {
-        let head = StripHead::decode(b)?;
-        let rest = b.get(HEAD_LEN..)?;
+        let (head, current) = Note::decode_head(b)?;
+        let at = if b[3] & NOTE_CURRENT != 0 {
+            NOTE_HEAD_LEN
+        } else {
+            HEAD_LEN
+        };
+        let rest = b.get(at..)?;
         let kind = *rest.first()?;
         let offset = u64::from_be_bytes(rest.get(1..9)?.try_into().ok()?);
         let len = u32::from_be_bytes(rest.get(9..13)?.try_into().ok()?) as usize;
@@ -246,7 +289,11 @@ impl Note {
             4 => Undo::Tombstone,
             _ => return None,
         };
-        Some(Note { head, undo })
+        Some(Note {
+            head,
+            current,
+            undo,
+        })
     }
 
     /// A note for a strip at `version` whose change is not known (installed whole, rolled
@@ -261,6 +308,7 @@ impl Note {
                 version,
                 ..*like
             },
+            current: 0,
             undo: Undo::Nothing,
         }
     }
@@ -312,7 +360,7 @@ pub(super) fn split_pulled(
     oid: ObjectId,
     payload: &Bytes,
     version: Version,
-) -> Option<(Bytes, Option<Vec<u8>>)> {
+) -> Option<(Bytes, Option<Note>)> {
     if oid.strip_index().is_none() {
         return Some((payload.clone(), None));
     }
@@ -321,17 +369,30 @@ pub(super) fn split_pulled(
     let at = n.checked_sub(len)?;
     let note = Note::decode(&payload[at..n])
         .filter(|note| note.head.version == version && note.head.flags & FLAG_KNOWN != 0)
-        .map(|note| {
-            Note {
-                head: StripHead {
-                    flags: note.head.flags & (FLAG_KNOWN | FLAG_BACK),
-                    ..note.head
-                },
-                undo: note.undo,
-            }
-            .encode()
+        .map(|note| Note {
+            head: StripHead {
+                flags: note.head.flags & (FLAG_KNOWN | FLAG_BACK),
+                ..note.head
+            },
+            ..note
         });
     Some((payload.slice(..at), note))
+}
+
+impl super::Node {
+    /// The note to keep with a strip pulled at `version` whose source kept `note`, encoded:
+    /// the source's, with the epoch before which the copy holds every change as this node
+    /// can vouch for it now ([`Node::installed_current`]).
+    pub(super) fn pulled_note(
+        &self,
+        key: ObjectId,
+        note: Option<Note>,
+        version: Version,
+    ) -> Option<Vec<u8>> {
+        let mut note = note?;
+        note.current = self.installed_current(key, Note::current_of(version, note.current));
+        Some(note.encode())
+    }
 }
 
 /// A strip's bytes and the head its holder answered them with.
@@ -365,10 +426,22 @@ mod tests {
             Undo::Absent,
             Undo::Tombstone,
         ] {
-            let n = Note { head, undo };
+            let n = Note {
+                head,
+                current: 17,
+                undo,
+            };
             assert_eq!(Note::decode(&n.encode()), Some(n.clone()));
             let b = n.encode();
             assert_eq!(Note::decode(&b[..b.len() - 1]), None, "{n:?}");
+            assert_eq!(Note::decode_head(&b[..NOTE_HEAD_LEN]), Some((head, 17)));
+            // A note written before notes said which changes their copy holds: read with
+            // none, its head and undo as they were.
+            let mut old = head.encode().to_vec();
+            old.extend_from_slice(&b[NOTE_HEAD_LEN..]);
+            let read = Note::decode(&old).expect("an older note");
+            assert_eq!((read.head, read.current, read.undo), (head, 0, n.undo));
+            assert_eq!(Note::decode_head(&old[..HEAD_LEN]), Some((head, 0)));
         }
     }
 
@@ -394,8 +467,12 @@ mod tests {
             offset: 512,
             old: vec![9; 64],
         };
-        let note = Note { head, undo }.encode();
-        let payload = Bytes::from(with_note(vec![5; 100], Some(note.clone())));
+        let note = Note {
+            head,
+            current: 12,
+            undo,
+        };
+        let payload = Bytes::from(with_note(vec![5; 100], Some(note.encode())));
         let (data, kept) = split_pulled(key, &payload, Version(38)).unwrap();
         assert_eq!(&data[..], &[5; 100][..]);
         assert_eq!(kept, Some(note));

@@ -203,6 +203,8 @@ struct Uncovered {
 
 /// Which objects a node may serve in its current epoch (see the module documentation).
 pub(super) struct Safety {
+    /// The epoch judged (0 for [`Safety::all`] before any).
+    epoch: u32,
     copies: usize,
     uncovered: Vec<Uncovered>,
     /// Every epoch since the base with a node absent: what a strip's key (one holder an
@@ -214,6 +216,7 @@ impl Safety {
     /// Every object is safe.
     pub fn all() -> Safety {
         Safety {
+            epoch: 0,
             copies: 0,
             uncovered: Vec::new(),
             strips: Vec::new(),
@@ -229,7 +232,10 @@ impl Safety {
         min_copies: usize,
     ) -> Safety {
         if history.forced >= cur {
-            return Safety::all();
+            return Safety {
+                epoch: cur,
+                ..Safety::all()
+            };
         }
         let base = history.clean.max(history.forced);
         let mut uncovered = Vec::new();
@@ -273,6 +279,7 @@ impl Safety {
             strips.push(u);
         }
         Safety {
+            epoch: cur,
             copies,
             uncovered,
             strips,
@@ -296,22 +303,38 @@ impl Safety {
         })
     }
 
-    /// Whether node `me`, holding a version of strip key `key`, may vouch that it is the
-    /// newest: in no epoch since the base was the strip's holder unlisted now while `me` was
-    /// not a member (a node back from a crash or a partition holds its strips as it left
-    /// them; a change of an epoch it missed may be on that holder only: seed 70393 with
-    /// crashes and SIM_EC=2:1). A member of such an epoch kept its copies current through
-    /// recovery, so what it holds counts (else two nodes lost one after the other, the
-    /// second before the first's epoch is clean, would leave a 4:2 stripe unreadable).
-    pub fn knows_present_strip(&self, key: ObjectId, me: u64) -> bool {
+    /// Whether node `me`, holding a copy of strip key `key` known to hold every change of the
+    /// strip made before epoch `current` ([`crate::node::ec::Note::current`]), may vouch
+    /// that it is the newest: every epoch since the base in which the strip's holder is not
+    /// listed now is older than `current`, or had `me` for that holder (it took the epoch's
+    /// changes). A holder listed now needs nothing: recovery pulls its copy if it is newer.
+    ///
+    /// Being a member of an epoch is not enough: a node keeps the copy of a strip it held
+    /// before the strip moved on, and the strip's holder since may have taken changes and be
+    /// down now (the stale-copy hole: seed 109 with `SIM_EC=2:2 SIM_EC_VDIS=1` at 82a7ae9
+    /// took an acknowledged write back over such a copy, answered sure). Nor is a node back
+    /// from a crash (seed 70393 with crashes and SIM_EC=2:1): it was no holder of the epochs
+    /// it missed.
+    pub fn knows_present_strip(&self, key: ObjectId, me: u64, current: u32) -> bool {
         self.strips.iter().all(|u| {
-            let member = u.ring.nodes().iter().any(|n| n.id == me);
-            member
+            u.epoch < current
                 || u.ring
                     .replicas(key, 1)
                     .iter()
-                    .any(|n| !u.unlisted.contains(&n.id))
+                    .any(|n| n.id == me || !u.unlisted.contains(&n.id))
         })
+    }
+
+    /// The epoch a copy of strip key `key` that node `me` installs whole now, pulled with
+    /// `current` from its source, holds every change before: the epoch judged if `me` may
+    /// vouch for it ([`Safety::knows_present_strip`]; it is then the newest, and `me` its
+    /// holder from now on), else what the source knew.
+    pub fn installed_current(&self, key: ObjectId, me: u64, current: u32) -> u32 {
+        if self.knows_present_strip(key, me, current) {
+            current.max(self.epoch)
+        } else {
+            current
+        }
     }
 
     /// Whether the strips of erasure-coded object `oid` (`width` strips, changes acknowledged
@@ -533,5 +556,45 @@ mod tests {
         assert!(unsure > 0 && unsure < 64, "{unsure}");
         let s = Safety::judge(&h, 3, &present(&[1, 2]), 1, 1);
         assert!(keys.iter().all(|&k| s.knows_strip(k)));
+    }
+
+    /// The stale-copy hole: a member of an epoch keeps the copy of a strip it held before
+    /// the strip moved to a node that joined; that node may have taken changes there and is
+    /// down now, so the member's copy is sure only if it holds every change of that epoch
+    /// (installed whole since) or the member held the strip there itself.
+    #[test]
+    fn a_copy_kept_by_a_member_that_did_not_hold_the_strip_is_unsure() {
+        let h = History {
+            clean: 1,
+            changed: BTreeMap::from([(2, HashSet::from([1, 2, 3, 4]))]),
+            forced: 0,
+            views: vec![view(1, &[1, 2, 3]), view(2, &[1, 2, 3, 4])],
+        };
+        let s = Safety::judge(&h, 3, &present(&[1, 2, 3]), 1, 1);
+        let e2 = Ring::new(&view(2, &[1, 2, 3, 4]).nodes);
+        let keys: Vec<ObjectId> = (0..64)
+            .map(|i| ObjectId::data(Vid(1), ObjIndex(i)).strip(0))
+            .collect();
+        let held_by = |k: ObjectId| e2.replicas(k, 1)[0].id;
+        let (moved, stayed): (Vec<ObjectId>, Vec<ObjectId>) =
+            keys.iter().partition(|&&k| held_by(k) == 4);
+        assert!(!moved.is_empty() && !stayed.is_empty());
+        for &k in &moved {
+            // Every member but the holder that is down: its copy is from before epoch 2.
+            for me in 1..=3 {
+                assert!(!s.knows_present_strip(k, me, 0), "{k} on {me}");
+                assert!(!s.knows_present_strip(k, me, 2), "{k} on {me}");
+                assert!(s.knows_present_strip(k, me, 3), "installed in epoch 3");
+                assert_eq!(s.installed_current(k, me, 2), 2, "not vouched for");
+            }
+        }
+        for &k in &stayed {
+            // The holder of epoch 2 is listed, or is this node.
+            assert!((1..=3).all(|me| s.knows_present_strip(k, me, 0)), "{k}");
+            assert_eq!(s.installed_current(k, held_by(k), 0), 3);
+        }
+        // Node 4 back: nothing is hidden.
+        let s = Safety::judge(&h, 3, &present(&[1, 2, 3, 4]), 1, 1);
+        assert!(keys.iter().all(|&k| s.knows_present_strip(k, 1, 0)));
     }
 }

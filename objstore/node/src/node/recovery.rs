@@ -287,10 +287,15 @@ impl Node {
         self.recovery.safety.read().unwrap().knows_strip(key)
     }
 
-    /// Whether this node may vouch for the version it holds of strip key `key` (see
-    /// [`Safety::knows_present_strip`]).
-    pub(super) fn knows_present_strip(&self, key: ObjectId) -> bool {
-        (self.recovery.safety.read().unwrap()).knows_present_strip(key, self.me.id)
+    /// Whether this node may vouch for the copy it holds of strip key `key`, known to hold
+    /// every change before epoch `current` (see [`Safety::knows_present_strip`]).
+    pub(super) fn knows_present_strip(&self, key: ObjectId, current: u32) -> bool {
+        (self.recovery.safety.read().unwrap()).knows_present_strip(key, self.me.id, current)
+    }
+
+    /// [`Safety::installed_current`] now, for this node.
+    pub(super) fn installed_current(&self, key: ObjectId, current: u32) -> u32 {
+        (self.recovery.safety.read().unwrap()).installed_current(key, self.me.id, current)
     }
 
     /// [`Safety::stripe_waiting_for`] now.

@@ -204,6 +204,7 @@ impl Node {
             .ok_or_else(|| format!("{addr}: a malformed strip"))?;
         let store = self.store.clone();
         let _replica = self.replica_lock(oid).lock().await;
+        let note = self.pulled_note(oid, note, state.version);
         let installed = super::server::blocking(self, move || {
             let installed = store.put_if_newer(oid, &data, state)?;
             if let (true, Some(note)) = (installed, note) {

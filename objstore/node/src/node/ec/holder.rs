@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Note, StripRead, Undo};
+use super::{Note, StripRead, Undo, NOTE_HEAD_LEN};
 use crate::node::acting::Acting;
 use crate::node::server::Failure;
 use crate::node::{Epoch, Node};
 use crate::store::{ObjState, StoreError};
 use objstore_proto::ec::wire::{
-    StripHead, StripOp, FLAG_BACK, FLAG_DELETED, FLAG_KNOWN, FLAG_UNSURE, HEAD_LEN,
+    StripHead, StripOp, FLAG_BACK, FLAG_DELETED, FLAG_KNOWN, FLAG_UNSURE,
 };
 use objstore_proto::ec::{xor_into, Codec};
 use objstore_proto::frame::ResultCode;
@@ -90,8 +90,9 @@ impl Node {
         let _ordered = self.replica_lock(key).lock().await;
         let node = self.clone();
         let len = bytes.len();
+        let epoch = ep.view.epoch;
         let res = in_store(self, move || {
-            node.apply_strip_here(key, head, offset, &bytes)
+            node.apply_strip_here(epoch, key, head, offset, &bytes)
         })
         .await;
         tracing::debug!(
@@ -112,9 +113,11 @@ impl Node {
         Ok(())
     }
 
-    /// [`Node::apply_strip`] with the strip's replica lock held, on the blocking pool.
+    /// [`Node::apply_strip`] with the strip's replica lock held, on the blocking pool, in
+    /// `epoch`.
     fn apply_strip_here(
         &self,
+        epoch: u32,
         key: ObjectId,
         head: StripHead,
         offset: u64,
@@ -152,7 +155,14 @@ impl Node {
                 flags: if known { flags } else { 0 } | (head.flags & FLAG_DELETED),
                 ..head
             };
-            store.set_note(key, &Note { head, undo }.encode())?;
+            // Made whole by the primary, which resolved the stripe in this epoch: it holds
+            // every change before it.
+            let note = Note {
+                head,
+                current: epoch,
+                undo,
+            };
+            store.set_note(key, &note.encode())?;
             store.sync_object(key)?;
             return Ok(());
         }
@@ -173,23 +183,21 @@ impl Node {
             // crash brings back costs only space.
             // Only the note's head is read: its undo may be as large as the strip.
             let now = store
-                .note_prefix(key, HEAD_LEN)
-                .and_then(|b| StripHead::decode(&b));
-            if let Some(n) = now.filter(|n| {
+                .note_prefix(key, NOTE_HEAD_LEN)
+                .and_then(|b| Note::decode_head(&b));
+            if let Some((n, current)) = now.filter(|(n, _)| {
                 n.version == head.version && state.version == head.version && cur.is_some()
             }) {
                 let head = StripHead {
                     flags: n.flags & !FLAG_BACK,
                     ..n
                 };
-                store.set_note(
-                    key,
-                    &Note {
-                        head,
-                        undo: Undo::Nothing,
-                    }
-                    .encode(),
-                )?;
+                let note = Note {
+                    head,
+                    current,
+                    undo: Undo::Nothing,
+                };
+                store.set_note(key, &note.encode())?;
             }
             return Ok(());
         }
@@ -228,7 +236,13 @@ impl Node {
             flags: FLAG_KNOWN | FLAG_BACK,
             ..head
         };
-        let note = Note { head, undo }.encode();
+        // Its version, made in this epoch, says which changes it holds.
+        let note = Note {
+            head,
+            current: 0,
+            undo,
+        }
+        .encode();
         match head.op {
             StripOp::Remove => {
                 store.put_if_newer(key, &[], ObjState::tombstone(head.version))?;
@@ -342,8 +356,8 @@ impl Node {
         self.readable_strip(ep, cfg, key, &like, offset, len)
             .await?;
         let knows = self.knows_strip(key);
-        let knows_present = self.knows_present_strip(key);
         let store = self.store.clone();
+        let node = self.clone();
         let read = in_store(self, move || {
             let state = store.meta(key);
             let version = state.map_or(Version::NONE, |s| s.version);
@@ -360,8 +374,11 @@ impl Node {
                 _ => vec![0u8; len],
             };
             let noted = store
-                .note_prefix(key, HEAD_LEN)
-                .and_then(|b| StripHead::decode(&b));
+                .note_prefix(key, NOTE_HEAD_LEN)
+                .and_then(|b| Note::decode_head(&b));
+            let current = Note::current_of(version, noted.map_or(0, |(_, c)| c));
+            let knows_present = node.knows_present_strip(key, current);
+            let noted = noted.map(|(head, _)| head);
             let mut head = Note::answer(noted.as_ref(), &like, version);
             // Nothing here is "never made" only if the strip's holder of every epoch since
             // the clean one is listed; a version here is the newest unless this node missed

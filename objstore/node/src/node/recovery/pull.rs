@@ -77,6 +77,7 @@ impl Node {
             let store = self.store.clone();
             // A replica's write to this object waits while a pull installs it.
             let _ordered = self.replica_lock(oid).lock().await;
+            let note = self.pulled_note(oid, note, state.version);
             let put = self
                 .blocking(move || {
                     let installed = store.put_if_newer(oid, &data, state)?;
