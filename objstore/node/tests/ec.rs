@@ -4,97 +4,35 @@
 //! never a mix (forward when x strips hold the change, back from what the holders kept
 //! otherwise); a strip whose holder is down is decoded from the others.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use objstore_client::{Client, ClientError};
+use objstore_client::ClientError;
 use objstore_node::store::mem::{Fault, Op};
 use objstore_node::store::ObjectBackend;
 use objstore_node::testing::MemCluster;
 use objstore_proto::ec::Codec;
 use objstore_proto::redundancy::Redundancy;
-use objstore_proto::{ObjIndex, ObjectId, Vid};
+use objstore_proto::ObjectId;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const MIB: u64 = 1 << 20;
-const EC42: Redundancy = Redundancy::Ec { data: 4, parity: 2 };
+mod ec_common;
+use ec_common::{cluster, counted, holders, oid, MIB};
 
-fn oid(i: u32) -> ObjectId {
-    ObjectId::data(Vid(9), ObjIndex(i))
+fn assert_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
+    ec_common::assert_consistent(c, from, oid, EC42)
 }
+
+fn wait_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
+    ec_common::wait_consistent(c, from, oid, EC42)
+}
+
+const EC42: Redundancy = Redundancy::Ec { data: 4, parity: 2 };
 
 /// Clients' strip reads node `i` answered `answer` (`served`, `refused`).
 fn strip_reads(c: &MemCluster, i: usize, answer: &str) -> u64 {
     counted(c, i, "sheep_ec_strip_reads_total", &[("answer", answer)])
-}
-
-/// How many times node `i` counted `name` (with `labels`).
-fn counted(c: &MemCluster, i: usize, name: &str, labels: &[(&str, &str)]) -> u64 {
-    let r = c.node(i).expect("up").metrics().registry();
-    r.counter(name, "", labels).get()
-}
-
-fn cluster(n: usize) -> (MemCluster, tokio::runtime::Runtime, Arc<Client>) {
-    let c = MemCluster::start(n).expect("start");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let cl = c.client_on(&rt, Duration::from_secs(20));
-    rt.block_on(cl.format(3, None, MIB)).unwrap();
-    (c, rt, cl)
-}
-
-/// Node indexes holding strip 0.. of `oid`, in node `from`'s view.
-fn holders(c: &MemCluster, from: usize, oid: ObjectId, strips: usize) -> Vec<usize> {
-    let ep = c.node(from).expect("up").epoch();
-    (0..strips)
-        .map(|k| {
-            let n = &ep.ring.nodes()[ep.ring.strip_holder(oid, k).unwrap()];
-            (0..64).find(|&i| c.addr(i) == n.addr).unwrap()
-        })
-        .collect()
-}
-
-/// Every strip of `oid` on its holder, at one version, with parity that matches the data.
-fn assert_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
-    let codec = Codec::new(EC42, MIB).unwrap();
-    let hs = holders(c, from, oid, 6);
-    let mut strips = Vec::new();
-    let mut versions = Vec::new();
-    for (k, &i) in hs.iter().enumerate() {
-        let (mut bytes, st) = c.store(i).read_whole(oid.strip(k)).expect("strip held");
-        bytes.resize(codec.strip_len(), 0);
-        strips.push(bytes);
-        versions.push(st.version);
-    }
-    assert!(
-        versions.windows(2).all(|w| w[0] == w[1]),
-        "{oid}: {versions:?}"
-    );
-    let parity = codec.parity_of(&strips[..4]).unwrap();
-    assert_eq!(
-        parity[..],
-        strips[4..],
-        "{oid}: parity does not match the data"
-    );
-}
-
-/// Waits (up to 20 s) until [`assert_consistent`] holds.
-fn wait_consistent(c: &MemCluster, from: usize, oid: ObjectId) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            assert_consistent(c, from, oid)
-        }));
-        if ok.is_ok() {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{oid} never made whole"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

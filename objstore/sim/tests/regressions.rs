@@ -631,3 +631,19 @@ fn an_unsure_strip_newer_than_a_way_back_is_counted_in() {
         },
     );
 }
+
+/// Seed 228 with `SIM_EC=3:2 SIM_EC_VDIS=1`: the primary decided a stripe (strips 1 and 4
+/// stale at v5.1, the others at v11.2) but the rebuild of strip 1 met a reset connection;
+/// its sweep counted the stripe whole anyway, recorded the epoch recovered, and strip 1
+/// stayed stale for good (Divergent). With 3:2, which the default runs do not use. The
+/// sweep counts a stripe whole only once its rebuild succeeded.
+#[test]
+fn a_stripe_whose_rebuild_failed_is_swept_again() {
+    assert_clean_with(
+        228,
+        Config {
+            ec: Some("3:2".parse().unwrap()),
+            ..ec_vdis_with_crashes()
+        },
+    );
+}

@@ -143,6 +143,12 @@ impl Node {
                 ObjState::live(head.version)
             };
             if !store.put_if_newer(key, bytes, installs)? {
+                if good && cur.is_some() && state.version == head.version {
+                    // The copy here is the one the primary rebuilds (it answered unsure): the
+                    // primary resolved the stripe at this version in this epoch, so the copy
+                    // holds every change before it, which its note now says.
+                    self.vouch_note(epoch, key, &head)?;
+                }
                 return Ok(());
             }
             let flags = if at_base {
@@ -274,6 +280,20 @@ impl Node {
         // On stable storage before the primary hears of it: a crash of this node takes back
         // only a change it never answered, so rule 2 (one undecided change) holds after it.
         store.sync_object(key)?;
+        Ok(())
+    }
+
+    /// Records in the note of strip `key`, here at `head.version`, that it holds every change
+    /// before `epoch`. Not synced: a crash that loses it leaves the copy unsure, as before.
+    fn vouch_note(&self, epoch: u32, key: ObjectId, head: &StripHead) -> Result<(), Failure> {
+        let store = &self.store;
+        let mut note = (store.note(key).and_then(|b| Note::decode(&b)))
+            .filter(|n| n.head.version == head.version)
+            .unwrap_or_else(|| Note::bare(head, head.version));
+        if note.current < epoch {
+            note.current = epoch;
+            store.set_note(key, &note.encode())?;
+        }
         Ok(())
     }
 
