@@ -647,3 +647,23 @@ fn a_stripe_whose_rebuild_failed_is_swept_again() {
         },
     );
 }
+
+/// Seed 1701 with `SIM_EC=2:2 SIM_EC_VDIS=1`: a primary decided to go back to v10.1 with
+/// strips 0 and 2 missing, and its new version v21.1 reached strip 3 only; another primary,
+/// without strip 3, took the stripe forward to v16.1 since. Strip 3 at v21.1, the newest,
+/// that no other strip could join, left the stripe undecided for good (a node's recovery
+/// never finished, the final read failed; no read wrong). Found once a rebuild no longer
+/// counted as a change (a holder that took only rebuilds vouches for its copies), which
+/// made strips 1 and 3 sure where they had been unsure. A newest version too few strips
+/// show, with every other strip at hand, was never acknowledged: the others decide
+/// (`resolve`).
+#[test]
+fn a_lone_newest_strip_gives_way_to_the_others() {
+    assert_clean_with(
+        1701,
+        Config {
+            ec: Some("2:2".parse().unwrap()),
+            ..ec_vdis_with_crashes()
+        },
+    );
+}

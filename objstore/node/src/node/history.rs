@@ -316,12 +316,18 @@ impl Safety {
     /// from a crash (seed 70393 with crashes and SIM_EC=2:1): it was no holder of the epochs
     /// it missed.
     pub fn knows_present_strip(&self, key: ObjectId, me: u64, current: u32) -> bool {
+        // Only a holder that took changes there (or of the base epoch, or of an epoch without
+        // a record) can hold a newer version than every node listed: a copy it pulled is as
+        // old as its source's, which the epoch the source held it in answers for, and a
+        // rebuild (`Put`) records no change, as it makes no version (else every node a
+        // rebuild reached after a failure hid the strips it held, and a 4:2 stripe with two
+        // nodes lost one after the other waited for them: ec_fio, cached).
         self.strips.iter().all(|u| {
             u.epoch < current
                 || u.ring
                     .replicas(key, 1)
                     .iter()
-                    .any(|n| n.id == me || !u.unlisted.contains(&n.id))
+                    .any(|n| n.id == me || !u.absent.contains(&n.id))
         })
     }
 
@@ -596,5 +602,13 @@ mod tests {
         // Node 4 back: nothing is hidden.
         let s = Safety::judge(&h, 3, &present(&[1, 2, 3, 4]), 1, 1);
         assert!(keys.iter().all(|&k| s.knows_present_strip(k, 1, 0)));
+        // Node 4 took no change in epoch 2 (pulls and rebuilds only): it holds no version
+        // newer than the nodes listed, and hides nothing.
+        let quiet = History {
+            changed: BTreeMap::from([(2, HashSet::from([1, 2, 3]))]),
+            ..h
+        };
+        let s = Safety::judge(&quiet, 3, &present(&[1, 2, 3]), 1, 1);
+        assert!(moved.iter().all(|&k| s.knows_present_strip(k, 1, 0)));
     }
 }

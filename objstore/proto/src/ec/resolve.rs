@@ -100,6 +100,16 @@ pub enum Strip {
     },
 }
 
+impl Strip {
+    /// The version of a strip at hand.
+    pub fn version(&self) -> Option<Version> {
+        match self {
+            Strip::At { version, .. } => Some(*version),
+            Strip::Missing => None,
+        }
+    }
+}
+
 /// How a stripe is made whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
@@ -133,7 +143,45 @@ pub enum Resolution {
 
 /// Resolves a stripe of `data` data strips from what each of its holders says (`strips[k]`
 /// for strip `k`).
+///
+/// A newest version that fewer than `data` strips can show, on a stripe whose every other
+/// strip is at hand, was never acknowledged (a change is acknowledged once more than `data`
+/// strips took it, a strip's version only grows, and a strip at hand holds the newest
+/// version of itself: the caller's judgement), and nothing was ever made on it: it is what a
+/// decision that failed half way left (a stripe going back whose new version reached one
+/// strip before its primary stopped), on a stripe another primary, without that strip,
+/// decided otherwise since. The stripe is resolved without those strips, and goes back to
+/// what the others decide, written whole at a new version past it (seed 1701 with crashes,
+/// SIM_EC=2:2 and SIM_EC_VDIS=1: strip 3 at v21.1, a going back that only it took, the
+/// others at v16.1 gone forward by a primary that did not see strip 3, and the stripe
+/// undecided for good).
 pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
+    let first = resolve_newest(data, strips);
+    if !matches!(first, Resolution::Undecided { .. }) || strips.contains(&Strip::Missing) {
+        return first;
+    }
+    let Some(new) = strips.iter().filter_map(Strip::version).max() else {
+        return first;
+    };
+    let without: Vec<Strip> = (strips.iter())
+        .map(|s| match s.version() {
+            Some(v) if v == new => Strip::Missing,
+            _ => *s,
+        })
+        .collect();
+    match resolve_newest(data, &without) {
+        Resolution::Whole { version, rebuild } if version != Version::NONE => Resolution::Back {
+            version,
+            sources: StripSet::first(strips.len()).minus(rebuild),
+            roll_back: StripSet::default(),
+        },
+        back @ Resolution::Back { .. } => back,
+        _ => first,
+    }
+}
+
+/// [`resolve`] by the newest version present and its base alone.
+fn resolve_newest(data: usize, strips: &[Strip]) -> Resolution {
     let Some(new) = strips
         .iter()
         .filter_map(|s| match s {

@@ -77,8 +77,10 @@ impl Node {
         fits(&codec, key, offset, bytes.len())?;
         if head.op == StripOp::Put {
             // A strip made whole by its primary (rebuilt from the others): needs no pull
-            // first, and ends one its holder could not do (its old holder is down).
-            self.note_change(ep.view.epoch).await?;
+            // first, and ends one its holder could not do (its old holder is down). Not
+            // recorded as a change: it makes no version, so a node gone after taking only
+            // rebuilds hides no newer version of any strip (`Safety::knows_present_strip`)
+            // and took no acknowledged change (`Safety::stripe_waiting_for`).
         } else if head.op == StripOp::Settle {
             // Changes nothing but the note of a strip already here.
         } else if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
