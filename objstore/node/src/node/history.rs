@@ -305,8 +305,9 @@ impl Safety {
 
     /// Whether node `me`, holding a copy of strip key `key` known to hold every change of the
     /// strip made before epoch `current` ([`crate::node::ec::Note::current`]), may vouch
-    /// that it is the newest: every epoch since the base in which the strip's holder is not
-    /// listed now is older than `current`, or had `me` for that holder (it took the epoch's
+    /// that it is the newest: every epoch since the base in which the strip's holder is
+    /// absent (not listed now, and took changes there, or the epoch is the base or has no
+    /// record) is older than `current`, or had `me` for that holder (it took the epoch's
     /// changes). A holder listed now needs nothing: recovery pulls its copy if it is newer.
     ///
     /// Being a member of an epoch is not enough: a node keeps the copy of a strip it held

@@ -146,15 +146,15 @@ pub enum Resolution {
 ///
 /// A newest version that fewer than `data` strips can show, on a stripe whose every other
 /// strip is at hand, was never acknowledged (a change is acknowledged once more than `data`
-/// strips took it, a strip's version only grows, and a strip at hand holds the newest
-/// version of itself: the caller's judgement), and nothing was ever made on it: it is what a
-/// decision that failed half way left (a stripe going back whose new version reached one
-/// strip before its primary stopped), on a stripe another primary, without that strip,
-/// decided otherwise since. The stripe is resolved without those strips, and goes back to
-/// what the others decide, written whole at a new version past it (seed 1701 with crashes,
-/// SIM_EC=2:2 and SIM_EC_VDIS=1: strip 3 at v21.1, a going back that only it took, the
-/// others at v16.1 gone forward by a primary that did not see strip 3, and the stripe
-/// undecided for good).
+/// strips took it, a strip never goes below an acknowledged version, and a strip at hand
+/// holds the newest version of itself: the caller's judgement), and nothing was ever made
+/// on it: it is what a decision that failed half way left (a stripe going back whose new
+/// version reached one strip before its primary stopped), on a stripe another primary,
+/// without that strip, decided otherwise since. The stripe is resolved without those strips,
+/// and goes back to what the others decide, written whole at a new version past it (seed
+/// 1701 with crashes, SIM_EC=2:2 and SIM_EC_VDIS=1: strip 3 at v21.1, a going back that
+/// only it took, the others at v16.1 gone forward by a primary that did not see strip 3,
+/// and the stripe undecided for good).
 pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
     let first = resolve_newest(data, strips);
     if !matches!(first, Resolution::Undecided { .. }) || strips.contains(&Strip::Missing) {
@@ -182,14 +182,7 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
 
 /// [`resolve`] by the newest version present and its base alone.
 fn resolve_newest(data: usize, strips: &[Strip]) -> Resolution {
-    let Some(new) = strips
-        .iter()
-        .filter_map(|s| match s {
-            Strip::At { version, .. } => Some(*version),
-            Strip::Missing => None,
-        })
-        .max()
-    else {
+    let Some(new) = strips.iter().filter_map(Strip::version).max() else {
         return Resolution::Undecided {
             valid: 0,
             need: data,

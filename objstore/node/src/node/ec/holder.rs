@@ -75,19 +75,20 @@ impl Node {
     ) -> Result<(), Failure> {
         let codec = self.own_strip(ep, cfg, key, &head)?;
         fits(&codec, key, offset, bytes.len())?;
-        if head.op == StripOp::Put {
-            // A strip made whole by its primary (rebuilt from the others): needs no pull
-            // first, and ends one its holder could not do (its old holder is down). Not
-            // recorded as a change: it makes no version, so a node gone after taking only
-            // rebuilds hides no newer version of any strip (`Safety::knows_present_strip`)
-            // and took no acknowledged change (`Safety::stripe_waiting_for`).
-        } else if head.op == StripOp::Settle {
-            // Changes nothing but the note of a strip already here.
-        } else if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
-            return Err(Failure::new(
-                ResultCode::NoSpace,
-                format!("strip {key} is not recovered here: no space left on the node's disk"),
-            ));
+        // A `Put` (a strip made whole by its primary, rebuilt from the others) needs no pull
+        // first, and ends one its holder could not do (its old holder is down); a `Settle`
+        // changes nothing but the note of a strip already here. Neither makes a version, so
+        // neither is recorded as a change (`acting`): a node gone after taking only rebuilds
+        // hides no newer version of any strip (`Safety::knows_present_strip`) and took no
+        // acknowledged change (`Safety::stripe_waiting_for`).
+        let changes = !matches!(head.op, StripOp::Put | StripOp::Settle);
+        if changes {
+            if let Acting::Through(_) = self.acting(ep, cfg, key).await? {
+                return Err(Failure::new(
+                    ResultCode::NoSpace,
+                    format!("strip {key} is not recovered here: no space left on the node's disk"),
+                ));
+            }
         }
         let _ordered = self.replica_lock(key).lock().await;
         let node = self.clone();

@@ -50,13 +50,7 @@ impl Node {
         // gone, and this "nothing" would take the stripe back over acknowledged writes (seed
         // 70588 with crashes: a strip never rebuilt once its holder died left a later holder
         // that "knew" it since a clean epoch). Such a strip counts as missing.
-        let newest = (strips.iter())
-            .filter_map(|s| match s {
-                Strip::At { version, .. } => Some(*version),
-                Strip::Missing => None,
-            })
-            .max()
-            .unwrap_or_default();
+        let newest = (strips.iter().filter_map(Strip::version).max()).unwrap_or_default();
         if newest != Version::NONE {
             for (k, s) in strips.iter_mut().enumerate() {
                 let absent = matches!(*s, Strip::At { version, .. } if version == Version::NONE);
