@@ -29,8 +29,10 @@
 //! 4 KiB page of a write lands whole or not at all, and `flush` makes every earlier write durable
 //! (`fdatasync` of each file written since the last flush, its rename, then the directory). An
 //! `fdatasync` that fails is reported for that object and the object is not retried: the node
-//! restores it from another replica. The store is synchronous: callers run it on a blocking
-//! pool.
+//! restores it from another replica. `sync_object` (an erasure-coded strip's change, synced
+//! before it is answered) of an object or note a running flush took waits for that flush,
+//! which syncs it (else it answered before the bytes, or the undo, were durable). The store is
+//! synchronous: callers run it on a blocking pool.
 //!
 //! Checksums (`layout`): every file starts with a header region holding one sum per 4 KiB
 //! block, and the object's bytes follow, so one `fdatasync` makes both durable. A write

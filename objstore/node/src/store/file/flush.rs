@@ -41,6 +41,14 @@ impl FileStore {
     pub(super) fn sync_object_now(&self, oid: ObjectId) -> Result<(), StoreError> {
         self.notes.sync_one(oid)?;
         if !self.dirty.lock().unwrap().remove(&oid) {
+            // Not dirty: synced by a flush that is over, or taken by one still syncing it.
+            // Answering before that one is done would acknowledge bytes not yet durable (an
+            // erasure-coded strip whose client flushed while it was being changed): wait for
+            // it. A flush whose fdatasync of it failed left the copy lost.
+            drop(self.flushing.lock().unwrap_or_else(|e| e.into_inner()));
+            if self.bad.lock().unwrap().get(&oid) == Some(&None) {
+                return Err(StoreError::Lost(oid));
+            }
             return Ok(());
         }
         match self.sync_one(oid) {

@@ -40,9 +40,11 @@ pub(super) struct Notes {
     /// The first [`PREFIX`] bytes of notes read (and checked whole) or set lately.
     prefixes: Mutex<lru::LruCache<ObjectId, Vec<u8>>>,
     /// Notes set since the last flush.
-    dirty: Mutex<HashSet<ObjectId>>,
+    pub(super) dirty: Mutex<HashSet<ObjectId>>,
     /// Notes whose file was created since the directory was last synced.
-    fresh: Mutex<HashSet<ObjectId>>,
+    pub(super) fresh: Mutex<HashSet<ObjectId>>,
+    /// Held by [`Notes::sync`] from taking the dirty notes until they are synced.
+    syncing: Mutex<()>,
 }
 
 impl Notes {
@@ -56,6 +58,7 @@ impl Notes {
             )),
             dirty: Mutex::default(),
             fresh: Mutex::default(),
+            syncing: Mutex::default(),
         })
     }
 
@@ -148,7 +151,14 @@ impl Notes {
     /// file is new.
     pub(super) fn sync_one(&self, oid: ObjectId) -> Result<(), StoreError> {
         if !self.dirty.lock().unwrap().remove(&oid) {
-            return Ok(());
+            // Not dirty: synced by a `sync` that is over, or taken by one still syncing it,
+            // which must be done before the caller overwrites what the note undoes (else a
+            // power cut may keep the new bytes and lose the undo). One that failed set it
+            // dirty again.
+            drop(self.syncing.lock().unwrap_or_else(|e| e.into_inner()));
+            if !self.dirty.lock().unwrap().remove(&oid) {
+                return Ok(());
+            }
         }
         let fresh = self.fresh.lock().unwrap().remove(&oid);
         let res = File::open(self.path(oid))
@@ -172,6 +182,8 @@ impl Notes {
 
     /// Syncs every note set since the last call, then the directory.
     pub(super) fn sync(&self) -> Result<(), StoreError> {
+        // Held until every note taken is synced: see `sync_one`.
+        let _syncing = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         let dirty: Vec<ObjectId> = self.dirty.lock().unwrap().drain().collect();
         if dirty.is_empty() {
             return Ok(());

@@ -472,3 +472,72 @@ fn sync_object_makes_one_object_durable() {
     let st = s.meta(b).unwrap();
     assert_eq!((st.version, st.suspect), (v(1), true));
 }
+
+/// Objects at v1, flushed, then each written again at v2 with a new note: every object and
+/// note dirty, the notes' files fresh. The objects, in the order a flush syncs them.
+fn many_dirty(s: &FileStore) -> Vec<ObjectId> {
+    let mut oids: Vec<ObjectId> = (0..300)
+        .map(|i| ObjectId::data(Vid(1), ObjIndex(i)))
+        .collect();
+    oids.sort_unstable();
+    let data = vec![7u8; 256 << 10];
+    for &oid in &oids {
+        s.write(oid, 0, &data, None, v(1)).unwrap();
+    }
+    s.flush().unwrap();
+    for &oid in &oids {
+        s.set_note(oid, b"what undoes v2").unwrap();
+        s.write(oid, 0, &data[..4096], None, v(2)).unwrap();
+    }
+    oids
+}
+
+/// Spins until `taken` says a flush took what it syncs.
+fn until(taken: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !taken() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::yield_now();
+    }
+}
+
+/// A change synced while a flush that took its note (the undo of an erasure-coded strip's
+/// change) is still syncing waits for that flush: answering at once, its holder would then
+/// overwrite the bytes the note undoes while the note may not be durable yet, and a power cut
+/// could keep the new bytes without the undo. (Without the wait, `sync_object` returned while
+/// the flush had synced a few of the 300 notes.)
+#[test]
+fn a_sync_waits_for_the_flush_that_took_its_note() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let last = *many_dirty(&s).last().unwrap();
+    std::thread::scope(|scope| {
+        let flush = scope.spawn(|| s.flush());
+        until(|| s.notes.dirty.lock().unwrap().is_empty());
+        s.notes.sync_one(last).unwrap();
+        assert!(
+            s.notes.fresh.lock().unwrap().is_empty(),
+            "the flush syncing the note was done"
+        );
+        flush.join().unwrap().unwrap();
+    });
+}
+
+/// The same for the bytes: a strip's change acknowledged while the flush that took it is
+/// still syncing other objects would be acknowledged before it is durable. (Without the wait,
+/// the object was still marked as being written when `sync_object` returned.)
+#[test]
+fn a_sync_waits_for_the_flush_that_took_its_object() {
+    let d = tempfile::tempdir().unwrap();
+    let s = FileStore::open(d.path()).unwrap();
+    let last = *many_dirty(&s).last().unwrap();
+    std::thread::scope(|scope| {
+        let flush = scope.spawn(|| s.flush());
+        until(|| s.dirty.lock().unwrap().is_empty());
+        s.sync_object(last).unwrap();
+        let e = s.entry(last).unwrap();
+        assert!(!e.marked, "synced and named after v2 by the flush");
+        assert_eq!(e.disk, v(2));
+        flush.join().unwrap().unwrap();
+    });
+}
