@@ -226,6 +226,18 @@ const NOTE_CURRENT: u8 = 0x80;
 /// Bytes of a note's head and [`Note::current`].
 pub(super) const NOTE_HEAD_LEN: usize = HEAD_LEN + 4;
 
+/// The op byte of an encoded note's head: no [`StripOp`]'s, so that the note decoder of a
+/// release from before [`NOTE_CURRENT`] refuses the note (its head names an unknown op) instead
+/// of misreading it. That decoder reads the undo's kind where `current` is now, and so takes
+/// most undos for "nothing": a strip it was asked to take back would keep its new bytes under
+/// its old version (a node of such a release pulling the strip in a rolling upgrade, or a node
+/// downgraded). The note's op goes in the flag bits [`NOTE_OP_BITS`].
+const NOTE_OP: u8 = 0xFF;
+const NOTE_OP_BITS: u8 = 0x70;
+const NOTE_OP_SHIFT: u8 = 4;
+// Every op fits in those bits (`Settle` is the highest).
+const _: () = assert!((StripOp::Settle as u8) << NOTE_OP_SHIFT <= NOTE_OP_BITS);
+
 impl Note {
     /// The epoch before which a copy at `version` with `current` in its note holds every change
     /// of the strip: a version is made in its epoch after every change of the epochs before.
@@ -236,7 +248,12 @@ impl Note {
     /// The head and [`Note::current`] at the start of an encoded note (all that
     /// [`NOTE_HEAD_LEN`] bytes of it give).
     pub(super) fn decode_head(b: &[u8]) -> Option<(StripHead, u32)> {
-        let head = StripHead::decode(b)?;
+        let mut h: [u8; HEAD_LEN] = b.get(..HEAD_LEN)?.try_into().ok()?;
+        if h[2] == NOTE_OP {
+            h[2] = (h[3] & NOTE_OP_BITS) >> NOTE_OP_SHIFT;
+            h[3] &= !NOTE_OP_BITS;
+        }
+        let head = StripHead::decode(&h)?;
         if head.flags & NOTE_CURRENT == 0 {
             return Some((head, 0));
         }
@@ -249,11 +266,11 @@ impl Note {
     }
 
     pub(super) fn encode(&self) -> Vec<u8> {
-        let head = StripHead {
-            flags: self.head.flags | NOTE_CURRENT,
-            ..self.head
-        };
-        let mut b = head.encode().to_vec();
+        debug_assert_eq!(self.head.flags & (NOTE_OP_BITS | NOTE_CURRENT), 0);
+        let mut b = self.head.encode().to_vec();
+        let flags = self.head.flags & !(NOTE_OP_BITS | NOTE_CURRENT);
+        b[3] = flags | NOTE_CURRENT | (self.head.op as u8) << NOTE_OP_SHIFT;
+        b[2] = NOTE_OP;
         b.extend_from_slice(&self.current.to_be_bytes());
         let (kind, offset, bytes): (u8, u64, &[u8]) = match &self.undo {
             Undo::Nothing => (0, 0, &[]),
@@ -435,6 +452,26 @@ mod tests {
             let b = n.encode();
             assert_eq!(Note::decode(&b[..b.len() - 1]), None, "{n:?}");
             assert_eq!(Note::decode_head(&b[..NOTE_HEAD_LEN]), Some((head, 17)));
+            for op in (0..=StripOp::Settle as u8).filter_map(StripOp::from_u8) {
+                let n = Note {
+                    head: StripHead { op, ..head },
+                    ..n.clone()
+                };
+                assert_eq!(Note::decode(&n.encode()), Some(n));
+            }
+            // Refused by the decoders of earlier releases: each begins with the head, and
+            // its op byte is none they know (they would read this undo as "nothing").
+            assert_eq!(StripHead::decode(&b), None);
+            // A note written with `current` and its op byte as the op (before NOTE_OP): read
+            // as it was.
+            let mut with_op = b.clone();
+            with_op[2] = head.op as u8;
+            with_op[3] = head.flags | NOTE_CURRENT;
+            assert_eq!(Note::decode(&with_op), Some(n.clone()));
+            assert_eq!(
+                Note::decode_head(&with_op[..NOTE_HEAD_LEN]),
+                Some((head, 17))
+            );
             // A note written before notes said which changes their copy holds: read with
             // none, its head and undo as they were.
             let mut old = head.encode().to_vec();
