@@ -667,3 +667,15 @@ fn a_lone_newest_strip_gives_way_to_the_others() {
         },
     );
 }
+
+/// Seed 1064 with `SIM_EC=2:1 SIM_EC_VDIS=1`: a stripe at v5.6 lost the holders of strips 0
+/// and 2 (down); in the next epoch its new primary held nothing of it and the one node
+/// holding strip 1 was no primary, so no node's sweep knew the stripe, and the epoch, whose
+/// stripe could not be decided, counted as clean. A later primary took "nothing" on the new
+/// holders of strips 0 and 2 for "never made", and the stripe started again from zeros over
+/// acknowledged writes (Lost). The holder of a strip other than 0 asks the primary to make
+/// the stripe whole before its epoch counts as recovered.
+#[test]
+fn a_stripe_whose_primary_lacks_strip_0_is_swept_by_its_other_holders() {
+    assert_clean_with(1064, ec_vdis_with_crashes());
+}

@@ -458,14 +458,13 @@ const SUM_BLOCK: usize = 4096;
 /// Overwrites `bytes` of the object's data at `at` in the node's object file at `path`, behind
 /// the node's back, and rewrites the sums of the blocks they touch: wrong bytes that pass every
 /// block checksum (as a bug above the store would leave them), found only by comparing copies
-/// or parity. The file must hold the bytes already (no growth).
+/// or parity. The file must hold the bytes already (no growth). The new file is made aside
+/// (in the store's `.tmp`, which the node clears when it opens) and renamed over the old one,
+/// so a read by the node meanwhile (its scrub) sees either file whole, never new bytes under
+/// old sums.
 pub fn rewrite_sealed(path: &std::path::Path, at: u64, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)?;
-    let len = f.metadata()?.len().saturating_sub(OBJECT_HEADER_LEN);
+    let mut file = std::fs::read(path)?;
+    let len = (file.len() as u64).saturating_sub(OBJECT_HEADER_LEN);
     if at + bytes.len() as u64 > len {
         return Err(std::io::Error::other(format!(
             "{}: {} bytes at {at} are past the object's {len}",
@@ -473,18 +472,27 @@ pub fn rewrite_sealed(path: &std::path::Path, at: u64, bytes: &[u8]) -> std::io:
             bytes.len()
         )));
     }
-    f.write_all_at(bytes, OBJECT_HEADER_LEN + at)?;
+    let data_at = (OBJECT_HEADER_LEN + at) as usize;
+    file[data_at..data_at + bytes.len()].copy_from_slice(bytes);
     let zero_sum = crc_fast::crc32_iscsi(&[0u8; SUM_BLOCK]);
     let first = at / SUM_BLOCK as u64;
     let end = (at + bytes.len() as u64).div_ceil(SUM_BLOCK as u64);
     for b in first..end {
         let mut block = vec![0u8; SUM_BLOCK];
         let n = (len - b * SUM_BLOCK as u64).min(SUM_BLOCK as u64) as usize;
-        f.read_exact_at(&mut block[..n], OBJECT_HEADER_LEN + b * SUM_BLOCK as u64)?;
+        let from = (OBJECT_HEADER_LEN + b * SUM_BLOCK as u64) as usize;
+        block[..n].copy_from_slice(&file[from..from + n]);
         let sum = crc_fast::crc32_iscsi(&block) ^ zero_sum;
-        f.write_all_at(&sum.to_le_bytes(), SUMS_AT + 4 * b)?;
+        let s = (SUMS_AT + 4 * b) as usize;
+        file[s..s + 4].copy_from_slice(&sum.to_le_bytes());
     }
-    Ok(())
+    let dir = path.parent().expect("an object file is in a directory");
+    let tmp = dir.join(".tmp").join(format!(
+        "rewrite-{}",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&tmp, &file)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// [`check`], panicking with the problems.

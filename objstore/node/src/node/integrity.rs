@@ -17,6 +17,16 @@ impl Node {
     /// The copy of `oid` here failed its checksum: marks it lost and restores it from
     /// another replica in the background (once: a copy already lost is being restored).
     pub(super) fn copy_corrupt(self: &Arc<Self>, oid: ObjectId) {
+        if oid.strip_index().is_some() {
+            // A strip has no other replica to pull: the store keeps it unreadable, reads
+            // decode around it, and the stripe's primary rebuilds it from the others (its
+            // resolution takes the strip as missing; the check and the scrub repair it). A
+            // restore by pull only held the strip as lost and raced the rebuild.
+            tracing::error!(
+                "strip {oid}: the copy here failed its checksum; the stripe's primary rebuilds it"
+            );
+            return;
+        }
         if self.recovery.lost(oid).is_some() {
             return;
         }

@@ -136,6 +136,46 @@ impl Node {
     }
 
     /// One request to a peer; a connection that failed is dropped and reported `Busy`.
+    /// For the sweep of a node holding strips `own` of `stripe` that is not its primary
+    /// ([`Node::ec_sweep`]): asks the primary to read the stripe (a read resolves it and
+    /// rebuilds the strips missing), then checks that each strip of `own` here is at the
+    /// version the primary answers. Err says why the stripe is not known whole.
+    pub(super) async fn ask_whole(
+        self: &Arc<Self>,
+        ep: &Epoch,
+        stripe: &Stripe,
+        own: &[ObjectId],
+    ) -> Result<(), String> {
+        let primary = holder_of(stripe, 0).map_err(|f| f.message)?;
+        let mut h = Header::request(Opcode::EcRead, 0, ep.view.epoch);
+        h.oid = stripe.oid.0;
+        h.aux = wire::scheme_aux(stripe.scheme);
+        let f = (self.strip_peer_call(primary.addr, h, Bytes::new(), Bytes::new()))
+            .await
+            .map_err(|f| f.message)?;
+        let version = match f.header.result_code() {
+            ResultCode::Ok => Version(f.header.offset),
+            // Never written, or removed: decided (its strips hold nothing or tombstones).
+            ResultCode::NotFound => return Ok(()),
+            code => {
+                return Err(format!(
+                    "its primary {} answered {code:?}: {}",
+                    primary.addr,
+                    f.message()
+                ))
+            }
+        };
+        for &key in own {
+            let here = self.store.meta(key).map(|s| s.version);
+            if here != Some(version) {
+                return Err(format!(
+                    "strip {key} is at {here:?} here, the stripe at {version:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     async fn strip_peer_call(
         &self,
         addr: std::net::SocketAddr,

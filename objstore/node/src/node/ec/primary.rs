@@ -206,10 +206,21 @@ impl Node {
 
     /// After an epoch's recovery: resolves every stripe this node is the primary of and has
     /// not served yet in the epoch, rebuilding the strips its holders lack (those of a node
-    /// that is gone), so an object nobody reads gets its redundancy back too. Stops when the
-    /// epoch changes. True when every such stripe is whole in the epoch (none waits, none
-    /// failed): only then may the epoch count as clean for strips (see
+    /// that is gone), so an object nobody reads gets its redundancy back too; and asks the
+    /// primary of every other stripe this node holds a strip of to do the same (below). Stops
+    /// when the epoch changes. True when every such stripe is whole in the epoch (none waits,
+    /// none failed): only then may the epoch count as clean for strips (see
     /// [`Node::recover_epoch`]).
+    ///
+    /// A primary knows its stripes by the strip-0 keys it holds, so one that lacks strip 0
+    /// (its old holder down, the strip not rebuilt yet) does not know the stripe. The holders
+    /// of its other strips do: each asks the primary to read the stripe (a read resolves it
+    /// and rebuilds what is missing) and checks that its own strip is at the version the
+    /// primary answers. Without that, an epoch whose stripe could not be decided counted as
+    /// clean, and a later primary took "nothing" on the holders of strips 0 and 2 for "never
+    /// made", writing over acknowledged writes (seed 1064 with crashes, SIM_EC=2:1 and
+    /// SIM_EC_VDIS=1: strip 0's holder and strip 2's were down, the new primary held nothing,
+    /// and the one node holding strip 1 did not sweep).
     pub(in crate::node) async fn ec_sweep(self: &Arc<Self>, ep: &Arc<Epoch>) -> bool {
         let Some(cfg) = self.config() else {
             return false;
@@ -221,10 +232,14 @@ impl Node {
                 // meanwhile) is stale until the stripe's tombstones reach it (seed 85 with
                 // crashes and SIM_EC=2:1, once VDI clients' objects were erasure-coded: a
                 // discarded object's strip left at an old version for good).
-                (store.list().into_iter())
-                    .filter(|(o, _)| o.strip_index() == Some(0))
-                    .map(|(o, _)| o)
-                    .collect::<Vec<_>>()
+                let mut held: std::collections::BTreeMap<ObjectId, Vec<ObjectId>> =
+                    Default::default();
+                for (key, _) in store.list() {
+                    if key.strip_index().is_some() {
+                        held.entry(key.base()).or_default().push(key);
+                    }
+                }
+                held
             })
             .await
         else {
@@ -233,20 +248,35 @@ impl Node {
         let epoch = ep.view.epoch;
         let mut resolved = 0usize;
         let mut whole = true;
-        for key in keys {
+        for (oid, keys) in keys {
             if self.epoch().view.epoch != epoch {
                 return false;
             }
-            let oid = key.base();
             if self.ec_known.contains(epoch, oid) {
                 continue;
             }
-            let Some(note) = self.store.note(key).and_then(|b| super::Note::decode(&b)) else {
+            let Some(scheme) = (keys.iter())
+                .find_map(|&key| self.store.note(key).and_then(|b| super::Note::decode(&b)))
+                .map(|note| note.head.scheme())
+            else {
                 continue;
             };
-            let Ok(stripe) = self.ec_stripe(ep, &cfg, oid, note.head.scheme()) else {
+            let Ok(stripe) = Stripe::new(ep, &cfg, oid, scheme) else {
                 continue;
             };
+            let mine = |k: usize| stripe.holders[k].as_ref().map(|n| n.id) == Some(self.me.id);
+            if !mine(0) {
+                let own: Vec<ObjectId> = (keys.iter().copied())
+                    .filter(|key| key.strip_index().is_some_and(mine))
+                    .collect();
+                if !own.is_empty() {
+                    if let Err(why) = self.ask_whole(ep, &stripe, &own).await {
+                        whole = false;
+                        tracing::warn!("epoch {epoch}: object {oid} not made whole: {why}");
+                    }
+                }
+                continue;
+            }
             let _ordered = self.ec_lock(oid).write().await;
             match self.ec_decided(ep, &cfg, &stripe).await {
                 Ok(d) if d.whole => resolved += 1,
