@@ -169,12 +169,34 @@ pub fn resolve(data: usize, strips: &[Strip]) -> Resolution {
             _ => *s,
         })
         .collect();
-    match resolve_newest(data, &without) {
-        Resolution::Whole { version, rebuild } if version != Version::NONE => Resolution::Back {
+    // The newest change started on a stripe standing at its base: a version made on that base
+    // before it (a sibling) had been undone by then, and the others never go back to it (a
+    // state the resolver's model made: three strips at an undone sibling, none kept its undo,
+    // and one at the newest; going "back" to the sibling decoded undone bytes).
+    let base = strips.iter().find_map(|s| match *s {
+        Strip::At {
             version,
-            sources: StripSet::first(strips.len()).minus(rebuild),
-            roll_back: StripSet::default(),
-        },
+            change: Some((base, _)),
+            ..
+        } if version == new => Some(base),
+        _ => None,
+    });
+    let sibling = |target: Version| {
+        target < new
+            && strips.iter().any(|s| {
+                matches!(*s, Strip::At { version, change: Some((b, _)), .. }
+                    if version == target && Some(b) == base)
+            })
+    };
+    match resolve_newest(data, &without) {
+        Resolution::Whole { version, rebuild } if version != Version::NONE && !sibling(version) => {
+            Resolution::Back {
+                version,
+                sources: StripSet::first(strips.len()).minus(rebuild),
+                roll_back: StripSet::default(),
+            }
+        }
+        Resolution::Back { version, .. } if sibling(version) => first,
         back @ Resolution::Back { .. } => back,
         _ => first,
     }

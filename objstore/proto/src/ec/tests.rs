@@ -566,10 +566,13 @@ fn a_lone_newest_strip_on_a_stripe_at_hand_gives_way() {
 /// Seeds that broke a resolver which counted strips at the base as valid whatever the change
 /// touched, took any older version for the base, or rolled back strips that kept nothing; or
 /// counted a sibling at the base though it kept nothing and its change touched it, or did not
-/// return siblings to the base before going back.
+/// return siblings to the base before going back; or, giving way to the others when a lone
+/// strip held the newest version, went "back" to an undone sibling of that version
+/// (12_624_760_964_426_746_221).
 #[test]
 fn stripes_that_broke_wrong_resolvers() {
     for seed in [
+        12_624_760_964_426_746_221,
         1_371_581_196_932_751_348,
         7_153_157_082_186_685_045,
         3_330_829_537_757_105_031,
