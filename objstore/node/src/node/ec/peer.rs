@@ -135,7 +135,6 @@ impl Node {
         }
     }
 
-    /// One request to a peer; a connection that failed is dropped and reported `Busy`.
     /// For the sweep of a node holding strips `own` of `stripe` that is not its primary
     /// ([`Node::ec_sweep`]): asks the primary to read the stripe (a read resolves it and
     /// rebuilds the strips missing), then checks that each strip of `own` here is at the
@@ -176,6 +175,7 @@ impl Node {
         Ok(())
     }
 
+    /// One request to a peer; a connection that failed is dropped and reported `Busy`.
     async fn strip_peer_call(
         &self,
         addr: std::net::SocketAddr,

@@ -255,9 +255,13 @@ impl Node {
             if self.ec_known.contains(epoch, oid) {
                 continue;
             }
+            // The note's head names the scheme: its undo (up to a strip's size) is not read.
             let Some(scheme) = (keys.iter())
-                .find_map(|&key| self.store.note(key).and_then(|b| super::Note::decode(&b)))
-                .map(|note| note.head.scheme())
+                .find_map(|&key| {
+                    (self.store.note_prefix(key, super::NOTE_HEAD_LEN))
+                        .and_then(|b| super::Note::decode_head(&b))
+                })
+                .map(|(head, _)| head.scheme())
             else {
                 continue;
             };
