@@ -3,7 +3,7 @@
 //! creation, first open through the mount, first 4 KiB write, and the nodes' disk use after.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -14,6 +14,7 @@ use serde_json::Value;
 use super::cluster::{output, Bins, Cluster, Mount};
 use super::plan::template;
 use super::proc::check_interrupt;
+use super::raid::tree_bytes;
 use super::record::Recorder;
 use super::settings::Settings;
 use crate::figures::Figure;
@@ -70,13 +71,13 @@ pub fn run(s: &Settings, bins: &Bins, dir: &Path, rec: &mut Recorder) -> Result<
         cmd.arg("-l").arg(&mnt).stdout(Stdio::null());
         output(cmd, "ls -l of the mount").map(drop)
     })?;
-    let before = disk_used(&cluster)?;
+    let before = disk_used(&cluster);
     thin_vdi(rec, &cluster, &mnt, &fig)?;
     let mut f = fig("disk-used", "nodes", "MiB");
     f.params
         .insert("before_1t_mib".into(), Value::from(before as f64 / MIB));
     rec.announce(&f, "")?;
-    let after = disk_used(&cluster)?;
+    let after = disk_used(&cluster);
     rec.record(&f, after as f64 / MIB)?;
     drop(mount);
     Ok(())
@@ -115,38 +116,7 @@ fn thin_vdi(
     })
 }
 
-/// Bytes allocated on disk under every node's directory.
-fn disk_used(cluster: &Cluster) -> Result<u64> {
-    let mut total = 0;
-    for d in cluster.node_dirs() {
-        total += allocated(&d)?;
-    }
-    Ok(total)
-}
-
-fn allocated(path: &Path) -> Result<u64> {
-    let meta =
-        std::fs::symlink_metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut bytes = meta.blocks() * 512;
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            bytes += allocated(&entry?.path())?;
-        }
-    }
-    Ok(bytes)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn allocated_counts_blocks() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("a"), vec![1u8; 64 << 10]).unwrap();
-        std::fs::create_dir(d.path().join("sub")).unwrap();
-        std::fs::write(d.path().join("sub/b"), vec![1u8; 64 << 10]).unwrap();
-        assert!(allocated(d.path()).unwrap() >= 128 << 10);
-        assert!(allocated(&d.path().join("none")).is_err());
-    }
+/// Bytes allocated on disk under every node's directory (the nodes are running).
+fn disk_used(cluster: &Cluster) -> u64 {
+    cluster.node_dirs().iter().map(|d| tree_bytes(d)).sum()
 }

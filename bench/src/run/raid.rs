@@ -258,8 +258,10 @@ impl RaidStage {
 /// Bytes the disk gives to every file under `dir` (0 if it is missing): allocated blocks, as
 /// `du` counts them, not apparent lengths. An object file's header reserves room for the sums
 /// of the largest object (68 KiB) but a strip's sums fill only its first block: the rest is a
-/// hole, which takes no space.
-fn tree_bytes(dir: &Path) -> u64 {
+/// hole, which takes no space. The tree may be a running node's: a file renamed or removed
+/// between the listing and its stat counts nothing (the metadata group's `disk-used` failed
+/// on such a file when it stat'ed with `?`).
+pub(super) fn tree_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
