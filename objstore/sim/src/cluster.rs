@@ -138,13 +138,23 @@ impl SimCluster {
 
     /// Crashes node `i` (see the module documentation); false if it was down.
     pub fn crash(&mut self, i: usize) -> bool {
+        self.halt(i, MemStore::crashed)
+    }
+
+    /// Crashes node `i` as a power cut that wrote back some of what it had not synced, in an
+    /// order `rng` picks ([`MemStore::power_cut`]); false if it was down.
+    pub fn power_cut(&mut self, i: usize, rng: &mut impl rand::Rng) -> bool {
+        self.halt(i, |s| s.power_cut(rng))
+    }
+
+    fn halt(&mut self, i: usize, left: impl FnOnce(&MemStore) -> MemStore) -> bool {
         let n = &mut self.nodes[i];
         let Some(running) = n.running.take() else {
             return false;
         };
         self.net.kill(n.addr);
         running.halt();
-        n.store = Arc::new(n.store.crashed());
+        n.store = Arc::new(left(&n.store));
         true
     }
 

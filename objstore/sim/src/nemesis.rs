@@ -40,6 +40,11 @@ pub struct Faults {
     /// A crashed node restarts with a full disk: it cannot pull the objects it owns again, and
     /// their old holders stand in for it (issue 43).
     pub full_restarts: bool,
+    /// A crash is a power cut that wrote back part of what the node had not synced: copies
+    /// come back marked with their old bytes, their new ones or a mix, notes as they were, as
+    /// set or torn ([`objstore_node::store::mem::MemStore::power_cut`]); without it a crash
+    /// loses everything unsynced, cleanly.
+    pub power_cuts: bool,
 }
 
 impl Faults {
@@ -52,6 +57,7 @@ impl Faults {
         disk_full: true,
         fsync_errors: true,
         full_restarts: true,
+        power_cuts: true,
     };
     pub const NONE: Faults = Faults {
         crashes: false,
@@ -62,6 +68,7 @@ impl Faults {
         disk_full: false,
         fsync_errors: false,
         full_restarts: false,
+        power_cuts: false,
     };
 }
 
@@ -69,7 +76,7 @@ impl std::str::FromStr for Faults {
     type Err = String;
 
     /// A comma-separated list of `crashes`, `partitions`, `hangs`, `delays`, `resets`,
-    /// `disk_full`, `fsync_errors`, `full_restarts`; `all` or `none`.
+    /// `disk_full`, `fsync_errors`, `full_restarts`, `power_cuts`; `all` or `none`.
     fn from_str(s: &str) -> Result<Faults, String> {
         let mut f = Faults::NONE;
         for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -84,6 +91,7 @@ impl std::str::FromStr for Faults {
                 "disk_full" => f.disk_full = true,
                 "fsync_errors" => f.fsync_errors = true,
                 "full_restarts" => f.full_restarts = true,
+                "power_cuts" => f.power_cuts = true,
                 other => return Err(format!("unknown fault class '{other}'")),
             }
         }
@@ -146,7 +154,11 @@ pub async fn run(
                 let up = cluster.up();
                 if up.len() > n - cfg.max_down {
                     let i = up[rng.gen_range(0..up.len())];
-                    cluster.crash(i);
+                    if f.power_cuts {
+                        cluster.power_cut(i, &mut rng);
+                    } else {
+                        cluster.crash(i);
+                    }
                     shared.history.lock().unwrap().crashes.push(shared.now());
                     shared.event(format!("crash node {i}"));
                     undo.push((later(&mut rng, 50, 4000), Undo::Restart(i)));

@@ -8,8 +8,8 @@
 //! - `without_faults_nothing_fails`: no fault, no violation, no failed operation.
 //! - `a_seed_replays_exactly`: one seed twice, the same trace.
 //!
-//! `SIM_FAULTS=crashes,partitions,hangs,delays,resets,disk_full,fsync_errors` (any subset)
-//! keeps only those fault classes; `SIM_SHARED=1` lets clients write each other's objects;
+//! `SIM_FAULTS=crashes,partitions,hangs,delays,resets,disk_full,fsync_errors,full_restarts,`
+//! `power_cuts` (any subset) keeps only those fault classes; `SIM_SHARED=1` lets clients write each other's objects;
 //! `SIM_VDI_CLIENTS=N` runs N clients through VDI handles (default 1; 0 gives the runs of
 //! before there were any).
 //! With `SEED`, `SIM_LOG=FILTER` (e.g. `info`, `objstore_node=debug`) prints the nodes' logs,
@@ -299,6 +299,26 @@ fn ec_vdi_seeds_with_crashes() {
         (0..n).collect(),
         &cfg,
         &format!("SIM_EC=2:1 SIM_EC_VDIS=1 SIM_FAULTS={faults}"),
+    );
+}
+
+/// [`ec_vdi_seeds_with_crashes`] at 2:2, where a crash is a power cut that wrote back part of
+/// what its node had not synced (`power_cuts`): strips and notes come back as they were, as
+/// set, mixed or torn, and every stripe must still read as one version and end whole.
+#[test]
+fn ec_vdi_seeds_with_power_cuts() {
+    let faults = "crashes,power_cuts,partitions,hangs,delays,resets";
+    let cfg = Config {
+        ec: Some("2:2".parse().unwrap()),
+        ec_vdis: true,
+        faults: faults.parse().unwrap(),
+        ..Config::default()
+    };
+    let n = env_u64("SIM_EC_VDIS_SEEDS").unwrap_or(100);
+    assert_seeds_clean(
+        (0..n).collect(),
+        &cfg,
+        &format!("SIM_EC=2:2 SIM_EC_VDIS=1 SIM_FAULTS={faults}"),
     );
 }
 

@@ -15,7 +15,7 @@ use super::Pull;
 use crate::node::history::{self, Safety};
 use crate::node::reference::{reference, Reference};
 use crate::node::{Epoch, Node};
-use crate::store::{ObjState, Version};
+use crate::store::{ObjState, ObjectBackend, StoreError, Version};
 use objstore_proto::oid::ObjectId;
 use objstore_proto::version::ListRequest;
 
@@ -201,29 +201,39 @@ impl Node {
             {
                 unsettled += 1;
             }
-            match reference(self.me.id, &ids, mine, &holders) {
-                // The reference among suspect copies is the one on the lowest id of every
-                // holder: a node whose listing did not come may hold one. Settled only once
-                // every node listed (seeds 4249 and 5192: two owners, each missing the other's
-                // listing, both settled their own, different, suspect copy); until then its
-                // requests wait and the round plans again.
-                Reference::Mine if mine.is_some_and(|m| m.suspect) && !all_listed => {
-                    waiting += 1;
-                    pending.insert(
-                        oid,
-                        Arc::new(Pull {
-                            want: mine.unwrap_or_default(),
-                            sources: Vec::new(),
-                            result: OnceCell::new(),
-                        }),
-                    );
-                }
+            let chosen = reference(self.me.id, &ids, mine, &holders);
+            let (suspect, want) = match &chosen {
+                Reference::Mine => (mine.is_some_and(|m| m.suspect), mine.unwrap_or_default()),
+                Reference::Pull(want, _) => (want.suspect, *want),
+            };
+            // The reference among suspect copies is the one on the lowest id of every holder,
+            // and any copy that is not suspect wins over them: a node whose listing did not
+            // come may hold either. Settled, or pulled (the pulled copy is installed as not
+            // suspect), only once every node listed (seeds 4249 and 5192: two owners, each
+            // missing the other's listing, both settled their own, different, suspect copy;
+            // seed 17 with power cuts: a node pulled another's suspect copy while the one
+            // whose listing was missing held that version as it was synced); until then its
+            // requests wait and the round plans again.
+            if suspect && !all_listed {
+                waiting += 1;
+                pending.insert(
+                    oid,
+                    Arc::new(Pull {
+                        want,
+                        sources: Vec::new(),
+                        result: OnceCell::new(),
+                    }),
+                );
+                continue;
+            }
+            match chosen {
                 Reference::Mine => {
-                    if mine.is_some_and(|m| m.suspect) {
+                    if let Some(m) = mine.filter(|m| m.suspect) {
                         // Every copy of the newest version was being written when its node
                         // stopped: this one is the reference the others copy.
                         let store = self.store.clone();
-                        let settled = self.blocking(move || store.settle(oid)).await;
+                        let _ordered = self.replica_lock(oid).lock().await;
+                        let settled = self.blocking(move || settle(&*store, oid, m, e)).await;
                         if !matches!(settled, Ok(Ok(()))) {
                             tracing::warn!("epoch {e}: could not settle suspect object {oid}");
                         }
@@ -304,4 +314,32 @@ impl Node {
             let _ = self.accept_lost(e, oid, want).await;
         }
     }
+}
+
+/// Makes this node's suspect copy `mine` of `oid` the reference its replicas copy, in epoch
+/// `e`. A replicated object's copy is installed again at version `e.0`, newer than any made
+/// before epoch `e` and older than every change its primary makes in it: its bytes may hold
+/// writes made after its version (a power cut wrote back part of them), so under its own
+/// version it would name other bytes than a copy of that version that came back as it was
+/// synced, on a node down now (seed 142 with power cuts: that node returned and kept its
+/// copy, the others this one, both not suspect at one version). A strip keeps its version
+/// (its stripe's versions and notes decide it) and is only declared settled, as is a copy
+/// already at a version of epoch `e`.
+fn settle(
+    store: &dyn ObjectBackend,
+    oid: ObjectId,
+    mine: ObjState,
+    e: u32,
+) -> Result<(), StoreError> {
+    let settled = Version((e as u64) << 32);
+    if oid.strip_index().is_some() || mine.deleted || mine.version >= settled {
+        return store.settle(oid);
+    }
+    let (data, now) = store.read_whole(oid)?;
+    if now != mine {
+        // Changed since the plan listed it (a pull or a write came first): planned again.
+        return Ok(());
+    }
+    store.put_if_newer(oid, &data, ObjState::live(settled))?;
+    Ok(())
 }

@@ -212,3 +212,65 @@ fn sync_object_makes_one_object_durable_and_a_failed_one_lost() {
     );
     assert_eq!(s.read(a, 0, 1).unwrap(), b"1");
 }
+
+/// A power cut leaves every unsynced copy in one of the forms the file backend can (its old
+/// version as it was, or marked with old, new or mixed bytes), never new bytes under an
+/// unmarked name; unsynced notes as they were, as set or none; synced ones as they were. Over
+/// many draws every form comes up.
+#[test]
+fn a_power_cut_leaves_only_what_the_disk_can() {
+    use rand::SeedableRng;
+    let s = MemStore::default();
+    let (a, b, c, d) = (
+        ObjectId::data(Vid(1), ObjIndex(0)),
+        ObjectId::data(Vid(1), ObjIndex(1)),
+        ObjectId::data(Vid(1), ObjIndex(2)),
+        ObjectId::data(Vid(1), ObjIndex(3)),
+    );
+    let old = vec![1u8; 3 * BLOCK];
+    let new = vec![2u8; 3 * BLOCK];
+    s.write(a, 0, &old, None, Version(1)).unwrap();
+    s.write(b, 0, b"b", None, Version(1)).unwrap();
+    s.set_note(a, b"synced").unwrap();
+    s.flush().unwrap();
+    s.write(a, 0, &new, None, Version(2)).unwrap();
+    s.set_note(a, b"unsynced").unwrap();
+    // b: its version alone; c: created since the flush; d: made and synced since.
+    s.write(b, 0, &[], None, Version(2)).unwrap();
+    s.write(c, 0, b"c", None, Version(2)).unwrap();
+    s.write(d, 0, b"d", None, Version(2)).unwrap();
+    s.set_note(d, b"d's").unwrap();
+    s.sync_object(d).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut seen = HashSet::new();
+    let mut notes = HashSet::new();
+    for _ in 0..200 {
+        let p = s.power_cut(&mut rng);
+        let st = p.meta(a).unwrap();
+        assert_eq!(st.version, Version(1));
+        let bytes = p.read(a, 0, 3 * BLOCK).unwrap();
+        let form = match (st.suspect, &bytes) {
+            (false, x) if *x == old => "as it was",
+            (true, x) if *x == old => "marked, old bytes",
+            (true, x) if *x == new => "marked, new bytes",
+            (true, x)
+                if x.chunks(BLOCK)
+                    .all(|k| k == &old[..BLOCK] || k == &new[..BLOCK]) =>
+            {
+                "marked, mixed"
+            }
+            other => panic!("not a state the disk can leave: {other:?}"),
+        };
+        seen.insert(form);
+        notes.insert(p.note(a));
+        assert_eq!(p.meta(b), Some(ObjState::live(Version(1))));
+        assert_eq!(p.meta(c), None);
+        assert_eq!(p.read(d, 0, 1).unwrap(), b"d");
+        assert_eq!(p.note(d).as_deref(), Some(&b"d's"[..]));
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(
+        notes,
+        HashSet::from([Some(b"synced".to_vec()), Some(b"unsynced".to_vec()), None])
+    );
+}
