@@ -211,8 +211,8 @@ impl Node {
             // come may hold either. Settled, or pulled (the pulled copy is installed as not
             // suspect), only once every node listed (seeds 4249 and 5192: two owners, each
             // missing the other's listing, both settled their own, different, suspect copy;
-            // seed 17 with power cuts: a node pulled another's suspect copy while the one
-            // whose listing was missing held that version as it was synced); until then its
+            // seeds 733 and 17 with power cuts: a node pulled another's suspect copy while the
+            // one whose listing was missing held that version as it was synced); until then its
             // requests wait and the round plans again.
             if suspect && !all_listed {
                 waiting += 1;
@@ -336,9 +336,9 @@ fn settle(
         return store.settle(oid);
     }
     let (data, now) = store.read_whole(oid)?;
-    if now != mine {
-        // Changed since the plan listed it (a pull or a write came first): planned again.
-        return Ok(());
+    if !now.suspect || now.deleted || now.version >= settled {
+        // Changed since the plan listed it (a pull came first): settling is a no-op then.
+        return store.settle(oid);
     }
     store.put_if_newer(oid, &data, ObjState::live(settled))?;
     Ok(())
