@@ -287,19 +287,7 @@ fn ec_seeds_without_crashes() {
 /// be lost, stale, unreadable or divergent.
 #[test]
 fn ec_vdi_seeds_with_crashes() {
-    let faults = "crashes,partitions,hangs,delays,resets";
-    let cfg = Config {
-        ec: Some("2:1".parse().unwrap()),
-        ec_vdis: true,
-        faults: faults.parse().unwrap(),
-        ..Config::default()
-    };
-    let n = env_u64("SIM_EC_VDIS_SEEDS").unwrap_or(100);
-    assert_seeds_clean(
-        (0..n).collect(),
-        &cfg,
-        &format!("SIM_EC=2:1 SIM_EC_VDIS=1 SIM_FAULTS={faults}"),
-    );
+    assert_ec_vdi_seeds_clean("2:1", "crashes,partitions,hangs,delays,resets");
 }
 
 /// [`ec_vdi_seeds_with_crashes`] at 2:2, where a crash is a power cut that wrote back part of
@@ -307,9 +295,14 @@ fn ec_vdi_seeds_with_crashes() {
 /// set, mixed or torn, and every stripe must still read as one version and end whole.
 #[test]
 fn ec_vdi_seeds_with_power_cuts() {
-    let faults = "crashes,power_cuts,partitions,hangs,delays,resets";
+    assert_ec_vdi_seeds_clean("2:2", "crashes,power_cuts,partitions,hangs,delays,resets");
+}
+
+/// `SIM_EC_VDIS_SEEDS` seeds (default 100) from 0 with erasure-coded VDIs of `scheme` under
+/// `faults`.
+fn assert_ec_vdi_seeds_clean(scheme: &str, faults: &str) {
     let cfg = Config {
-        ec: Some("2:2".parse().unwrap()),
+        ec: Some(scheme.parse().unwrap()),
         ec_vdis: true,
         faults: faults.parse().unwrap(),
         ..Config::default()
@@ -318,7 +311,7 @@ fn ec_vdi_seeds_with_power_cuts() {
     assert_seeds_clean(
         (0..n).collect(),
         &cfg,
-        &format!("SIM_EC=2:2 SIM_EC_VDIS=1 SIM_FAULTS={faults}"),
+        &format!("SIM_EC={scheme} SIM_EC_VDIS=1 SIM_FAULTS={faults}"),
     );
 }
 

@@ -1,6 +1,9 @@
 //! What a crash and a kill leave of a [`MemStore`] (the states the file backend leaves).
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+
+use objstore_proto::oid::ObjectId;
 
 use rand::Rng;
 
@@ -10,12 +13,21 @@ impl MemStore {
     /// A store holding only what this one had made durable: the state after a crash.
     pub fn crashed(&self) -> MemStore {
         let st = self.state.lock().unwrap();
+        self.restarted(st.durable.clone(), st.durable_notes.clone())
+    }
+
+    /// A store of this one's capacity whose disk holds `objects` and `notes`, all durable.
+    fn restarted(
+        &self,
+        objects: BTreeMap<ObjectId, Obj>,
+        notes: HashMap<ObjectId, Vec<u8>>,
+    ) -> MemStore {
         MemStore {
             state: Mutex::new(State {
-                live: st.durable.clone(),
-                durable: st.durable.clone(),
-                notes: st.durable_notes.clone(),
-                durable_notes: st.durable_notes.clone(),
+                durable: objects.clone(),
+                live: objects,
+                durable_notes: notes.clone(),
+                notes,
                 ..State::default()
             }),
             capacity: self.capacity,
@@ -59,17 +71,7 @@ impl MemStore {
         }
         // Notes are in the page cache too.
         let notes = st.notes.clone();
-        MemStore {
-            state: Mutex::new(State {
-                durable: live.clone(),
-                live,
-                durable_notes: notes.clone(),
-                notes,
-                ..State::default()
-            }),
-            capacity: self.capacity,
-            holds: Holds::default(),
-        }
+        self.restarted(live, notes)
     }
 
     /// The store a power cut leaves when the disk wrote back some of what was not synced, in
@@ -143,17 +145,7 @@ impl MemStore {
                 }
             }
         }
-        MemStore {
-            state: Mutex::new(State {
-                durable: live.clone(),
-                live,
-                durable_notes: notes.clone(),
-                notes,
-                ..State::default()
-            }),
-            capacity: self.capacity,
-            holds: Holds::default(),
-        }
+        self.restarted(live, notes)
     }
 }
 
