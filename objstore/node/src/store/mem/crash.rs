@@ -1,6 +1,6 @@
 //! What a crash and a kill leave of a [`MemStore`] (the states the file backend leaves).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use objstore_proto::oid::ObjectId;
@@ -8,6 +8,22 @@ use objstore_proto::oid::ObjectId;
 use rand::Rng;
 
 use super::{sums, Holds, MemStore, Obj, State, BLOCK};
+
+impl State {
+    /// The copies whose file the file backend has marked (`.w`): bytes written since their
+    /// last sync (`moved` outlives an install by `put_if_newer`, which clears `dirty`), or
+    /// lost by a failed one (on disk, its durable bytes under a marked name).
+    fn marked(&self) -> BTreeSet<ObjectId> {
+        let lost = (self.bad.iter())
+            .filter(|(_, why)| why.is_none())
+            .map(|(o, _)| o);
+        (self.moved.iter())
+            .filter(|o| self.dirty.contains(o))
+            .chain(lost)
+            .copied()
+            .collect()
+    }
+}
 
 impl MemStore {
     /// A store holding only what this one had made durable: the state after a crash.
@@ -43,16 +59,11 @@ impl MemStore {
     pub fn killed(&self) -> MemStore {
         let st = self.state.lock().unwrap();
         let mut live = st.live.clone();
-        // A copy a failed flush lost is, on disk, its durable bytes under a marked name.
-        let lost = st
-            .bad
-            .iter()
-            .filter(|(_, why)| why.is_none())
-            .map(|(o, _)| o);
-        for oid in st.dirty.iter().chain(lost) {
+        let marked = st.marked();
+        for oid in st.dirty.iter().chain(&marked) {
             match st.durable.get(oid) {
                 // Its version alone changed: its file, never marked, is its old version.
-                Some(d) if !st.moved.contains(oid) && st.bad.get(oid) != Some(&None) => {
+                Some(d) if !marked.contains(oid) => {
                     if let Some(o) = live.get_mut(oid) {
                         o.state.version = d.state.version;
                     }
@@ -86,21 +97,7 @@ impl MemStore {
     pub fn power_cut(&self, rng: &mut impl Rng) -> MemStore {
         let st = self.state.lock().unwrap();
         let mut live = st.durable.clone();
-        let lost = st
-            .bad
-            .iter()
-            .filter(|(_, why)| why.is_none())
-            .map(|(o, _)| o);
-        let mut changed: Vec<_> = st
-            .moved
-            .iter()
-            .filter(|o| st.dirty.contains(o))
-            .chain(lost)
-            .copied()
-            .collect();
-        changed.sort_unstable();
-        changed.dedup();
-        for oid in changed {
+        for oid in st.marked() {
             let (Some(d), Some(l)) = (st.durable.get(&oid), st.live.get(&oid)) else {
                 continue;
             };
